@@ -1,0 +1,159 @@
+"""Batched, left-padded, KV-cached decoding with one RNG per row.
+
+Why not ``model.generate``: with sampling, HF draws every row from one global RNG, so a row's text
+depends on what else was in its batch and cannot be regenerated alone. Here each row owns a
+``torch.Generator`` seeded from its record, so a row sampled in a batch of 16 is token-identical to
+the same row sampled alone (given identical logits), and greedy rows are batch-invariant too.
+
+Left padding is made exact by explicit ``position_ids = cumsum(mask) - 1``: without them a padded
+row's positions are shifted by the pad count and its logits differ from the unpadded row's.
+Forward hooks (activation capture, steering) see a prefill call with the whole prompt and then one
+call per generated token; prompts here end at the user-role boundary, so in prefill the boundary is
+always the last position of every row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Generation:
+    """One decoded continuation. ``token_ids`` include the stop token when there was one."""
+
+    token_ids: list[int]
+    stop_reason: str  # "end_of_turn" | "eos" | "max_tokens"
+
+
+def input_device(model: Any) -> torch.device:
+    """Where input ids must live (the embedding's device, also under accelerate's device_map)."""
+    return model.get_input_embeddings().weight.device
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-pad token lists; return ids, attention mask and matching position ids."""
+    n = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), n), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), n), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty")
+        ids[i, n - len(p):] = torch.tensor(list(p), dtype=torch.long)
+        mask[i, n - len(p):] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids.to(device), mask.to(device), pos.to(device)
+
+
+def _make_generators(seeds: Sequence[int | None], device: torch.device) -> list[torch.Generator | None]:
+    gens: list[torch.Generator | None] = []
+    for s in seeds:
+        if s is None:
+            gens.append(None)
+        else:
+            g = torch.Generator(device=device)
+            g.manual_seed(int(s))
+            gens.append(g)
+    return gens
+
+
+@torch.inference_mode()
+def generate(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    *,
+    stop_ids: dict[int, str],
+    max_new_tokens: int = 128,
+    temperatures: float | Sequence[float] = 0.0,
+    seeds: Sequence[int | None] | None = None,
+    pad_id: int = 0,
+    top_p: float = 1.0,
+) -> list[Generation]:
+    """Decode a batch of prompts; temperature 0 is greedy (argmax), >0 samples with the row's seed.
+
+    ``stop_ids`` maps token id -> stop reason (see :func:`mechprobe.chat.stop_token_ids`).
+    """
+    from transformers import DynamicCache
+
+    b = len(prompts)
+    temps = [float(temperatures)] * b if isinstance(temperatures, int | float) else [float(t) for t in temperatures]
+    if len(temps) != b:
+        raise ValueError("one temperature per prompt")
+    seeds = list(seeds) if seeds is not None else [None] * b
+    if any(t > 0 and s is None for t, s in zip(temps, seeds)):
+        raise ValueError("sampled rows need a seed so they can be regenerated exactly")
+    dev = input_device(model)
+    ids, mask, pos = left_pad(prompts, pad_id, dev)
+    gens = _make_generators(seeds, dev)
+    temp_t = torch.tensor(temps, device=dev)
+
+    cache = DynamicCache()
+    out_tokens: list[list[int]] = [[] for _ in range(b)]
+    reasons: list[str | None] = [None] * b
+    stop_tensor = torch.tensor(sorted(stop_ids), dtype=torch.long, device=dev) if stop_ids else None
+
+    step_ids, step_pos = ids, pos
+    for _ in range(max_new_tokens):
+        out = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
+                    past_key_values=cache, use_cache=True)
+        logits = out.logits[:, -1, :].float()
+        cache = out.past_key_values
+        nxt = logits.argmax(-1)
+        for i in range(b):
+            if temps[i] > 0 and reasons[i] is None:
+                probs = torch.softmax(logits[i] / temp_t[i], dim=-1)
+                if top_p < 1.0:
+                    probs = _top_p(probs, top_p)
+                nxt[i] = torch.multinomial(probs, 1, generator=gens[i])[0]
+        nxt_list = nxt.tolist()
+        for i, t in enumerate(nxt_list):
+            if reasons[i] is None:
+                out_tokens[i].append(t)
+                if t in stop_ids:
+                    reasons[i] = stop_ids[t]
+        if all(r is not None for r in reasons):
+            break
+        # Finished rows keep decoding a harmless token; their outputs are discarded.
+        if stop_tensor is not None:
+            nxt = torch.where(torch.tensor([r is not None for r in reasons], device=dev),
+                              torch.full_like(nxt, pad_id), nxt)
+        step_ids = nxt[:, None]
+        step_pos = step_pos[:, -1:] + 1
+        mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=dev)], dim=1)
+    return [Generation(token_ids=out_tokens[i], stop_reason=reasons[i] or "max_tokens") for i in range(b)]
+
+
+def _top_p(probs: torch.Tensor, p: float) -> torch.Tensor:
+    sorted_p, idx = probs.sort(descending=True)
+    keep = sorted_p.cumsum(-1) - sorted_p < p
+    sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
+    out = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
+    return out / out.sum()
+
+
+def batches_by_length(lengths: Sequence[int], batch_size: int, token_budget: int | None = None) -> list[list[int]]:
+    """Group indices into batches of similar length (less padding), capped by size and padded tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        longest = max([lengths[j] for j in cur] + [lengths[i]])
+        if cur and (len(cur) >= batch_size or (token_budget and longest * (len(cur) + 1) > token_budget)):
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def decode(tokenizer: Any, gen: Generation) -> tuple[str, str]:
+    """(raw text with special tokens, cleaned text without them and without the stop token)."""
+    raw = tokenizer.decode(gen.token_ids, skip_special_tokens=False)
+    body = gen.token_ids[:-1] if gen.stop_reason != "max_tokens" else gen.token_ids
+    clean = tokenizer.decode(body, skip_special_tokens=True).strip()
+    return raw, clean

