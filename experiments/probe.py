@@ -1,0 +1,12 @@
+"""Run the user-turn probe: ``python experiments/probe.py --dataset gsm8k --limit 50 --out runs/smol-gsm8k``.
+
+Generates the assistant turn with the model itself, then greedy and sampled user turns after the
+model's own user-role header. Re-running the same command resumes; see ``mechprobe probe --help``.
+"""
+
+import sys
+
+from mechprobe.cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main(["probe", *sys.argv[1:]]))

@@ -1,0 +1,241 @@
+"""The probe stage: dataset rows -> assistant turns -> user turns, written to a run directory.
+
+``RUN/assistant.jsonl`` holds one :class:`AssistantRecord` per item and ``RUN/user_turns.jsonl`` one
+:class:`UserTurnRecord` per generated user turn (greedy, plus ``samples`` per temperature > 0). Both are
+appended row by row, so a killed run resumes where it stopped; ``RUN/manifest.json`` pins the model,
+tokenizer, template and generation config, and a mismatching command is refused rather than mixed in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from . import chat
+from .generation import batches_by_length, decode, generate
+from .io import JsonlStore, check_or_write_manifest, read_jsonl
+from .models import DEFAULT_MODEL, LoadedModel, load_model
+from .records import AssistantRecord, Item, UserTurnRecord, make_record_id
+
+log = logging.getLogger(__name__)
+
+ASSISTANT = "assistant.jsonl"
+USER_TURNS = "user_turns.jsonl"
+
+
+@dataclass
+class ProbeConfig:
+    """Everything that determines a probe run's outputs (and goes into its manifest)."""
+
+    model: str = DEFAULT_MODEL
+    dataset: str = "builtin"
+    data_path: str | None = None
+    limit: int | None = 50
+    temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
+    samples: int = 3
+    max_assistant_tokens: int = 256
+    max_user_tokens: int = 64
+    seed: int = 0
+    system: str | None = None
+    chat_template: str | None = None
+    batch_size: int = 8
+    device: str | None = None
+    dtype: str | None = None
+
+    def identity(self) -> dict[str, Any]:
+        """What must match to extend an existing run (limit, batch size and device may change)."""
+        d = asdict(self)
+        for k in ("limit", "batch_size", "device", "data_path"):
+            d.pop(k)
+        return d
+
+
+def row_seed(base_seed: int, record_id: str) -> int:
+    """A per-row seed derived from the record id, so any row can be regenerated alone."""
+    h = hashlib.sha256(f"{base_seed}:{record_id}".encode()).digest()
+    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
+
+
+def decoding_plan(temperatures: list[float], samples: int) -> list[tuple[str, float, int]]:
+    """(decoding, temperature, sample_index) for each user turn of one item."""
+    plan: list[tuple[str, float, int]] = []
+    for t in temperatures:
+        if t < 0:
+            raise ValueError(f"temperature {t} < 0; use 0 for greedy")
+        if t == 0:
+            plan.append(("greedy", 0.0, 0))
+        else:
+            plan.extend(("sample", float(t), k) for k in range(samples))
+    if not plan:
+        raise ValueError("no decodings requested: pass --temperatures 0 (greedy) and/or values > 0")
+    return plan
+
+
+def load_items(cfg: ProbeConfig) -> tuple[list[Item], dict[str, Any]]:
+    from .datasets import load_dataset
+
+    res = load_dataset(cfg.dataset, path=cfg.data_path, limit=cfg.limit)
+    info = {
+        "dataset_source": res.source,
+        "n_items": len(res.items),
+        "n_malformed_rows": len(res.skipped),
+        "malformed_rows": [asdict(s) if hasattr(s, "__dataclass_fields__") else s for s in res.skipped[:50]],
+    }
+    return res.items, info
+
+
+def _score(item: Item, response: str) -> tuple[float | None, str | None]:
+    from .scoring import score
+
+    return score(item.dataset, response, item.gold, item.meta)
+
+
+def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
+              progress: bool = True) -> Path:
+    """Build or extend the probe run in ``out``. Safe to re-run after a crash: done rows are skipped."""
+    out = Path(out)
+    items, data_info = load_items(cfg)
+    if not items:
+        raise ValueError(f"dataset {cfg.dataset!r} gave no items (limit={cfg.limit}); nothing to probe")
+    lm = lm or load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, chat_template=cfg.chat_template)
+    tok = lm.tokenizer
+    # Fail before any generation when the template cannot host the probe (base models).
+    chat.user_header(tok)
+    identity = {**lm.identity(), "config": cfg.identity()}
+    check_or_write_manifest(out, identity, {"stage": "probe", "data": data_info,
+                                            "user_header": chat.user_header(tok)})
+    plan = decoding_plan(cfg.temperatures, cfg.samples)
+    t0 = time.time()
+    n_a = _assistant_stage(cfg, lm, items, out, progress)
+    n_u = _user_stage(cfg, lm, items, plan, out, progress)
+    check_or_write_manifest(out, identity, {"last_run": {"new_assistant_rows": n_a, "new_user_rows": n_u,
+                                                         "seconds": round(time.time() - t0, 1)}})
+    return out
+
+
+def _assistant_stage(cfg: ProbeConfig, lm: LoadedModel, items: list[Item], out: Path, progress: bool) -> int:
+    tok = lm.tokenizer
+    store = JsonlStore(out / ASSISTANT, key="item_id")
+    todo = [it for it in items if not store.has(it.item_id)]
+    if not todo:
+        return 0
+    prompts = [chat.build_assistant_prompt(tok, it.prompt, system=cfg.system, history=it.messages or None)
+               for it in todo]
+    stops = chat.assistant_stop_token_ids(tok, lm.model)
+    bar = tqdm(total=len(todo), desc="assistant turns", disable=not progress, unit="item")
+    for batch in batches_by_length([len(p) for p in prompts], cfg.batch_size):
+        gens = generate(lm.model, [prompts[i] for i in batch], stop_ids=stops,
+                        max_new_tokens=cfg.max_assistant_tokens, pad_id=tok.pad_token_id)
+        for i, g in zip(batch, gens):
+            it = todo[i]
+            _, text = decode(tok, g)
+            sc, extracted = _score(it, text)
+            rec = AssistantRecord(item_id=it.item_id, dataset=it.dataset, prompt=it.prompt, response=text,
+                                  stop_reason=g.stop_reason, n_tokens=len(g.token_ids), score=sc,
+                                  extracted=extracted, gold=it.gold, messages=it.messages,
+                                  reference_next_user=it.reference_next_user)
+            store.append(rec.to_dict())
+            bar.update(1)
+    bar.close()
+    return len(todo)
+
+
+def _user_stage(cfg: ProbeConfig, lm: LoadedModel, items: list[Item], plan: list[tuple[str, float, int]],
+                out: Path, progress: bool) -> int:
+    tok = lm.tokenizer
+    wanted = {it.item_id for it in items}
+    assistants = [AssistantRecord.from_dict(r) for r in read_jsonl(out / ASSISTANT)]
+    assistants = [a for a in assistants if a.item_id in wanted]
+    store = JsonlStore(out / USER_TURNS, key="record_id")
+    stops = chat.stop_token_ids(tok, lm.model)
+    jobs: list[tuple[AssistantRecord, chat.ProbePrompt, str, float, int, str]] = []
+    for a in assistants:
+        pp = chat.build_probe_prompt(tok, a.prompt, a.response, system=cfg.system, history=a.messages or None)
+        for decoding, temp, k in plan:
+            rid = make_record_id(a.item_id, decoding, temp, k)
+            if not store.has(rid):
+                jobs.append((a, pp, decoding, temp, k, rid))
+    if not jobs:
+        return 0
+    bar = tqdm(total=len(jobs), desc="user turns", disable=not progress, unit="turn")
+    for batch in batches_by_length([len(j[1].input_ids) for j in jobs], cfg.batch_size):
+        sel = [jobs[i] for i in batch]
+        seeds = [row_seed(cfg.seed, j[5]) if j[3] > 0 else None for j in sel]
+        gens = generate(lm.model, [j[1].input_ids for j in sel], stop_ids=stops,
+                        max_new_tokens=cfg.max_user_tokens, temperatures=[j[3] for j in sel], seeds=seeds,
+                        pad_id=tok.pad_token_id)
+        for (a, pp, decoding, temp, k, rid), seed, g in zip(sel, seeds, gens):
+            raw, text = decode(tok, g)
+            rec = UserTurnRecord(record_id=rid, item_id=a.item_id, dataset=a.dataset, decoding=decoding,
+                                 temperature=temp, sample_index=k, seed=seed, raw_text=raw, text=text,
+                                 stop_reason=g.stop_reason, prompt_ids=list(pp.input_ids),
+                                 boundary_index=pp.boundary_index, assistant_span=pp.assistant_span,
+                                 generated_ids=g.token_ids)
+            store.append(rec.to_dict())
+            bar.update(1)
+    bar.close()
+    return len(jobs)
+
+
+def load_run(run_dir: str | Path) -> tuple[list[AssistantRecord], list[UserTurnRecord]]:
+    """Read a probe run's records (for notebooks and later stages)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / USER_TURNS).exists():
+        raise FileNotFoundError(f"{run_dir} has no {USER_TURNS}: run `python experiments/probe.py --out {run_dir}`")
+    a = [AssistantRecord.from_dict(r) for r in read_jsonl(run_dir / ASSISTANT)]
+    u = [UserTurnRecord.from_dict(r) for r in read_jsonl(run_dir / USER_TURNS)]
+    return a, u
+
+
+def summarize_run(run_dir: str | Path) -> str:
+    """A short markdown table: task accuracy and end-of-turn share per decoding."""
+    a, u = load_run(run_dir)
+    scored = [r.score for r in a if r.score is not None]
+    lines = [f"items: {len(a)}; task accuracy: "
+             + (f"{sum(scored) / len(scored):.1%} of {len(scored)} scored" if scored else "unscored"), "",
+             "| decoding | T | n | ends with end-of-turn | max tokens |", "|---|---|---|---|---|"]
+    groups: dict[tuple[str, float], list[UserTurnRecord]] = {}
+    for r in u:
+        groups.setdefault((r.decoding, r.temperature), []).append(r)
+    for (d, t), rs in sorted(groups.items(), key=lambda kv: kv[0][1]):
+        eot = sum(r.stop_reason == "end_of_turn" for r in rs) / len(rs)
+        mx = sum(r.stop_reason == "max_tokens" for r in rs) / len(rs)
+        lines.append(f"| {d} | {t:g} | {len(rs)} | {eot:.1%} | {mx:.1%} |")
+    return "\n".join(lines)
+
+
+def add_probe_args(p: Any) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL, help="embedded name, HF id/dir, or .gguf file")
+    p.add_argument("--dataset", default="builtin",
+                   help="builtin | gsm8k | math500 | ifeval | mt_bench | hh_rlhf | topical_chat")
+    p.add_argument("--data-path", default=None, help="dataset file/dir (default: ../shared/data or $MECHPROBE_DATA_DIR)")
+    p.add_argument("--limit", type=int, default=50, help="first N items (0 = all)")
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], help="0 = greedy")
+    p.add_argument("--samples", type=int, default=3, help="samples per temperature > 0")
+    p.add_argument("--max-assistant-tokens", type=int, default=256)
+    p.add_argument("--max-user-tokens", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--system", default=None, help="system prompt (default: the template's own)")
+    p.add_argument("--chat-template", default=None, help="Jinja template file, for models without one")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16", "float16"])
+
+
+def config_from_args(a: Any) -> ProbeConfig:
+    return ProbeConfig(model=a.model, dataset=a.dataset, data_path=a.data_path, limit=a.limit or None,
+                       temperatures=list(a.temperatures), samples=a.samples,
+                       max_assistant_tokens=a.max_assistant_tokens, max_user_tokens=a.max_user_tokens,
+                       seed=a.seed, system=a.system, chat_template=a.chat_template, batch_size=a.batch_size,
+                       device=a.device, dtype=a.dtype)
+
+
+def default_run_dir(cfg: ProbeConfig) -> Path:
+    model = Path(cfg.model).name.replace(".gguf", "")
+    return Path("runs") / f"{model}-{cfg.dataset}"

