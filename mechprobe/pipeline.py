@@ -47,6 +47,7 @@ class ProbeConfig:
     batch_size: int = 8
     device: str | None = None
     dtype: str | None = None
+    engine: str = "hf"  # "hf" (exact, hookable) | "vllm" (throughput for sampling on GPUs)
 
     def identity(self) -> dict[str, Any]:
         """What must match to extend an existing run (limit, batch size and device may change)."""
@@ -103,6 +104,11 @@ def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
     items, data_info = load_items(cfg)
     if not items:
         raise ValueError(f"dataset {cfg.dataset!r} gave no items (limit={cfg.limit}); nothing to probe")
+    if cfg.engine not in ("hf", "vllm"):
+        raise ValueError(f"unknown engine {cfg.engine!r}: use hf or vllm")
+    engine = None
+    if lm is None and cfg.engine == "vllm":
+        lm, engine = _load_vllm_engine(cfg)
     lm = lm or load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, chat_template=cfg.chat_template)
     tok = lm.tokenizer
     # Fail before any generation when the template cannot host the probe (base models).
@@ -112,14 +118,42 @@ def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
                                             "user_header": chat.user_header(tok)})
     plan = decoding_plan(cfg.temperatures, cfg.samples)
     t0 = time.time()
-    n_a = _assistant_stage(cfg, lm, items, out, progress)
-    n_u = _user_stage(cfg, lm, items, plan, out, progress)
+    n_a = _assistant_stage(cfg, lm, items, out, progress, engine)
+    n_u = _user_stage(cfg, lm, items, plan, out, progress, engine)
     check_or_write_manifest(out, identity, {"last_run": {"new_assistant_rows": n_a, "new_user_rows": n_u,
                                                          "seconds": round(time.time() - t0, 1)}})
     return out
 
 
-def _assistant_stage(cfg: ProbeConfig, lm: LoadedModel, items: list[Item], out: Path, progress: bool) -> int:
+def _load_vllm_engine(cfg: ProbeConfig) -> tuple[LoadedModel, Any]:
+    """vLLM engine + tokenizer; the HF weights are not loaded (they would double GPU memory)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from .io import sha256_text
+    from .vllm_backend import load_vllm
+
+    tok = AutoTokenizer.from_pretrained(cfg.model)
+    if cfg.chat_template:
+        p = Path(cfg.chat_template)
+        tok.chat_template = p.read_text() if p.exists() else cfg.chat_template
+    engine = load_vllm(cfg.model)
+    lm = LoadedModel(model=None, tokenizer=tok, name=cfg.model, weight_hash=sha256_text(cfg.model),
+                     device=torch.device("cuda"), dtype=torch.bfloat16)
+    return lm, engine
+
+
+def _decode_batch(lm: LoadedModel, engine: Any, prompts: list[list[int]], **kw: Any) -> list[Any]:
+    if engine is not None:
+        from .vllm_backend import generate_vllm
+
+        kw.pop("pad_id", None)
+        return generate_vllm(engine, prompts, **kw)
+    return generate(lm.model, prompts, **kw)
+
+
+def _assistant_stage(cfg: ProbeConfig, lm: LoadedModel, items: list[Item], out: Path, progress: bool,
+                     engine: Any = None) -> int:
     tok = lm.tokenizer
     store = JsonlStore(out / ASSISTANT, key="item_id")
     todo = [it for it in items if not store.has(it.item_id)]
@@ -130,8 +164,8 @@ def _assistant_stage(cfg: ProbeConfig, lm: LoadedModel, items: list[Item], out: 
     stops = chat.assistant_stop_token_ids(tok, lm.model)
     bar = tqdm(total=len(todo), desc="assistant turns", disable=not progress, unit="item")
     for batch in batches_by_length([len(p) for p in prompts], cfg.batch_size):
-        gens = generate(lm.model, [prompts[i] for i in batch], stop_ids=stops,
-                        max_new_tokens=cfg.max_assistant_tokens, pad_id=tok.pad_token_id)
+        gens = _decode_batch(lm, engine, [prompts[i] for i in batch], stop_ids=stops,
+                             max_new_tokens=cfg.max_assistant_tokens, temperatures=0.0, pad_id=tok.pad_token_id)
         for i, g in zip(batch, gens):
             it = todo[i]
             _, text = decode(tok, g)
@@ -147,7 +181,7 @@ def _assistant_stage(cfg: ProbeConfig, lm: LoadedModel, items: list[Item], out: 
 
 
 def _user_stage(cfg: ProbeConfig, lm: LoadedModel, items: list[Item], plan: list[tuple[str, float, int]],
-                out: Path, progress: bool) -> int:
+                out: Path, progress: bool, engine: Any = None) -> int:
     tok = lm.tokenizer
     wanted = {it.item_id for it in items}
     assistants = [AssistantRecord.from_dict(r) for r in read_jsonl(out / ASSISTANT)]
@@ -167,9 +201,9 @@ def _user_stage(cfg: ProbeConfig, lm: LoadedModel, items: list[Item], plan: list
     for batch in batches_by_length([len(j[1].input_ids) for j in jobs], cfg.batch_size):
         sel = [jobs[i] for i in batch]
         seeds = [row_seed(cfg.seed, j[5]) if j[3] > 0 else None for j in sel]
-        gens = generate(lm.model, [j[1].input_ids for j in sel], stop_ids=stops,
-                        max_new_tokens=cfg.max_user_tokens, temperatures=[j[3] for j in sel], seeds=seeds,
-                        pad_id=tok.pad_token_id)
+        gens = _decode_batch(lm, engine, [j[1].input_ids for j in sel], stop_ids=stops,
+                             max_new_tokens=cfg.max_user_tokens, temperatures=[j[3] for j in sel], seeds=seeds,
+                             pad_id=tok.pad_token_id)
         for (a, pp, decoding, temp, k, rid), seed, g in zip(sel, seeds, gens):
             raw, text = decode(tok, g)
             rec = UserTurnRecord(record_id=rid, item_id=a.item_id, dataset=a.dataset, decoding=decoding,
@@ -226,6 +260,8 @@ def add_probe_args(p: Any) -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16", "float16"])
+    p.add_argument("--engine", default="hf", choices=["hf", "vllm"],
+                   help="hf: exact and hookable (default); vllm: GPU throughput for large sampling runs")
 
 
 def config_from_args(a: Any) -> ProbeConfig:
@@ -233,7 +269,7 @@ def config_from_args(a: Any) -> ProbeConfig:
                        temperatures=list(a.temperatures), samples=a.samples,
                        max_assistant_tokens=a.max_assistant_tokens, max_user_tokens=a.max_user_tokens,
                        seed=a.seed, system=a.system, chat_template=a.chat_template, batch_size=a.batch_size,
-                       device=a.device, dtype=a.dtype)
+                       device=a.device, dtype=a.dtype, engine=a.engine)
 
 
 def default_run_dir(cfg: ProbeConfig) -> Path:
