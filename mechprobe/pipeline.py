@@ -98,10 +98,17 @@ def _score(item: Item, response: str) -> tuple[float | None, str | None]:
 
 
 def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
-              progress: bool = True) -> Path:
-    """Build or extend the probe run in ``out``. Safe to re-run after a crash: done rows are skipped."""
+              progress: bool = True, items: list[Item] | None = None) -> Path:
+    """Build or extend the probe run in ``out``. Safe to re-run after a crash: done rows are skipped.
+
+    ``items`` bypasses the dataset loader (your own prompts from a notebook); ``cfg.dataset`` then
+    only names them.
+    """
     out = Path(out)
-    items, data_info = load_items(cfg)
+    if items is None:
+        items, data_info = load_items(cfg)
+    else:
+        data_info = {"dataset_source": "items passed to run_probe", "n_items": len(items), "n_malformed_rows": 0}
     if not items:
         raise ValueError(f"dataset {cfg.dataset!r} gave no items (limit={cfg.limit}); nothing to probe")
     if cfg.engine not in ("hf", "vllm"):
