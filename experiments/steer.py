@@ -1,0 +1,204 @@
+"""Steering vectors that raise genuine follow-ups under greedy decoding, with controls.
+
+    python experiments/steer.py --alpha 4                       # embedded default, builds missing stages
+    python experiments/steer.py --run runs/smol-gsm8k --layer 12 --alpha 0 1 2 4 8 --positions boundary+generated
+
+Writes ``<run>/steering/alpha_<a>_<kind>.jsonl`` (greedy held-out user turns under steering, judged),
+``results.json`` / ``results.md`` and ``figures/steer_<run>.png``. ``alpha`` multiplies the raw
+difference-of-means vector (CAA convention; see docs/steering.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from mechprobe.activations import ActivationCache
+from mechprobe.cli import friendly
+from mechprobe.io import JsonlStore, read_json, read_jsonl, write_json
+from mechprobe.judge import JudgeInput, make_judge
+from mechprobe.models import DEFAULT_MODEL
+from mechprobe.pipeline import default_run_dir
+from mechprobe.plots import plot_steering
+from mechprobe.records import AssistantRecord
+from mechprobe.stages import Stages, probe_config
+from mechprobe.steer_eval import SteeredTurn, assistant_accuracy, split_of, steered_user_turns, summarize
+from mechprobe.steering import SteeringVector, diff_of_means, from_direction
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=DEFAULT_MODEL)
+    p.add_argument("--dataset", default=None)
+    p.add_argument("--run", default=None)
+    p.add_argument("--judge", default="offline")
+    p.add_argument("--layer", type=int, default=None, help="residual index; default: chosen on train items")
+    p.add_argument("--candidate-layers", type=int, nargs="+", default=None,
+                   help="layers swept on train items (default: top probe layers, else L/3, L/2, 2L/3)")
+    p.add_argument("--alpha", type=float, nargs="+", default=[4.0])
+    p.add_argument("--positions", default="boundary+generated",
+                   choices=["boundary", "generated", "boundary+generated", "all"])
+    p.add_argument("--kinds", default="diff_means,random,negative,probe")
+    p.add_argument("--max-user-tokens", type=int, default=48)
+    p.add_argument("--max-heldout", type=int, default=None, help="cap held-out items (speed)")
+    p.add_argument("--no-assistant-check", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--figures", default=str(REPO / "figures"))
+    return p
+
+
+def judge_turns(judge, turns: list[SteeredTurn], by_item: dict[str, AssistantRecord], key: str) -> dict[str, str]:
+    inputs = [JudgeInput(record_id=f"{key}|{t.item_id}", prompt=by_item[t.item_id].prompt,
+                         response=by_item[t.item_id].response, raw_text=t.raw_text, text=t.text,
+                         stop_reason=t.stop_reason, dataset=by_item[t.item_id].dataset, decoding="greedy",
+                         item_id=t.item_id) for t in turns]
+    return {r.record_id: r.label for r in judge.label_many(inputs)}
+
+
+def run_condition(lm, judge, vec, alpha, a, heldout, by_item, out_dir) -> tuple[dict, list[SteeredTurn]]:
+    kind = vec.kind if (vec is not None and alpha != 0) else "none"
+    key = f"{kind}|a{alpha:g}"
+    path = out_dir / f"alpha_{alpha:g}_{kind}.jsonl"
+    store = JsonlStore(path, key="item_id")
+    done = {r["item_id"]: r for r in read_jsonl(path)}
+    todo = [x for x in heldout if x.item_id not in done]
+    if todo:
+        turns = steered_user_turns(lm, todo, vec if alpha != 0 else None, alpha, a.positions, a.max_user_tokens)
+        labels = judge_turns(judge, turns, by_item, key)
+        for t in turns:
+            store.append({**asdict(t), "label": labels.get(f"{key}|{t.item_id}")})
+    rows = [r for r in read_jsonl(path) if r["item_id"] in {x.item_id for x in heldout}]
+    turns = [SteeredTurn(**{k: v for k, v in r.items() if k != "label"}) for r in rows]
+    labels = {f"{key}|{r['item_id']}": r["label"] for r in rows}
+    res = summarize(turns, labels, key)
+    return {"kind": kind, "alpha": alpha, **res}, turns
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    t0 = time.time()
+    cfg = probe_config(a.model, a.dataset)
+    run = Path(a.run) if a.run else default_run_dir(cfg)
+    if a.run and (run / "manifest.json").exists():
+        ident = read_json(run / "manifest.json")["identity"]
+        cfg = probe_config(ident["model"], ident["config"]["dataset"],
+                           **{k: v for k, v in ident["config"].items() if k not in ("model", "dataset")})
+    st = Stages(run, cfg)
+    print(f"run: {run}  (model {cfg.model}, dataset {cfg.dataset})")
+    st.probe()
+    st.labels(a.judge)
+    st.cache()
+    lm = st.model()
+    judge = make_judge(a.judge)
+
+    cache = ActivationCache.load(run)
+    mask = cache.labeled_mask()
+    y = cache.labels("genuine")
+    train_rows = torch.tensor([split_of(i) == "train" for i in cache.item_ids]) & mask
+    pos_rows, neg_rows = train_rows & (y == 1), train_rows & (y == 0)
+    print(f"train rows: {int(pos_rows.sum())} genuine / {int(neg_rows.sum())} not (vectors are built from these)")
+    if int(pos_rows.sum()) < 2:
+        raise ValueError(f"only {int(pos_rows.sum())} genuine follow-ups among train rows: a difference of means "
+                         "needs at least 2; probe more items/samples (--limit, --samples) first")
+
+    assistants = [AssistantRecord.from_dict(r) for r in read_jsonl(run / "assistant.jsonl")]
+    by_item = {x.item_id: x for x in assistants}
+    train_items = [x for x in assistants if split_of(x.item_id) == "train"]
+    heldout = [x for x in assistants if split_of(x.item_id) == "heldout"][: a.max_heldout]
+    out_dir = run / "steering"
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def vec_at(layer: int) -> SteeringVector:
+        x = cache.resid(layer)
+        return diff_of_means(x[pos_rows], x[neg_rows], layer, weight_hash=cache.meta["identity"]["weight_hash"],
+                             source_run=str(run), position="boundary")
+
+    # Layer choice on train items only.
+    n_layers = cache.meta["n_layers_model"]
+    if a.layer is not None:
+        layer, sweep = a.layer, []
+    else:
+        cands = a.candidate_layers
+        metrics_path = run / "probes" / "metrics.json"
+        if cands is None and metrics_path.exists() and read_json(metrics_path).get("status") == "ok":
+            per = read_json(metrics_path)["per_layer"]
+            cands = [r["layer"] for r in sorted(per, key=lambda r: -r["logreg_auroc"]["value"]) if r["layer"] > 0][:3]
+        cands = cands or [n_layers // 3, n_layers // 2, 2 * n_layers // 3]
+        alpha_sel = max(a.alpha)
+        sweep = []
+        for cand in cands:
+            v = vec_at(cand)
+            turns = steered_user_turns(lm, train_items, v, alpha_sel, a.positions, a.max_user_tokens)
+            key = f"sweep|L{cand}"
+            labels = judge_turns(judge, turns, by_item, key)
+            s = summarize(turns, labels, key)
+            sweep.append({"layer": cand, "alpha": alpha_sel, **s})
+            print(f"  train sweep layer {cand} alpha {alpha_sel:g}: follow-up {s['followup_rate']:.3f} "
+                  f"degenerate {s['degenerate_rate']:.3f}")
+        layer = max(sweep, key=lambda r: (r["followup_rate"], -r["degenerate_rate"]))["layer"]
+    v = vec_at(layer)
+    v.save(out_dir / f"vector_L{layer}_diff_means")
+    print(v.describe())
+
+    kinds = a.kinds.split(",")
+    vectors: list[SteeringVector] = []
+    if "diff_means" in kinds:
+        vectors.append(v)
+    if "random" in kinds:
+        vectors.append(v.random_like(a.seed))
+    if "negative" in kinds:
+        vectors.append(v.negated())
+    dpath = run / "probes" / "directions.safetensors"
+    if "probe" in kinds and dpath.exists():
+        from safetensors.torch import load_file
+
+        d = load_file(str(dpath))
+        if f"probe_{layer}" in d:
+            vectors.append(from_direction(d[f"probe_{layer}"], layer, v.norm, kind="probe"))
+
+    rows = []
+    base, _ = run_condition(lm, judge, None, 0.0, a, heldout, by_item, out_dir)
+    for vec in vectors:
+        rows.append({**base, "kind": vec.kind})
+        for alpha in sorted(set(a.alpha) - {0.0}):
+            r, _ = run_condition(lm, judge, vec, alpha, a, heldout, by_item, out_dir)
+            rows.append(r)
+    acc = None
+    if not a.no_assistant_check:
+        n = min(len(heldout), 24)
+        acc = {"unsteered": assistant_accuracy(lm, heldout[:n], None, 0.0, cfg.max_assistant_tokens),
+               f"diff_means_alpha_{max(a.alpha):g}": assistant_accuracy(lm, heldout[:n], v, max(a.alpha),
+                                                                      cfg.max_assistant_tokens),
+               "n_items": n, "positions": "all"}
+    lines = [f"layer {layer}, positions {a.positions}, {len(heldout)} held-out items, judge {judge.name}; "
+             f"{v.describe()}", "",
+             "| vector | alpha | genuine follow-up [95% CI] | degenerate | mean NLL | labels |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        nll = f"{r['mean_nll']:.2f}" if r["mean_nll"] is not None else "n/a"
+        labs = ", ".join(f"{k} {c}" for k, c in sorted(r["labels"].items(), key=lambda kv: -kv[1]))
+        lines.append(f"| {r['kind']} | {r['alpha']:g} | {r['followup_rate']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] "
+                     f"| {r['degenerate_rate']:.3f} | {nll} | {labs} |")
+    if acc:
+        lines += ["", f"assistant task accuracy with the vector on at every position ({acc['n_items']} held-out items): "
+                  + json.dumps({k: val for k, val in acc.items() if k not in ('n_items', 'positions')})]
+    table = "\n".join(lines)
+    (out_dir / "results.md").write_text(table + "\n")
+    write_json(out_dir / "results.json", {"layer": layer, "positions": a.positions, "vector": v.describe(),
+                                          "vector_meta": v.meta, "sweep_train": sweep, "heldout": rows,
+                                          "assistant_accuracy": acc, "judge": judge.name,
+                                          "seconds": round(time.time() - t0, 1)})
+    fig = plot_steering(rows, Path(a.figures) / f"steer_{run.name}.png",
+                        f"{cfg.model} · layer {layer} · {a.positions} · {len(heldout)} held-out items")
+    print("\n" + table + f"\n\nwrote {out_dir}/results.md, results.json and {fig}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(friendly(lambda: main()))
