@@ -1,0 +1,98 @@
+"""The experiment scripts as a user runs them, on a small real run (real model, real activations).
+
+Labels are written by the test (item-level, so the outcome does not depend on the judge's verdicts on a
+tiny run); the scripts must reuse them, cache activations, and produce metrics, directions, steering
+rows and figures. The steering script's alpha-0 condition must reproduce the run's own greedy turns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mechprobe.io import JsonlStore, read_jsonl
+from mechprobe.judge import make_judge
+from mechprobe.pipeline import ProbeConfig, run_probe
+from mechprobe.records import LabelRecord
+from mechprobe.steer_eval import split_of
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+MAX_USER = 12
+
+
+@pytest.fixture(scope="module")
+def small_run(smol, tmp_path_factory):
+    run = tmp_path_factory.mktemp("exp") / "run"
+    cfg = ProbeConfig(dataset="builtin", limit=12, temperatures=[0.0, 1.0], samples=2, max_assistant_tokens=32,
+                      max_user_tokens=MAX_USER, batch_size=12)
+    run_probe(cfg, run, lm=smol, progress=False)
+    return run
+
+
+def _write_labels(run, genuine_items):
+    name = make_judge("offline").name
+    p = run / "labels.jsonl"
+    if p.exists():
+        p.unlink()
+    st = JsonlStore(p, key="record_id")
+    for r in read_jsonl(run / "user_turns.jsonl"):
+        g = r["item_id"] in genuine_items
+        st.append(LabelRecord(record_id=r["record_id"], label="genuine_followup" if g else "new_query", genuine=g,
+                              rationale="test label", judge=name).to_dict())
+
+
+def _py(*args, check=True):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, check=check)
+
+
+def test_linear_probe_and_steer_scripts(small_run, tmp_path):
+    items = sorted({r["item_id"] for r in read_jsonl(small_run / "assistant.jsonl")})
+    _write_labels(small_run, set(items[::2]))
+    figs = tmp_path / "figs"
+    p = _py("experiments/linear_probe.py", "--run", str(small_run), "--layers", "0,10,20,30", "--folds", "3",
+            "--figures", str(figs))
+    assert "best layer" in p.stdout, p.stdout + p.stderr
+    m = json.loads((small_run / "probes" / "metrics.json").read_text())
+    assert m["status"] == "ok" and [r["layer"] for r in m["per_layer"]] == [0, 10, 20, 30]
+    assert set(m["controls"]) >= {"random_direction", "text_baseline"}
+    for r in m["per_layer"]:
+        assert 0.0 <= r["logreg_auroc"]["lo"] <= r["logreg_auroc"]["value"] <= r["logreg_auroc"]["hi"] <= 1.0
+    assert (figs / f"linear_probe_{small_run.name}.png").stat().st_size > 10_000
+    assert (small_run / "activations" / "manifest.json").exists()
+    from safetensors.numpy import load_file
+
+    d = load_file(str(small_run / "probes" / "directions.safetensors"))
+    assert d["probe_10"].shape == (576,) and d["diff_means_20"].shape == (576,)
+
+    p = _py("experiments/steer.py", "--run", str(small_run), "--layer", "10", "--alpha", "0", "2",
+            "--max-user-tokens", str(MAX_USER), "--no-assistant-check", "--kinds", "diff_means,random",
+            "--figures", str(figs))
+    res = json.loads((small_run / "steering" / "results.json").read_text())
+    assert res["layer"] == 10 and {r["kind"] for r in res["heldout"]} == {"diff_means", "random"}
+    assert (figs / f"steer_{small_run.name}.png").exists()
+    # alpha 0 reproduces the run's own greedy user turns on held-out items, token for token (as text).
+    greedy = {r["item_id"]: r for r in read_jsonl(small_run / "user_turns.jsonl") if r["decoding"] == "greedy"}
+    zero = read_jsonl(small_run / "steering" / "alpha_0_none.jsonl")
+    assert zero and all(split_of(z["item_id"]) == "heldout" for z in zero)
+    for z in zero:
+        assert z["raw_text"] == greedy[z["item_id"]]["raw_text"]
+    assert len(read_jsonl(small_run / "steering" / "alpha_2_diff_means.jsonl")) == len(zero)
+
+
+def test_linear_probe_refuses_to_report_noise(small_run, tmp_path):
+    items = sorted({r["item_id"] for r in read_jsonl(small_run / "assistant.jsonl")})
+    _write_labels(small_run, {items[0]})
+    p = _py("experiments/linear_probe.py", "--run", str(small_run), "--layers", "5", "--figures",
+            str(tmp_path), check=False)
+    assert p.returncode == 3
+    assert "Not reporting probe metrics" in p.stderr and "positive rows" in p.stderr
+    m = json.loads((small_run / "probes" / "metrics.json").read_text())
+    assert m["status"] == "insufficient_positives"
