@@ -137,7 +137,8 @@ def steer(model: nn.Module, vector: SteeringVector, alpha: float, positions: str
         sl = _positions_mask(h.shape[1], positions)
         if sl is None or alpha == 0:
             return h
-        h = h.clone()
+        if torch.is_grad_enabled():
+            h = h.clone()  # autograd may need the unedited output; under no_grad/inference edit in place
         h[:, sl] += delta(h)
         return h
 
