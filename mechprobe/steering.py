@@ -193,3 +193,52 @@ def bake(model: nn.Module, vector: SteeringVector, alpha: float) -> nn.Module:
                 mlp.down_proj.bias += (alpha * vector.vector.float()).to(mlp.down_proj.bias)
     cfg.mlp_bias = True
     return model
+
+
+def generate_nnsight(model: nn.Module, tokenizer: Any, prompts: list[list[int]], vector: SteeringVector, alpha: float,
+                     positions: str = "boundary+generated", max_new_tokens: int = 32, pad_id: int = 0) -> list[list[int]]:
+    """Greedy steered generation through nnsight (same semantics as :func:`steer` + HF ``generate``).
+
+    This is the path for models served by NDIF (pass a remote ``LanguageModel`` and ``remote=True``
+    to the trace in your own code). nnsight 0.8 specifics: every decode step needs ``tracer.all()``;
+    code after that open-ended loop never runs in the same invoke, so the generated ids are read in a
+    second ``tracer.invoke()``. Returns the new token ids per prompt (fixed ``max_new_tokens``).
+    """
+    import warnings
+
+    from nnsight import LanguageModel
+
+    from .backends import _blocks_path
+    from .generation import input_device, left_pad
+
+    if positions not in POSITIONS:
+        raise ValueError(f"positions must be one of {', '.join(POSITIONS)}")
+    if vector.layer < 1:
+        raise ValueError("nnsight steering needs a block output (layer >= 1)")
+    side = getattr(tokenizer, "padding_side", None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        nm = LanguageModel(model, tokenizer=tokenizer)
+        if side is not None:
+            tokenizer.padding_side = side
+        ids, mask, _ = left_pad(prompts, pad_id, input_device(model))
+        delta = (alpha * vector.vector.float()).to(device=input_device(model))
+        env: Any = nm
+        for part in _blocks_path(model).split("."):
+            env = getattr(env, part)
+        block = env[vector.layer - 1]
+        with nm.generate(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
+                         pad_token_id=pad_id) as tracer:
+            with tracer.invoke({"input_ids": ids, "attention_mask": mask}):
+                for _step in tracer.all():
+                    h = block.output
+                    if positions == "all":
+                        h[:, :] += delta.to(h.dtype)
+                    elif h.shape[1] > 1:
+                        if "boundary" in positions:
+                            h[:, -1] += delta.to(h.dtype)
+                    elif "generated" in positions:
+                        h[:, :] += delta.to(h.dtype)
+            with tracer.invoke():
+                out = nm.generator.output.save()
+    return out[:, ids.shape[1]:].tolist()
