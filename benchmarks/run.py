@@ -9,7 +9,10 @@ Prints markdown tables and writes ``benchmarks/results/run_<device>.json`` so la
 2. steered greedy generation (mechprobe loop + steering hook) vs raw HF ``generate`` (time ratio);
 3. offline judge throughput (turns/s);
 4. end-to-end wall time of a small default pipeline per stage;
-5. peak RSS of ``cache_run`` in a fresh process at N and 4N records (flat = streaming works).
+5. peak RSS of ``cache_run`` in a fresh process at N and 4N records (flat = streaming works);
+6. before/after of the user-turn stage (the pipeline's biggest cost): batches in item order vs sorted by
+   length, and separate vs shared prefill of the greedy row and k samples of one item (same tokens out);
+7. model load: GGUF dequantisation vs the converted safetensors snapshot (fresh processes; skipped by --quick).
 """
 
 from __future__ import annotations
@@ -154,6 +157,75 @@ def bench_pipeline(model: str) -> dict:
     return t
 
 
+def bench_user_stage(lm, reps: int, samples: int = 4, new_tokens: int = 48, batch: int = 16) -> dict:
+    """The probe's user-turn stage on the main job's plan (1 greedy + ``samples`` at T=1 per item).
+
+    Three configurations over the same rows, every one producing the same tokens: ``before`` (batches
+    in item order, every row prefilled), ``sorted`` (:func:`batches_by_length`), ``sorted_shared``
+    (the default: plus one prefill per unique prompt). Also the prefill's share of the ``sorted`` time,
+    which is what says where the cost is on this device.
+    """
+    from mechprobe.generation import batches_by_length
+
+    tok = lm.tokenizer
+    stops = chat.stop_token_ids(tok, lm.model)
+    # Realistic lengths: a GSM8K-sized question and a ~150-token answer, varied per item.
+    items = [chat.build_probe_prompt(tok, q, (r + " ") * (1 + i % 4)).input_ids for i, (q, r) in enumerate(QA)]
+    rows, temps, seeds = [], [], []
+    for i, p in enumerate(items):
+        for j in range(samples + 1):
+            rows.append(p)
+            temps.append(0.0 if j == 0 else 1.0)
+            seeds.append(None if j == 0 else 1000 * i + j)
+    in_order = [list(range(i, min(i + batch, len(rows)))) for i in range(0, len(rows), batch)]
+    by_len = batches_by_length([len(r) for r in rows], batch)
+    outs: dict[str, list] = {}
+
+    def run(batches, share, key):
+        def fn():
+            res = [None] * len(rows)
+            for b in batches:
+                gens = generate(lm.model, [rows[i] for i in b], stop_ids=stops, max_new_tokens=new_tokens,
+                                temperatures=[temps[i] for i in b], seeds=[seeds[i] for i in b],
+                                pad_id=tok.pad_token_id, share_prefill=share)
+                for i, g in zip(b, gens):
+                    res[i] = g.token_ids
+            outs[key] = res
+        return fn
+
+    dev = input_device(lm.model)
+
+    def prefill_only():
+        with torch.inference_mode():
+            for b in by_len:
+                ids, mask, pos = left_pad([rows[i] for i in b], tok.pad_token_id, dev)
+                lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+
+    t = {k: best_of(run(bb, sh, k), reps) for k, bb, sh in
+         (("before", in_order, False), ("sorted", by_len, False), ("sorted_shared", by_len, True))}
+    t_prefill = best_of(prefill_only, reps)
+    n_new = sum(len(x) for x in outs["sorted_shared"])
+    return {"n_items": len(items), "n_rows": len(rows), "batch": batch, "max_new_tokens": new_tokens,
+            "mean_prompt_tokens": sum(len(r) for r in rows) / len(rows), "new_tokens": n_new,
+            "seconds": t, "prefill_seconds_sorted": t_prefill, "prefill_share_of_sorted": t_prefill / t["sorted"],
+            "speedup_sorted_over_before": t["before"] / t["sorted"],
+            "speedup_shared_over_sorted": t["sorted"] / t["sorted_shared"],
+            "speedup_total": t["before"] / t["sorted_shared"],
+            "same_tokens": outs["before"] == outs["sorted"] == outs["sorted_shared"]}
+
+
+def load_times(model: str) -> dict:
+    """Fresh-process load: first with an empty cache dir (GGUF dequantise + convert), then from the snapshot."""
+    code = (f"import sys, time; sys.path.insert(0, {str(HERE.parent)!r}); t = time.perf_counter(); "
+            f"from mechprobe.models import load_model; load_model({model!r}); print(time.perf_counter() - t)")
+    with tempfile.TemporaryDirectory() as d:
+        env = {**os.environ, "MECHPROBE_CACHE": d}
+        run = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+               for _ in range(2)]
+    first, second = (float(r.stdout.strip().splitlines()[-1]) for r in run)
+    return {"gguf_convert_s": first, "snapshot_s": second, "speedup": first / second}
+
+
 def cache_rss(model: str, n_items: int) -> dict:
     """Peak RSS of a fresh process that caches a run of n_items*4 records (after loading the model)."""
     code = f"""
@@ -202,6 +274,9 @@ def main() -> int:
     res["judge"] = bench_judge(500 if a.quick else 2000)
     res["pipeline"] = bench_pipeline(a.model)
     res["memory"] = {"n25": cache_rss(a.model, 25), "n100": cache_rss(a.model, 100)}
+    res["user_stage"] = bench_user_stage(lm, reps)
+    if not a.quick and a.model == "smollm2-135m-instruct":
+        res["load"] = load_times(a.model)
     res["peak_rss_mb_this_process"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
     c = res["caching"]
@@ -221,6 +296,17 @@ def main() -> int:
     print(f"\ncache_run peak RSS: {m['n25']['peak_rss_mb']:.0f} MB at 100 records, {m['n100']['peak_rss_mb']:.0f} MB at "
           f"400 records (after model load: {m['n25']['rss_after_load_mb']:.0f} / {m['n100']['rss_after_load_mb']:.0f} MB); "
           f"bytes on disk {m['n100']['bytes_on_disk']} vs exact {m['n100']['exact_bytes']}")
+    u = res["user_stage"]
+    print(f"\n| user-turn stage ({u['n_items']} items x {u['n_rows'] // u['n_items']} turns, batch {u['batch']}, "
+          f"<= {u['max_new_tokens']} new tokens) | seconds | speedup vs before |\n|---|---|---|")
+    for k, v in u["seconds"].items():
+        print(f"| {k} | {v:.2f} | {u['seconds']['before'] / v:.2f}x |")
+    print(f"prefill = {u['prefill_share_of_sorted']:.0%} of the sorted configuration's time; "
+          f"same tokens in all three: {u['same_tokens']}")
+    if "load" in res:
+        ld = res["load"]
+        print(f"model load (fresh process): GGUF convert {ld['gguf_convert_s']:.1f} s, snapshot {ld['snapshot_s']:.1f} s "
+              f"({ld['speedup']:.1f}x)")
     out = Path(a.out) if a.out else HERE / "results" / f"run_{res['device'].split(':')[0]}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))

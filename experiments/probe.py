@@ -5,8 +5,12 @@ model's own user-role header. Re-running the same command resumes; see ``mechpro
 """
 
 import sys
+from pathlib import Path
 
-from mechprobe.cli import main
+# A fresh clone runs without `pip install -e .` too: the package sits next to this folder.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mechprobe.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     raise SystemExit(main(["probe", *sys.argv[1:]]))

@@ -12,23 +12,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from mechprobe.activations import ActivationCache
-from mechprobe.cli import friendly
-from mechprobe.io import JsonlStore, read_json, read_jsonl, write_json
-from mechprobe.judge import JudgeInput, make_judge
-from mechprobe.models import DEFAULT_MODEL
-from mechprobe.pipeline import default_run_dir
-from mechprobe.plots import plot_steering
-from mechprobe.records import AssistantRecord
-from mechprobe.stages import Stages, probe_config
-from mechprobe.steer_eval import SteeredTurn, assistant_accuracy, split_of, steered_user_turns, summarize
-from mechprobe.steering import SteeringVector, diff_of_means, from_direction
+# A fresh clone runs without `pip install -e .` too: the package sits next to this folder.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mechprobe.activations import ActivationCache  # noqa: E402
+from mechprobe.cli import friendly  # noqa: E402
+from mechprobe.io import JsonlStore, read_json, read_jsonl, write_json  # noqa: E402
+from mechprobe.judge import JudgeInput, make_judge  # noqa: E402
+from mechprobe.models import DEFAULT_MODEL  # noqa: E402
+from mechprobe.pipeline import default_run_dir  # noqa: E402
+from mechprobe.plots import plot_steering  # noqa: E402
+from mechprobe.records import AssistantRecord  # noqa: E402
+from mechprobe.stages import Stages, probe_config  # noqa: E402
+from mechprobe.steer_eval import SteeredTurn, assistant_accuracy, split_of, steered_user_turns, summarize  # noqa: E402
+from mechprobe.steering import SteeringVector, diff_of_means, from_direction  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -161,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
 
         d = load_file(str(dpath))
         if f"probe_{layer}" in d:
-            vectors.append(from_direction(d[f"probe_{layer}"], layer, v.norm, kind="probe"))
+            vectors.append(from_direction(d[f"probe_{layer}"], v, kind="probe"))
 
     rows = []
     base, _ = run_condition(lm, judge, None, 0.0, a, heldout, by_item, out_dir)

@@ -1,57 +1,77 @@
 """Residual-stream activations at the user-role boundary, cached to disk and loaded as a first-class object.
 
-Layer convention (one name, used everywhere in mechprobe): **residual index** ``r`` in ``0..L``.
-``r = 0`` is the input to block 0 (the embeddings, after any embedding scaling, e.g. Gemma's sqrt(d));
-``r = i`` is the output of block ``i - 1``. This equals HF ``output_hidden_states[r]`` for ``r < L``;
-HF's *last* entry is after the final norm, ours is the raw output of the last block (the residual
-stream itself), so ``final_norm(resid(L)) == hidden_states[L]``. "Layer 12" in mechprobe therefore
-means "after 12 blocks", which is also what steering at layer 12 adds to.
+**Layer convention** (one name, used everywhere in mechprobe): the *residual index* ``r`` in ``0..L``
+counts blocks already applied. ``r = 0`` is the input to block 0 (the embeddings, after any embedding
+scaling such as Gemma's sqrt(d)); ``r = i`` is the output of block ``i - 1``. This equals HF
+``output_hidden_states[r]`` for ``r < L``. HF's *last* entry is taken after the final norm, ours is
+the raw output of the last block (the residual stream itself): ``final_norm(resid(L)) ==
+hidden_states[L]`` (checked in the tests for transformers 5.23 Llama/Qwen2/Gemma3). So "layer 12" means
+"after 12 blocks", which is also where steering at layer 12 adds. :func:`resid_name` spells it out.
 
-Positions: ``boundary`` (the last user-header token, where the model is about to write as the user),
-``assistant_last`` (last token of the assistant response) and ``assistant_mean`` (mean over the
-response tokens).
+**Positions**: ``boundary`` (the last user-header token, where the model is about to write as the
+user), ``assistant_last`` (last token of the assistant response) and ``assistant_mean`` (mean over the
+response tokens; an empty response falls back to its first position, the end-of-turn token).
 
-Storage (``RUN/activations/``): safetensors shards, one tensor per position of shape
-``[rows, n_layers, d_model]``, plus ``manifest.json`` (model/tokenizer/template hashes, backend, dtype,
-positions, layers, record ids in ``user_turns.jsonl`` order, shard row ranges). Shards are written as
-they complete, so peak memory is one shard and an interrupted run resumes at the next shard. Readable
-without mechprobe: ``safetensors.torch.load_file`` + ``json``.
+**Storage** (``RUN/activations/``): safetensors shards ``shard_XXXXX.safetensors``, each holding one
+tensor per position of shape ``[rows, len(layers), d_model]`` for records ``start..end`` in
+``user_turns.jsonl`` order, plus ``manifest.json`` (model/tokenizer/template hashes, backend, dtype,
+positions, layers, record and item ids, shard row ranges). Shards are written as they complete, so peak
+memory is one shard whatever the number of records, and an interrupted run resumes at the next shard.
+Readable without mechprobe: ``json`` + ``safetensors.torch.load_file``, concatenating shards in manifest
+order (see docs/activations.md).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import math
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .backends import BACKENDS, capture
+from .backends import BACKENDS, POSITIONS, Backend, make_backend
 from .io import read_json, read_jsonl, write_json
 from .models import LoadedModel, load_model
 from .records import LabelRecord, UserTurnRecord
 
-POSITIONS = ("boundary", "assistant_last", "assistant_mean")
 CACHE_DIR = "activations"
+FORMAT = "mechprobe.activations/1"
+LAYER_CONVENTION = ("residual index r in 0..L: r = 0 is the input to block 0 (embeddings), r = i is the output of "
+                    "block i-1 (raw residual, before the final norm)")
 _DTYPES = {"float16": torch.float16, "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32,
            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+_CANON = {"fp16": "float16", "fp32": "float32", "bf16": "bfloat16"}
+_FP16_MAX = 65504.0
 
 
 class CacheMismatch(RuntimeError):
-    """A cache does not belong to this run / model / template."""
+    """A cache does not belong to this run / model / template, or is damaged."""
+
+
+def resid_name(r: int, n_layers: int) -> str:
+    """Human-readable name of residual index ``r`` (for plot labels and messages)."""
+    if not 0 <= r <= n_layers:
+        raise ValueError(f"residual index {r} out of range 0..{n_layers}")
+    if r == 0:
+        return "r0 = embeddings (input to block 0)"
+    return f"r{r} = output of block {r - 1}" + (" (last block, before final norm)" if r == n_layers else "")
 
 
 def parse_layers(layers: str | Sequence[int] | None, n_layers: int) -> list[int]:
-    """``"all"`` / None -> 0..L; ``"0,6,12"`` or a list -> those residual indices (validated)."""
+    """``"all"`` / None -> 0..L; ``"0,6,12"`` or a list -> those residual indices (validated, sorted)."""
     if layers is None or layers == "all":
         return list(range(n_layers + 1))
-    vals = [int(x) for x in layers.split(",")] if isinstance(layers, str) else [int(x) for x in layers]
+    try:
+        vals = [int(x) for x in layers.split(",")] if isinstance(layers, str) else [int(x) for x in layers]
+    except ValueError:
+        raise ValueError(f"layers must be 'all' or comma-separated integers, got {layers!r}") from None
     bad = [v for v in vals if not 0 <= v <= n_layers]
     if bad:
         raise ValueError(f"layers {bad} out of range: residual indices run 0..{n_layers} (0 = embeddings)")
@@ -59,20 +79,31 @@ def parse_layers(layers: str | Sequence[int] | None, n_layers: int) -> list[int]
 
 
 def parse_positions(positions: str | Sequence[str]) -> list[str]:
+    """``"boundary,assistant_last"`` or a list -> validated list, order kept, duplicates dropped."""
     vals = [p.strip() for p in positions.split(",")] if isinstance(positions, str) else list(positions)
     bad = [p for p in vals if p not in POSITIONS]
-    if bad:
+    if bad or not vals:
         raise ValueError(f"unknown positions {bad}; choose from {', '.join(POSITIONS)}")
-    return vals
+    return list(dict.fromkeys(vals))
+
+
+class LabeledData(NamedTuple):
+    """Rows with a usable label: ``X [n, d]`` float32, ``y [n]`` long, ``groups`` (item ids) and record ids."""
+
+    X: torch.Tensor
+    y: torch.Tensor
+    groups: list[str]
+    record_ids: list[str]
 
 
 @dataclass
 class ActivationCache:
-    """Boundary (and optional assistant) activations of a run, aligned with its user turns.
+    """Cached activations of a run, one row per user turn in ``user_turns.jsonl`` order.
 
-    >>> cache = ActivationCache.load("runs/smol-gsm8k/activations")
-    >>> X = cache.resid(layer=12)          # [n_records, d_model]
-    >>> y = cache.labels("genuine")        # aligned with X
+    >>> cache = ActivationCache.load("runs/smol-gsm8k")   # or runs/smol-gsm8k/activations
+    >>> X = cache.resid(12)                              # [n_records, d_model] at the boundary, after 12 blocks
+    >>> y = cache.labels("genuine")                      # 1/0, NaN where unlabelled or judge_error
+    >>> X, y, groups, ids = cache.dataset(12)            # only labelled rows, groups for grouped CV
     """
 
     path: Path
@@ -82,49 +113,69 @@ class ActivationCache:
     # ---------- loading ----------
     @classmethod
     def load(cls, path: str | Path, check_run: bool = True) -> ActivationCache:
-        """Load a cache directory (or a run directory holding ``activations/``), with integrity checks."""
+        """Load a cache directory (or a run directory holding ``activations/``), with integrity checks.
+
+        Checks: manifest present and complete, shard shapes and contiguity, no NaN/Inf, and (with
+        ``check_run``) that record ids and model/template hashes still match the run beside it.
+        """
         path = Path(path)
         if (path / CACHE_DIR / "manifest.json").exists():
             path = path / CACHE_DIR
         man_path = path / "manifest.json"
         if not man_path.exists():
-            raise FileNotFoundError(f"no activation cache at {path}: run `mechprobe cache {path.parent}`")
+            run = path.parent if path.name == CACHE_DIR else path
+            raise FileNotFoundError(f"no activation cache at {path}: run `mechprobe cache {run}`")
         meta = read_json(man_path)
-        from safetensors.torch import load_file
+        n, n_l, d = len(meta["record_ids"]), len(meta["layers"]), int(meta["d_model"])
+        if meta.get("n_done", 0) != n:
+            raise CacheMismatch(f"{path}: cache is incomplete ({meta.get('n_done', 0)}/{n} rows); run "
+                                f"`mechprobe cache {path.parent}` to finish it")
+        from safetensors import safe_open
 
-        parts: dict[str, list[torch.Tensor]] = {p: [] for p in meta["positions"]}
+        store = _DTYPES[meta["dtype"]]
+        tensors = {p: torch.empty((n, n_l, d), dtype=store) for p in meta["positions"]}
         expect = 0
         for sh in meta["shards"]:
-            if sh["start"] != expect:
-                raise CacheMismatch(f"{path}: shards are not contiguous at row {expect}; re-run `mechprobe cache`")
-            t = load_file(str(path / sh["file"]))
-            for p in meta["positions"]:
-                x = t[p]
-                want = (sh["end"] - sh["start"], len(meta["layers"]), meta["d_model"])
-                if tuple(x.shape) != want:
-                    raise CacheMismatch(f"{sh['file']}:{p} has shape {tuple(x.shape)}, expected {want}")
-                if not torch.isfinite(x).all():
-                    raise CacheMismatch(f"{sh['file']}:{p} contains NaN/Inf values")
-                parts[p].append(x)
+            f = path / sh["file"]
+            if sh["start"] != expect or not f.exists():
+                raise CacheMismatch(f"{path}: shard {sh['file']} missing or rows not contiguous at {expect}; "
+                                    f"delete {path} and re-run `mechprobe cache {path.parent}`")
+            want = (sh["end"] - sh["start"], n_l, d)
+            with safe_open(str(f), framework="pt") as st:
+                for p in meta["positions"]:
+                    shape = tuple(st.get_slice(p).get_shape())  # header only: no data read yet
+                    if shape != want:
+                        raise CacheMismatch(f"{f}: {p} has shape {shape}, expected {want}")
+                    x = st.get_tensor(p)
+                    if not torch.isfinite(x).all():
+                        raise CacheMismatch(f"{f}: {p} contains NaN/Inf")
+                    tensors[p][sh["start"]:sh["end"]] = x
             expect = sh["end"]
-        if expect != len(meta["record_ids"]):
-            raise CacheMismatch(f"{path}: cache is incomplete ({expect}/{len(meta['record_ids'])} rows); "
-                                "re-run `mechprobe cache` to finish it")
-        tensors = {p: torch.cat(v) if v else torch.empty(0, len(meta["layers"]), meta["d_model"])
-                   for p, v in parts.items()}
         cache = cls(path=path, meta=meta, _tensors=tensors)
         if check_run:
             cache._check_run()
         return cache
 
     def _check_run(self) -> None:
-        turns = self.path.parent / "user_turns.jsonl"
-        if not turns.exists():
-            return
-        ids = [r["record_id"] for r in read_jsonl(turns)]
-        if ids[: len(self.record_ids)] != self.record_ids:
-            raise CacheMismatch(f"{self.path} does not match {turns} (record ids differ): the run was regenerated; "
-                                f"delete {self.path} and re-run `mechprobe cache {self.path.parent}`")
+        run = self.path.parent
+        turns = run / "user_turns.jsonl"
+        if turns.exists():
+            ids = [r["record_id"] for r in read_jsonl(turns)]
+            if ids[: len(self.record_ids)] != self.record_ids:
+                raise CacheMismatch(f"{self.path} does not match {turns} (record ids differ): the run was "
+                                    f"regenerated; delete {self.path} and re-run `mechprobe cache {run}`")
+            if len(ids) > len(self.record_ids):
+                warnings.warn(f"{self.path} covers {len(self.record_ids)} of the run's {len(ids)} user turns; run "
+                              f"`mechprobe cache {run}` to add the rest", stacklevel=3)
+        man = run / "manifest.json"
+        if man.exists():
+            run_id = read_json(man).get("identity", {})
+            mine = self.meta["identity"]
+            diff = [k for k in ("weight_hash", "tokenizer_hash", "template_hash") if k in run_id and
+                    run_id[k] != mine.get(k)]
+            if diff:
+                raise CacheMismatch(f"{self.path} was cached with another model/template than {run} "
+                                    f"({', '.join(diff)} differ); delete it and re-run `mechprobe cache {run}`")
 
     # ---------- access ----------
     @property
@@ -133,67 +184,111 @@ class ActivationCache:
 
     @property
     def item_ids(self) -> list[str]:
-        """Source item of each row: group cross-validation folds by this (samples of a prompt share a state)."""
+        """Source item of each row: group CV folds by this (greedy and sampled turns share one prompt)."""
         return list(self.meta["item_ids"])
 
     @property
     def layers(self) -> list[int]:
+        """Cached residual indices (0 = embeddings, i = output of block i-1)."""
         return list(self.meta["layers"])
 
     @property
     def positions(self) -> list[str]:
         return list(self.meta["positions"])
 
+    @property
+    def n_layers_model(self) -> int:
+        return int(self.meta["n_layers_model"])
+
+    @property
+    def d_model(self) -> int:
+        return int(self.meta["d_model"])
+
     def __len__(self) -> int:
         return len(self.meta["record_ids"])
 
-    def resid(self, layer: int, position: str = "boundary", dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Residual stream at residual index ``layer`` (0 = embeddings), one row per record."""
+    def __repr__(self) -> str:
+        return (f"ActivationCache({len(self)} records, model={self.meta['model']!r}, layers {self.layers[0]}.."
+                f"{self.layers[-1]}, positions={self.positions}, dtype={self.meta['dtype']}, path={str(self.path)!r})")
+
+    def _position(self, position: str) -> torch.Tensor:
         if position not in self._tensors:
-            raise KeyError(f"position {position!r} not cached (have {self.positions}); "
-                           f"re-run `mechprobe cache RUN --positions {position}`")
+            raise KeyError(f"position {position!r} not cached (have {self.positions}); re-cache with "
+                           f"`mechprobe cache {self.path.parent} --positions {','.join([*self.positions, position])}` "
+                           "into a fresh directory")
+        return self._tensors[position]
+
+    def resid(self, layer: int, position: str = "boundary", dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Residual stream after ``layer`` blocks (0 = embeddings): ``[n_records, d_model]``, one row per record."""
+        x = self._position(position)
         if layer not in self.meta["layers"]:
-            raise KeyError(f"layer {layer} not cached (have {self.layers[0]}..{self.layers[-1]})")
-        return self._tensors[position][:, self.meta["layers"].index(layer)].to(dtype)
+            raise KeyError(f"layer {layer} not cached (cached residual indices: {self.layers})")
+        return x[:, self.meta["layers"].index(layer)].to(dtype)
 
     def stack(self, position: str = "boundary", dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """All cached layers: ``[n_records, n_layers, d_model]``."""
-        return self._tensors[position].to(dtype)
+        """All cached layers: ``[n_records, len(self.layers), d_model]``."""
+        return self._position(position).to(dtype)
 
+    def to_numpy(self, position: str = "boundary") -> np.ndarray:
+        """``[n_records, len(self.layers), d_model]`` float32 array (layers in ``self.layers`` order)."""
+        return self.stack(position).numpy()
+
+    # ---------- labels ----------
     def label_records(self, labels_file: str = "labels.jsonl") -> list[LabelRecord | None]:
-        p = self.path.parent / labels_file
+        """The judge's record for each row (None where the row has not been judged)."""
+        run = self.path.parent
+        p = run / labels_file
         if not p.exists():
-            raise FileNotFoundError(f"no {labels_file} beside this cache: run `mechprobe judge {self.path.parent}`")
+            raise FileNotFoundError(f"no {labels_file} in {run}: run `mechprobe judge {run}` first")
         by_id = {r["record_id"]: LabelRecord.from_dict(r) for r in read_jsonl(p)}
         return [by_id.get(rid) for rid in self.record_ids]
 
-    def labels(self, field: str = "genuine", labels_file: str = "labels.jsonl") -> torch.Tensor | list[str | None]:
-        """Judged labels aligned with rows.
+    def labels(self, field: str = "genuine", labels_file: str = "labels.jsonl") -> Any:
+        """Judged labels aligned with the rows.
 
-        ``"genuine"`` -> float tensor with 1/0 and NaN where a row is unlabelled or the judge failed
-        (``judge_error``); use :meth:`labeled_mask` to drop those rows. ``"label"`` -> list of label
-        strings (None for missing).
+        ``"genuine"`` -> float tensor of 1/0 with NaN where a row is unjudged or the judge failed
+        (``judge_error``); :meth:`labeled_mask` selects the usable rows. ``"label"`` -> list of taxonomy
+        label strings (None where unusable).
         """
         recs = self.label_records(labels_file)
         if field == "genuine":
             return torch.tensor([float("nan") if r is None or r.genuine is None else float(r.genuine) for r in recs])
         if field == "label":
             return [None if r is None or r.genuine is None else r.label for r in recs]
-        raise ValueError("field must be 'genuine' or 'label'")
+        raise ValueError(f"field must be 'genuine' or 'label', got {field!r}")
 
     def labeled_mask(self, labels_file: str = "labels.jsonl") -> torch.Tensor:
-        return ~torch.isnan(self.labels("genuine", labels_file))  # type: ignore[arg-type]
+        """Bool ``[n_records]``: True where the row has a usable genuine/not-genuine verdict."""
+        return ~torch.isnan(self.labels("genuine", labels_file))
 
-    def to_numpy(self, position: str = "boundary") -> np.ndarray:
-        """``[n_records, n_layers, d_model]`` float32 array (layers in ``self.layers`` order)."""
-        return self.stack(position).numpy()
+    def dataset(self, layer: int, position: str = "boundary", labels_file: str = "labels.jsonl") -> LabeledData:
+        """Labelled rows only, ready for a grouped-CV probe: ``X, y, groups, record_ids = cache.dataset(12)``."""
+        y = self.labels("genuine", labels_file)
+        keep = ~torch.isnan(y)
+        if not keep.any():
+            raise ValueError(f"no usable labels in {self.path.parent / labels_file} (all unjudged or judge_error)")
+        idx = keep.nonzero().flatten().tolist()
+        return LabeledData(X=self.resid(layer, position)[keep], y=y[keep].long(),
+                           groups=[self.item_ids[i] for i in idx], record_ids=[self.record_ids[i] for i in idx])
 
 
 # ---------- building ----------
 
-def _token_positions(rec: UserTurnRecord) -> dict[str, Any]:
+def _token_pos(rec: UserTurnRecord) -> dict[str, Any]:
     s, e = rec.assistant_span
     return {"boundary": rec.boundary_index, "span": (s, max(e, s + 1))}
+
+
+def _run_model(run_dir: Path, device: str | None = None) -> LoadedModel:
+    """Load the model a run was probed with (name, chat template and dtype from its manifest)."""
+    man = run_dir / "manifest.json"
+    if not man.exists():
+        raise FileNotFoundError(f"{man} not found: pass a model to cache_run, or run the probe first")
+    ident = read_json(man).get("identity", {})
+    cfg = ident.get("config", {})
+    if "model" not in ident:
+        raise ValueError(f"{man} names no model: pass one (cache_run(run, model=load_model(...)) or --model)")
+    return load_model(ident["model"], device=device, dtype=cfg.get("dtype"), chat_template=cfg.get("chat_template"))
 
 
 def cache_run(
@@ -208,120 +303,153 @@ def cache_run(
     shard_rows: int = 512,
     progress: bool = True,
 ) -> Path:
-    """Cache activations for every user turn of ``run_dir`` into ``run_dir/activations``; resumable."""
+    """Cache activations of every user turn of ``run_dir`` into ``run_dir/activations``; returns that path.
+
+    Each unique prompt runs once (greedy and sampled turns of one item share it) and its vectors are
+    written to every record using it. Resumable: finished shards are kept; a cache made with another
+    model, template, backend, dtype, positions or layers is refused rather than mixed.
+    """
     run_dir = Path(run_dir)
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     positions = parse_positions(positions)
     if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}")
-    recs = [UserTurnRecord.from_dict(r) for r in read_jsonl(run_dir / "user_turns.jsonl")]
+        raise ValueError(f"dtype must be one of float16, float32, bfloat16 (got {dtype!r})")
+    dtype = _CANON.get(dtype, dtype)
+    if batch_size < 1 or shard_rows < 1:
+        raise ValueError("batch_size and shard_rows must be >= 1")
+    turns = run_dir / "user_turns.jsonl"
+    if not turns.exists():
+        raise FileNotFoundError(f"{turns} not found: run `mechprobe probe --out {run_dir}` first")
+    recs = [UserTurnRecord.from_dict(r) for r in read_jsonl(turns)]
     if not recs:
-        raise FileNotFoundError(f"{run_dir} has no user turns: run `python experiments/probe.py --out {run_dir}`")
-    if model is None:
-        run_man = read_json(run_dir / "manifest.json")
-        model = load_model(run_man["identity"]["model"])
-    lm = model
+        raise ValueError(f"{turns} is empty: the probe has not produced any user turns yet")
+    lm = model if model is not None else _run_model(run_dir)
     layer_list = parse_layers(layers, lm.n_layers)
+    identity = {**lm.identity(), "backend": backend, "dtype": dtype, "positions": positions, "layers": layer_list,
+                "model_dtype": str(lm.dtype).replace("torch.", "")}
+    run_man = run_dir / "manifest.json"
+    if run_man.exists():
+        run_id = read_json(run_man).get("identity", {})
+        diff = [k for k in ("weight_hash", "template_hash", "tokenizer_hash") if k in run_id and run_id[k] != identity[k]]
+        if diff:
+            raise CacheMismatch(f"the model passed to cache_run is not the run's ({', '.join(diff)} differ): load "
+                                f"{run_id.get('model')!r} with the run's chat template")
     out = run_dir / CACHE_DIR
-    identity = {**lm.identity(), "backend": backend, "dtype": dtype, "positions": positions, "layers": layer_list}
-    run_man_path = run_dir / "manifest.json"
-    if run_man_path.exists():
-        run_id = read_json(run_man_path).get("identity", {})
-        for k in ("weight_hash", "template_hash", "tokenizer_hash"):
-            if k in run_id and run_id[k] != identity[k]:
-                raise CacheMismatch(f"the model passed to cache_run differs from the run's ({k}); load the run's "
-                                    f"model {run_id.get('model')!r}")
     man_path = out / "manifest.json"
+    ids = [r.record_id for r in recs]
     if man_path.exists():
         meta = read_json(man_path)
-        diff = [k for k in identity if meta["identity"].get(k) != identity[k]]
+        old = meta.get("identity", {})
+        # Keys a cache written by an older mechprobe lacks (model_dtype) cannot be compared; the rest must match.
+        diff = [k for k in identity if (k in old or k not in ("model_dtype",)) and old.get(k) != identity[k]]
         if diff:
-            raise CacheMismatch(f"{out} was cached with a different {', '.join(diff)}; delete it or pass the same "
-                                "options")
-        ids = [r.record_id for r in recs]
+            details = "; ".join(f"{k}: cache has {old.get(k)!r}, now {identity[k]!r}" for k in diff)
+            raise CacheMismatch(f"{out} was cached with a different configuration ({details}); pass the same "
+                                f"options to extend it, or delete {out} to re-cache")
         if ids[: meta["n_done"]] != meta["record_ids"][: meta["n_done"]]:
-            raise CacheMismatch(f"{out} rows do not match {run_dir}/user_turns.jsonl; delete {out} and re-cache")
+            raise CacheMismatch(f"{out} rows do not match {turns} (the run was regenerated); delete {out} and re-cache")
     else:
-        meta = {"identity": identity, "shards": [], "n_done": 0}
-    meta.update({"record_ids": [r.record_id for r in recs], "item_ids": [r.item_id for r in recs],
-                 "positions": positions, "layers": layer_list, "d_model": lm.d_model, "n_layers_model": lm.n_layers,
-                 "backend": backend, "dtype": dtype, "model": lm.name, "layer_convention":
-                 "residual index: 0 = embeddings (input to block 0), r = output of block r-1 (pre final norm)"})
+        meta = {"format": FORMAT, "identity": identity, "shards": [], "n_done": 0}
+    meta.update({"record_ids": ids, "item_ids": [r.item_id for r in recs], "positions": positions,
+                 "layers": layer_list, "d_model": lm.d_model, "n_layers_model": lm.n_layers, "backend": backend,
+                 "dtype": dtype, "model": lm.name, "layer_convention": LAYER_CONVENTION})
     out.mkdir(parents=True, exist_ok=True)
-    # Drop shard files not in the manifest (written just before a crash).
     known = {s["file"] for s in meta["shards"]}
-    for f in out.glob("shard_*.safetensors"):
-        if f.name not in known:
+    for f in [*out.glob("shard_*.safetensors"), *out.glob("*.tmp")]:
+        if f.name not in known:  # written just before a crash, never recorded
             f.unlink()
     start = meta["n_done"]
-    bar = tqdm(total=len(recs), initial=start, desc=f"cache ({backend})", disable=not progress, unit="turn")
+    if start >= len(recs):
+        write_json(man_path, meta)
+        return out
     from safetensors.torch import save_file
 
-    cap = _DTYPES[dtype]
-    while start < len(recs):
-        end = min(len(recs), start + shard_rows)
-        chunk = recs[start:end]
-        rows = _capture_records(lm, chunk, positions, layer_list, backend, batch_size, bar)
-        fname = f"shard_{len(meta['shards']):05d}.safetensors"
-        tmp = out / (fname + ".tmp")
-        save_file({p: rows[p].to(cap).contiguous() for p in positions}, str(tmp))
-        os.replace(tmp, out / fname)
-        meta["shards"].append({"file": fname, "start": start, "end": end})
-        meta["n_done"] = end
-        write_json(man_path, meta)
-        start = end
-    bar.close()
-    write_json(man_path, meta)
+    store = _DTYPES[dtype]
+    cap = make_backend(backend, lm.model, lm.tokenizer)
+    bar = tqdm(total=len(recs), initial=start, desc=f"cache ({backend})", disable=not progress, unit="turn")
+    try:
+        while start < len(recs):
+            end = min(len(recs), start + shard_rows)
+            rows = _capture_records(cap, recs[start:end], positions, layer_list, lm.d_model, batch_size, bar)
+            for p, x in rows.items():
+                _check_storable(x, p, dtype)
+            fname = f"shard_{len(meta['shards']):05d}.safetensors"
+            tmp = out / (fname + ".tmp")
+            save_file({p: rows[p].to(store).contiguous() for p in positions}, str(tmp),
+                      metadata={"format": FORMAT, "start": str(start), "end": str(end),
+                                "layers": json.dumps(layer_list)})
+            os.replace(tmp, out / fname)
+            meta["shards"].append({"file": fname, "start": start, "end": end})
+            meta["n_done"] = end
+            write_json(man_path, meta)
+            start = end
+    finally:
+        bar.close()
     return out
 
 
-def _capture_records(lm: LoadedModel, recs: list[UserTurnRecord], positions: list[str], layers: list[int],
-                     backend: str, batch_size: int, bar: Any) -> dict[str, torch.Tensor]:
-    """Capture one chunk; each unique prompt runs once, rows sharing it copy its vectors."""
+def _check_storable(x: torch.Tensor, position: str, dtype: str) -> None:
+    if not torch.isfinite(x).all():
+        raise ValueError(f"the model produced NaN/Inf activations at {position}: load it in float32 or bfloat16 "
+                         "(float16 models overflow)")
+    if dtype == "float16" and x.abs().max() > _FP16_MAX:
+        raise ValueError(f"activations at {position} reach {x.abs().max().item():.0f}, beyond float16's range "
+                         "(65504): cache with --dtype bfloat16 or float32")
+
+
+def _capture_records(cap: Backend, recs: list[UserTurnRecord], positions: list[str], layers: list[int],
+                     d_model: int, batch_size: int, bar: Any) -> dict[str, torch.Tensor]:
+    """Capture one shard: each unique prompt runs once, sorted by length to limit padding."""
     uniq: dict[tuple[int, ...], int] = {}
     order: list[int] = []
     prompts: list[UserTurnRecord] = []
     for r in recs:
-        key = tuple(r.prompt_ids)
+        key = (r.boundary_index, *r.assistant_span, *r.prompt_ids)
         if key not in uniq:
             uniq[key] = len(prompts)
             prompts.append(r)
         order.append(uniq[key])
+    uses = np.bincount(order, minlength=len(prompts))
     by_len = sorted(range(len(prompts)), key=lambda i: len(prompts[i].prompt_ids))
-    res: dict[str, torch.Tensor] = {p: torch.empty(len(prompts), len(layers), lm.d_model) for p in positions}
-    n_batches = math.ceil(len(by_len) / batch_size)
-    for b in range(n_batches):
-        idx = by_len[b * batch_size:(b + 1) * batch_size]
-        got = capture(lm.model, [prompts[i].prompt_ids for i in idx],
-                      [_token_positions(prompts[i]) for i in idx], positions, layers, backend=backend,
-                      tokenizer=lm.tokenizer)
+    res = {p: torch.empty(len(prompts), len(layers), d_model) for p in positions}
+    for b in range(0, len(by_len), batch_size):
+        idx = by_len[b:b + batch_size]
+        got = cap.capture([prompts[i].prompt_ids for i in idx], [_token_pos(prompts[i]) for i in idx], positions,
+                          layers)
         for p in positions:
             res[p][idx] = got[p].float().cpu()
-        bar.update(sum(order.count(i) for i in idx))
+        bar.update(int(uses[idx].sum()))
     return {p: res[p][order] for p in positions}
 
 
 # ---------- CLI ----------
 
-def add_cache_args(p: Any) -> None:
+def add_cache_args(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``mechprobe cache RUN_DIR``."""
     p.add_argument("run", help="run directory (holds user_turns.jsonl)")
-    p.add_argument("--backend", default="hooks", choices=list(BACKENDS))
+    p.add_argument("--backend", default="hooks", choices=list(BACKENDS),
+                   help="hooks (fastest), nnsight, or transformer-lens; all give the same numbers")
     p.add_argument("--positions", default="boundary", help=f"comma list of {', '.join(POSITIONS)}")
     p.add_argument("--layers", default="all", help="all, or residual indices like 0,6,12 (0 = embeddings)")
-    p.add_argument("--dtype", default="float16", choices=["float16", "float32", "bfloat16"])
+    p.add_argument("--dtype", default="float16", choices=["float16", "float32", "bfloat16"],
+                   help="storage dtype (float16: ~3e-4 relative round-off per vector)")
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--model", default=None, help="default: the run's model")
+    p.add_argument("--model", default=None, help="default: the run's model (from its manifest)")
     p.add_argument("--device", default=None)
+    p.add_argument("--no-progress", action="store_true")
 
 
-def run_cache_cli(a: Any) -> int:
+def run_cache_cli(a: argparse.Namespace) -> int:
+    """Entry point of ``mechprobe cache``; prints a one-line JSON summary."""
+    run = Path(a.run)
     lm = None
-    if a.model or a.device:
-        model_name = a.model or read_json(Path(a.run) / "manifest.json")["identity"]["model"]
-        lm = load_model(model_name, device=a.device)
-    out = cache_run(a.run, lm, backend=a.backend, positions=a.positions, dtype=a.dtype, batch_size=a.batch_size,
-                    layers=a.layers)
+    if a.model:
+        lm = load_model(a.model, device=a.device)
+    elif a.device:
+        lm = _run_model(run, device=a.device)
+    out = cache_run(run, lm, backend=a.backend, positions=a.positions, dtype=a.dtype, batch_size=a.batch_size,
+                    layers=a.layers, progress=not getattr(a, "no_progress", False))
     meta = read_json(out / "manifest.json")
     print(json.dumps({"cache": str(out), "rows": meta["n_done"], "layers": len(meta["layers"]),
                       "positions": meta["positions"], "backend": meta["backend"], "dtype": meta["dtype"]}))

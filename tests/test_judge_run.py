@@ -66,7 +66,7 @@ def test_offline_judge_run_writes_labels_summary_and_manifest(tmp_path):
     assert (greedy.n, greedy.n_genuine) == (2, 2)
     table = (run / "labels_summary.md").read_text()
     assert "| greedy | 0 | 2 | 100.0% |" in table and "| sample | 1 | 6 |" in table
-    assert json.loads((run / "labels_manifest.json").read_text())["judge"] == "offline-v2+lexical"
+    assert json.loads((run / "labels_manifest.json").read_text())["judge"] == "offline-v3+lexical"
 
 
 def test_resume_skips_done_rows_and_repairs_a_torn_line(tmp_path):

@@ -1,4 +1,11 @@
-"""Steering invariants (repeng-style): v*0 == baseline, batch == one-by-one, positions, layer, hygiene, bake."""
+"""Steering invariants (repeng-style) on a tiny random-init Llama, plus a few on the real default model.
+
+Oracles: alpha 0 (and a zero vector) == no steering token for token; batch == one-by-one; in every
+forward call the residual at the steered index moves by exactly ``alpha * v`` at the positions the
+mode names and nowhere else (observed by hooks placed before and after the steering hook, under our
+decode loop, HF ``generate`` with and without its KV cache, and one-token prompts); the same edit is
+visible in ``output_hidden_states``; hooks are gone after exceptions.
+"""
 
 from __future__ import annotations
 
@@ -7,173 +14,301 @@ import torch
 
 from mechprobe import chat
 from mechprobe.generation import generate, left_pad
-from mechprobe.models import get_blocks, tiny_model
-from mechprobe.steering import SteeringVector, bake, diff_of_means, from_direction, steer
+from mechprobe.models import LoadedModel, get_blocks, tiny_model
+from mechprobe.steering import (
+    POSITIONS,
+    SteeringVector,
+    diff_of_means,
+    from_direction,
+    random_like,
+    steer,
+)
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16, 17, 18, 19]]
+ONE_TOKEN = [[9], [42]]
+DRIVERS = ("own", "hf", "hf_nocache")
 
 
-def _vec(model, layer=2, scale=3.0, seed=0):
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama")
+
+
+def _vec(model, layer=2, scale=3.0, seed=0) -> SteeringVector:
     g = torch.Generator().manual_seed(seed)
     v = torch.randn(model.config.hidden_size, generator=g)
     return SteeringVector(v / v.norm() * scale, layer, "random")
 
 
-def _gen(model, prompts=PROMPTS, n=10):
-    return [g.token_ids for g in generate(model, prompts, stop_ids={}, max_new_tokens=n, pad_id=0)]
+def _run(model, prompts, driver: str, n: int = 6) -> list[list[int]]:
+    """New tokens per prompt from one of three decoding drivers (no stop tokens, exactly n tokens)."""
+    if driver == "own":
+        return [g.token_ids for g in generate(model, prompts, stop_ids={}, max_new_tokens=n, pad_id=0)]
+    ids, mask, _ = left_pad(prompts, 0, torch.device("cpu"))
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, pad_token_id=0,
+                         eos_token_id=None, use_cache=(driver == "hf"))
+    assert out.shape[1] == ids.shape[1] + n
+    return out[:, ids.shape[1]:].tolist()
 
 
-def test_alpha_zero_is_token_identical():
-    model = tiny_model("llama")
-    base = _gen(model)
-    for pos in ("boundary", "generated", "boundary+generated", "all"):
-        with steer(model, _vec(model), 0.0, pos):
-            assert _gen(model) == base
-        with steer(model, _vec(model), 0.0, pos):
-            hf = model.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=10, do_sample=False, pad_token_id=0)
-        assert hf[0, len(PROMPTS[0]):].tolist() == base[0]
+class CallRecorder:
+    """Residual at index ``layer`` just before and just after the steering hook, for every forward call.
 
-
-def test_steering_changes_tokens_and_batch_equals_single():
-    model = tiny_model("llama")
-    v = _vec(model, scale=40.0)
-    base = _gen(model)
-    with steer(model, v, 1.0, "boundary+generated"):
-        batched = _gen(model)
-        single = [_gen(model, [p])[0] for p in PROMPTS]
-        hf = model.generate(torch.tensor([PROMPTS[2]]), max_new_tokens=10, do_sample=False, pad_token_id=0)
-    assert batched == single
-    assert batched != base
-    assert hf[0, len(PROMPTS[2]):].tolist() == batched[2]  # same under HF generate with its KV cache
-
-
-def _hidden(model, ids, layer, mask=None, pos=None):
-    """Residual at index ``layer`` read as the *input* of block ``layer``.
-
-    Not ``output_hidden_states``: transformers 5 records those with its own hooks, registered before
-    ours, so a steering hook's edit to a block output is invisible there (see docs/gotchas.md).
+    Enter it *inside* ``steer``: the "before" hook is prepended after the steering hook was, so it runs
+    first; the "after" hook is appended, so it runs last.
     """
-    got = {}
 
-    def rec(_m, args, kwargs):
-        got["h"] = (args[0] if args else kwargs["hidden_states"]).clone()
+    def __init__(self, model, layer: int):
+        self.model, self.layer = model, layer
+        self.before: list[torch.Tensor] = []
+        self.after: list[torch.Tensor] = []
 
-    h = get_blocks(model)[layer].register_forward_pre_hook(rec, with_kwargs=True)
-    try:
-        with torch.no_grad():
-            model(input_ids=ids, attention_mask=mask, position_ids=pos)
-    finally:
-        h.remove()
-    return got["h"]
+    def __enter__(self) -> CallRecorder:
+        blk = get_blocks(self.model)[max(self.layer - 1, 0)]
+        if self.layer == 0:
+            def rec(store):
+                def fn(_m, args, kwargs):
+                    store.append((args[0] if args else kwargs["hidden_states"]).detach().clone())
+                return fn
+            self.handles = [blk.register_forward_pre_hook(rec(self.before), with_kwargs=True, prepend=True),
+                            blk.register_forward_pre_hook(rec(self.after), with_kwargs=True)]
+        else:
+            def rec(store):
+                def fn(_m, _args, out):
+                    store.append((out if isinstance(out, torch.Tensor) else out[0]).detach().clone())
+                return fn
+            self.handles = [blk.register_forward_hook(rec(self.before), prepend=True),
+                            blk.register_forward_hook(rec(self.after))]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self.handles:
+            h.remove()
+
+    def diffs(self) -> list[torch.Tensor]:
+        return [a - b for a, b in zip(self.after, self.before)]
 
 
-@pytest.mark.parametrize("layer", [0, 1, 2])
-def test_boundary_only_changes_last_prefill_position_at_the_right_layer(layer):
-    model = tiny_model("llama")
-    v = _vec(model, layer=layer)
-    ids, mask, pos = left_pad(PROMPTS, 0, torch.device("cpu"))
-    before = _hidden(model, ids, layer, mask, pos)
-    with steer(model, v, 2.0, "boundary"):
-        after = _hidden(model, ids, layer, mask, pos)
-    diff = after - before
-    torch.testing.assert_close(diff[:, -1], (2.0 * v.vector).expand_as(diff[:, -1]), rtol=1e-5, atol=1e-5)
-    assert diff[:, :-1].abs().max() == 0  # no other position is touched at the steered layer
+def _expected_positions(positions: str, driver: str, call: int, prompt_len: int, seq_len: int) -> list[int]:
+    """Which positions of forward call ``call`` the mode must steer (call 0 = prefill)."""
+    if positions == "all":
+        return list(range(seq_len))
+    if driver == "hf_nocache":  # the whole sequence every call: prompt [0, P), generated [P, seq_len)
+        gen, bnd = list(range(prompt_len, seq_len)), [prompt_len - 1]
+    else:
+        gen, bnd = ([] if call == 0 else list(range(seq_len))), ([seq_len - 1] if call == 0 else [])
+    return {"boundary": bnd, "generated": gen, "boundary+generated": sorted(bnd + gen)}[positions]
 
 
-def test_generated_leaves_prefill_untouched_and_steers_decode():
-    model = tiny_model("llama")
+def _n_hooks(model) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_alpha_zero_and_zero_vector_are_token_identical(model, driver):
+    base = _run(model, PROMPTS, driver)
+    zero_vec = SteeringVector(torch.zeros(model.config.hidden_size), 2, "random")
+    for pos in POSITIONS:
+        with steer(model, _vec(model, scale=40.0), 0.0, pos):
+            assert _run(model, PROMPTS, driver) == base
+        with steer(model, zero_vec, 3.0, pos):  # goes through the add path, adds exact zeros
+            assert _run(model, PROMPTS, driver) == base
+
+
+@pytest.mark.parametrize("positions", POSITIONS)
+def test_batch_equals_one_by_one_and_all_drivers_agree(model, positions):
     v = _vec(model, scale=40.0)
-    ids = torch.tensor([PROMPTS[2]])
-    before = _hidden(model, ids, 2)
+    base = _run(model, PROMPTS, "own")
+    with steer(model, v, 1.0, positions):
+        batched = _run(model, PROMPTS, "own")
+        single = [_run(model, [p], "own")[0] for p in PROMPTS]
+        hf = _run(model, PROMPTS, "hf")
+        hf_nocache = _run(model, PROMPTS, "hf_nocache")
+    assert batched == single
+    assert batched != base  # the vector is strong enough to matter in every mode
+    assert hf == batched and hf_nocache == batched
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+@pytest.mark.parametrize("positions", POSITIONS)
+@pytest.mark.parametrize("prompts", [PROMPTS, ONE_TOKEN, [[9], [5, 6, 7]]], ids=["padded", "one_token", "mixed"])
+def test_each_call_is_steered_exactly_at_the_named_positions(model, driver, positions, prompts):
+    alpha, v = 2.0, _vec(model, layer=2)
+    prompt_len = max(len(p) for p in prompts)
+    with steer(model, v, alpha, positions), CallRecorder(model, 2) as rec:
+        _run(model, prompts, driver, n=4)
+    diffs = rec.diffs()
+    assert len(diffs) == 4  # one prefill + three decode calls (no-cache: four full forwards)
+    for call, d in enumerate(diffs):
+        want = _expected_positions(positions, driver, call, prompt_len, d.shape[1])
+        other = [i for i in range(d.shape[1]) if i not in want]
+        if want:
+            torch.testing.assert_close(d[:, want], (alpha * v.vector).expand_as(d[:, want]), rtol=0, atol=1e-5)
+        assert d[:, other].abs().max().item() == 0 if other else True, (call, want)
+
+
+def test_generated_only_cannot_change_the_first_token(model):
+    v = _vec(model, scale=40.0)
+    base = _run(model, PROMPTS, "own", n=8)
     with steer(model, v, 1.0, "generated"):
-        after = _hidden(model, ids, 2)
-        steered = _gen(model, [PROMPTS[2]])[0]
-    torch.testing.assert_close(after, before)
-    base = _gen(model, [PROMPTS[2]])[0]
-    assert steered[0] == base[0]  # first token comes from the (unsteered) prefill
+        steered = _run(model, PROMPTS, "own", n=8)
+    assert all(s[0] == b[0] for s, b in zip(steered, base))  # token 1 comes from the unsteered prefill
     assert steered != base
 
 
-def test_hooks_removed_after_exception():
-    model = tiny_model("llama")
-    blocks = get_blocks(model)
+@pytest.mark.parametrize("layer", [0, 1, 2])
+@pytest.mark.parametrize("positions", ["boundary", "all"])
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_output_hidden_states_show_exactly_alpha_v_at_the_steered_layer(layer, positions, grad):
+    """With grad the hook edits a copy, so this also checks that it runs before HF's recording hooks."""
+    model = tiny_model("llama")  # fresh: HF installs its recording hooks on first use, after ours here
+    ids, mask, pos = left_pad(PROMPTS, 0, torch.device("cpu"))
+    v, alpha = _vec(model, layer=layer), 1.5
+
+    def hidden():
+        with torch.set_grad_enabled(grad):
+            hs = model(input_ids=ids, attention_mask=mask, position_ids=pos, output_hidden_states=True).hidden_states
+        return [h.detach() for h in hs]
+
+    with steer(model, v, alpha, positions):
+        steered = hidden()
+    base = hidden()
+    with steer(model, v, alpha, positions):  # now HF's hooks were installed before ours: same result
+        again = hidden()
+    for hs in (steered, again):
+        for r in range(layer):
+            assert torch.equal(hs[r], base[r])  # upstream of the steered index: untouched
+        d = hs[layer] - base[layer]
+        cols = slice(None) if positions == "all" else slice(-1, None)
+        torch.testing.assert_close(d[:, cols], (alpha * v.vector).expand_as(d[:, cols]), rtol=0, atol=1e-5)
+        if positions == "boundary":
+            assert d[:, :-1].abs().max() == 0
+        assert not torch.equal(hs[layer + 1], base[layer + 1])  # and it propagates downstream
+
+
+def test_hooks_removed_after_exceptions(model):
+    n0 = _n_hooks(model)
     with pytest.raises(RuntimeError, match="inside"):
         with steer(model, _vec(model), 5.0, "all"):
+            assert _n_hooks(model) > n0
             raise RuntimeError("inside")
-    assert all(len(b._forward_hooks) == 0 and len(b._forward_pre_hooks) == 0 for b in blocks)
+    assert _n_hooks(model) == n0
+    with pytest.raises(IndexError):  # the forward itself fails (token id beyond the vocabulary)
+        with steer(model, _vec(model), 5.0, "boundary"):
+            model(torch.tensor([[5000]]))
+    assert _n_hooks(model) == n0
+    base = _run(model, PROMPTS, "own")
+    assert _run(model, PROMPTS, "own") == base  # nothing left behind changes outputs
+
+
+def test_bad_arguments_are_named(model):
     with pytest.raises(ValueError, match="positions"):
         with steer(model, _vec(model), 1.0, "everywhere"):
             pass
+    with pytest.raises(ValueError, match="out of range"):
+        with steer(model, _vec(model, layer=4), 1.0):
+            pass
+    with pytest.raises(ValueError, match="dims"):
+        with steer(model, SteeringVector(torch.ones(10), 1, "random"), 1.0):
+            pass
+    with pytest.raises(ValueError, match="kind"):
+        SteeringVector(torch.ones(4), 1, "mystery")
+    with pytest.raises(ValueError, match="1-D"):
+        SteeringVector(torch.ones(2, 4), 1)
+    lm = LoadedModel(model, None, "tiny", "a" * 64, torch.device("cpu"), torch.float32)
+    v = _vec(model, scale=40.0)
+    v.metadata["weight_hash"] = "b" * 64
+    with pytest.raises(ValueError, match="rebuild the vector"):
+        with steer(lm, v, 1.0):
+            pass
+    v.metadata["weight_hash"] = "a" * 64
+    base = _run(model, PROMPTS, "own")
+    with steer(lm, v, 1.0):  # a LoadedModel with the matching hash is accepted and steered
+        assert _run(model, PROMPTS, "own") != base
 
 
-def test_vector_constructors_and_save_load(tmp_path):
-    pos, neg = torch.randn(10, 8) + 1.0, torch.randn(12, 8)
-    v = diff_of_means(pos, neg, layer=3, source="unit")
+def test_constructors_metadata_describe_and_save_load(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    pos, neg = torch.randn(10, 8, generator=g) + 1.0, torch.randn(12, 8, generator=g)
+    v = diff_of_means(pos, neg, layer=3, weight_hash="h" * 64, source_run="runs/x")
     torch.testing.assert_close(v.vector, pos.mean(0) - neg.mean(0))
-    assert v.meta["n_pos"] == 10 and v.meta["n_neg"] == 12 and "x mean residual norm" in v.describe()
-    r = v.random_like(seed=1)
-    assert abs(r.norm - v.norm) < 1e-4 and r.kind == "random" and torch.dot(r.vector, v.vector).abs() < v.norm ** 2
-    torch.testing.assert_close(v.negated().vector, -v.vector)
-    p = from_direction(torch.tensor([3.0, 4.0]), layer=1, scale=10.0)
-    torch.testing.assert_close(p.vector, torch.tensor([6.0, 8.0]))
-    v.save(tmp_path / "v")
-    w = SteeringVector.load(tmp_path / "v")
-    torch.testing.assert_close(w.vector, v.vector)
-    assert (w.layer, w.kind, w.meta["source"]) == (3, "diff_means", "unit")
+    resid = float(torch.cat([pos, neg]).norm(dim=-1).mean())
+    assert v.metadata == {"n_pos": 10, "n_neg": 12, "resid_norm": pytest.approx(resid), "position": "boundary",
+                          "weight_hash": "h" * 64, "source_run": "runs/x"}
+    text = v.describe(alpha=4)
+    assert f"{v.norm / resid:.3f} x mean boundary residual norm" in text
+    assert f"{4 * v.norm / resid:.3f} x residual norm" in text and "output of block 2" in text
+
+    r = random_like(v, seed=1)
+    assert r.kind == "random" and r.layer == 3 and abs(r.norm - v.norm) < 1e-5
+    assert abs(float(r.vector @ v.vector)) < 1e-4 * v.norm ** 2  # orthogonal control
+    assert torch.equal(r.vector, v.random_like(1).vector) and not torch.equal(r.vector, random_like(v, 2).vector)
+    n = v.negated()
+    assert n.kind == "negative" and torch.equal(n.vector, -v.vector) and n.metadata["source_kind"] == "diff_means"
+
+    w = torch.randn(8, generator=g)
+    p = from_direction(w, v)
+    assert p.kind == "probe" and p.layer == 3 and abs(p.norm - v.norm) < 1e-5
+    assert p.metadata["resid_norm"] == v.metadata["resid_norm"] and p.metadata["weight_hash"] == "h" * 64
+    assert p.metadata["cos_with_reference"] == pytest.approx(float(torch.cosine_similarity(w, v.vector, dim=0)))
+    torch.testing.assert_close(from_direction(torch.tensor([3.0, 4.0]), 10.0, layer=1).vector, torch.tensor([6.0, 8.0]))
+    with pytest.raises(TypeError):
+        from_direction(w, 3, v.norm)  # the old (direction, layer, scale) order must fail loudly
+    with pytest.raises(ValueError, match="layer"):
+        from_direction(w, 2.0)
     with pytest.raises(ValueError, match="both classes"):
         diff_of_means(pos[:0], neg, layer=1)
 
+    for name in ("vec_alpha_1.5", "sub/dir/v"):  # a dot in the name must not be taken for a suffix
+        path = p.save(tmp_path / name)
+        assert path.name == name.split("/")[-1] + ".safetensors" and path.with_name(path.name[:-12] + ".json").exists()
+        for ref in (tmp_path / name, path, path.with_name(path.name[:-12] + ".json")):
+            q = SteeringVector.load(ref)
+            assert torch.equal(q.vector, p.vector) and (q.layer, q.kind) == (3, "probe") and q.metadata == p.metadata
+    with pytest.raises(FileNotFoundError, match="missing"):
+        SteeringVector.load(tmp_path / "nothing_here")
 
-def test_bake_equals_all_positions_steering_and_roundtrips(tmp_path):
-    from transformers import AutoModelForCausalLM
 
-    model = tiny_model("llama")
-    v = _vec(model, layer=2, scale=20.0)
-    with steer(model, v, 1.5, "all"):
-        hooked = _gen(model)
-        ids = torch.tensor([PROMPTS[0]])
-        logits_hooked = model(ids).logits
-    baked = bake(tiny_model("llama"), v, 1.5)
-    assert _gen(baked) == hooked
-    torch.testing.assert_close(baked(ids).logits, logits_hooked, rtol=1e-5, atol=1e-5)
-    baked.save_pretrained(tmp_path / "baked")
-    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "baked", dtype=torch.float32).eval()
-    reloaded.set_attn_implementation("eager")
-    assert _gen(reloaded) == hooked
-    with pytest.raises(NotImplementedError):
-        bake(tiny_model("qwen2"), v, 1.0)
+# ----------------------------------------------------------------------------------------------------------
+# The real default model (SmolLM2-135M-Instruct): probe prompts, short generations.
+
+
+def _probe_prompts(tok):
+    return [chat.build_probe_prompt(tok, q, a).input_ids for q, a in
+            [("What is 6*7?", "6*7 = 42."), ("Tell me a fun fact.", "Octopuses have three hearts.")]]
 
 
 @pytest.mark.slow
-def test_real_model_alpha_zero_and_boundary(smol):
-    tok = smol.tokenizer
-    prompts = [chat.build_probe_prompt(tok, q, a).input_ids for q, a in
-               [("What is 6*7?", "6*7 = 42."), ("Tell me a fun fact.", "Octopuses have three hearts.")]]
-    stops = chat.stop_token_ids(tok, smol.model)
-    base = [g.token_ids for g in generate(smol.model, prompts, stop_ids=stops, max_new_tokens=16, pad_id=tok.pad_token_id)]
-    v = SteeringVector(torch.randn(smol.d_model), 12, "random")
-    with steer(smol.model, v, 0.0, "boundary+generated"):
-        zero = [g.token_ids for g in generate(smol.model, prompts, stop_ids=stops, max_new_tokens=16,
-                                              pad_id=tok.pad_token_id)]
-    assert zero == base
-    with steer(smol.model, v.random_like(0), 8.0, "boundary+generated"):
-        batched = [g.token_ids for g in generate(smol.model, prompts, stop_ids=stops, max_new_tokens=16,
-                                                 pad_id=tok.pad_token_id)]
-        single = [generate(smol.model, [p], stop_ids=stops, max_new_tokens=16, pad_id=tok.pad_token_id)[0].token_ids
-                  for p in prompts]
+def test_real_model_alpha_zero_batch_and_boundary(smol):
+    tok, m = smol.tokenizer, smol.model
+    prompts = _probe_prompts(tok)
+    stops = chat.stop_token_ids(tok, m)
+
+    def own(ps):
+        return [g.token_ids for g in generate(m, ps, stop_ids=stops, max_new_tokens=8, pad_id=tok.pad_token_id)]
+
+    def hf(ps):  # HF generate, left-padded batch, its own KV cache
+        ids, mask, _ = left_pad(ps, tok.pad_token_id, torch.device("cpu"))
+        out = m.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=tok.pad_token_id,
+                         eos_token_id=sorted(stops))
+        rows = out[:, ids.shape[1]:].tolist()
+        return [r[: next((i + 1 for i, t in enumerate(r) if t in stops), len(r))] for r in rows]
+
+    base = own(prompts)
+    v = random_like(SteeringVector(torch.ones(smol.d_model), 12, "random"), seed=0)
+    with steer(smol, v, 0.0, "boundary+generated"):
+        assert own(prompts) == base
+        assert hf(prompts) == base
+    v = SteeringVector(v.vector / v.norm * 40.0, 12, "random")
+    with steer(smol, v, 1.0, "boundary+generated"), CallRecorder(m, 12) as rec:
+        batched = own(prompts)
+    with steer(smol, v, 1.0, "boundary+generated"):
+        single = [own([p])[0] for p in prompts]
     assert batched == single
-
-
-@pytest.mark.parametrize("positions", ["boundary", "generated", "boundary+generated"])
-def test_nnsight_steering_equals_hooks(smol_tokenizer, positions):
-    from mechprobe.steering import generate_nnsight
-
-    model = tiny_model("llama")
-    v = _vec(model, scale=6.0, seed=3)
-    base = _gen(model, n=8)
-    with steer(model, v, 1.0, positions):
-        hooked = _gen(model, n=8)
-    assert hooked != base  # the vector is strong enough to matter
-    got = generate_nnsight(model, smol_tokenizer, PROMPTS, v, 1.0, positions, max_new_tokens=8)
-    assert got == hooked
-    assert generate_nnsight(model, smol_tokenizer, PROMPTS, v, 0.0, positions, max_new_tokens=8) == base
+    assert batched != base
+    prefill = rec.diffs()[0]  # the boundary (last position of the probe prompt) moved by exactly v
+    torch.testing.assert_close(prefill[:, -1], v.vector.expand_as(prefill[:, -1]), rtol=0, atol=1e-4)
+    assert prefill[:, :-1].abs().max() == 0
