@@ -227,7 +227,9 @@ def load_times(model: str) -> dict:
 
 
 def cache_rss(model: str, n_items: int) -> dict:
-    """Peak RSS of a fresh process that caches a run of n_items*4 records (after loading the model)."""
+    """RSS of a fresh process while it caches n_items*4 records: current RSS after loading the model, and
+    the peak sampled every 5 ms during ``cache_run`` (Linux /proc; the growth over the loaded model is
+    what must stay flat in N)."""
     code = f"""
 import resource, tempfile, json, sys
 sys.path.insert(0, {str(HERE.parent)!r})
@@ -236,8 +238,18 @@ from mechprobe import chat
 from mechprobe.io import JsonlStore
 from mechprobe.records import UserTurnRecord
 from mechprobe.activations import cache_run
+import threading, time
+def vmrss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
 lm = load_model({model!r})
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+base = vmrss()  # current RSS: ru_maxrss would be the model-load peak, hiding what caching adds
+peak = [base]
+done = threading.Event()
+def sample():
+    while not done.is_set():
+        peak[0] = max(peak[0], vmrss()); time.sleep(0.005)
 d = tempfile.mkdtemp()
 st = JsonlStore(d + "/user_turns.jsonl", key="record_id")
 for i in range({n_items}):
@@ -246,10 +258,12 @@ for i in range({n_items}):
         st.append(UserTurnRecord(record_id=f"{{i}}|{{k}}", item_id=str(i), dataset="b", decoding="sample",
             temperature=1.0, sample_index=k, seed=k, raw_text="", text="", stop_reason="eos",
             prompt_ids=pp.input_ids, boundary_index=pp.boundary_index, assistant_span=pp.assistant_span).to_dict())
+th = threading.Thread(target=sample); th.start()
 cache_run(d, lm, progress=False, shard_rows=128)
+done.set(); th.join()
 import os
 size = sum(os.path.getsize(os.path.join(d, "activations", f)) for f in os.listdir(d + "/activations") if f.endswith(".safetensors"))
-print(json.dumps({{"rss_after_load_mb": base / 1024, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+print(json.dumps({{"rss_after_load_mb": base / 1024, "peak_rss_mb": peak[0] / 1024,
                   "bytes_on_disk": size, "exact_bytes": {n_items} * 4 * (lm.n_layers + 1) * lm.d_model * 2}}))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -294,7 +308,9 @@ def main() -> int:
     print("pipeline stage seconds (8 builtin items x 3 turns):", json.dumps({k: round(v, 1) for k, v in res["pipeline"].items()}))
     m = res["memory"]
     print(f"\ncache_run peak RSS: {m['n25']['peak_rss_mb']:.0f} MB at 100 records, {m['n100']['peak_rss_mb']:.0f} MB at "
-          f"400 records (after model load: {m['n25']['rss_after_load_mb']:.0f} / {m['n100']['rss_after_load_mb']:.0f} MB); "
+          f"400 records (model loaded: {m['n25']['rss_after_load_mb']:.0f} / {m['n100']['rss_after_load_mb']:.0f} MB; "
+          f"growth {m['n25']['peak_rss_mb'] - m['n25']['rss_after_load_mb']:.0f} / "
+          f"{m['n100']['peak_rss_mb'] - m['n100']['rss_after_load_mb']:.0f} MB); "
           f"bytes on disk {m['n100']['bytes_on_disk']} vs exact {m['n100']['exact_bytes']}")
     u = res["user_stage"]
     print(f"\n| user-turn stage ({u['n_items']} items x {u['n_rows'] // u['n_items']} turns, batch {u['batch']}, "
