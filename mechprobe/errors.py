@@ -1,0 +1,12 @@
+"""The one exception type for mistakes a user can fix (bad flag, wrong path, mismatched run).
+
+Why a dedicated type: the CLI prints a :class:`UserError` as one line (problem + fix) with exit code 2,
+while every other exception -- a real bug -- keeps its full traceback. Catching bare ``ValueError`` or
+``KeyError`` for that purpose hid genuine bugs behind one-line messages.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A problem the user can fix; the message names the problem and the fix."""
