@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import sys
@@ -34,6 +33,7 @@ from urllib.parse import urlsplit
 
 from .io import JsonlStore, read_jsonl, versions, write_json
 from .records import AssistantRecord, LabelRecord, UserTurnRecord
+from .stats import wilson
 from .taxonomy import GENUINE, JUDGE_ERROR, LABELS, TAXONOMY_VERSION
 
 LABELS_FILE = "labels.jsonl"
@@ -176,15 +176,6 @@ def make_judge(spec: str | None = "offline", **opts: Any) -> Judge:
 # --------------------------------------------------------------------------- summary
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion (sane at k=0, k=n and small n, unlike Wald)."""
-    if n <= 0:
-        return (float("nan"), float("nan"))
-    p = k / n
-    den = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 @dataclass

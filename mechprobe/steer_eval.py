@@ -16,7 +16,6 @@ The protocol (what ``experiments/steer.py`` runs):
 from __future__ import annotations
 
 import hashlib
-import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from . import chat
 from .generation import decode, generate, left_pad
 from .models import LoadedModel
 from .records import AssistantRecord
+from .stats import wilson
 from .steering import SteeringVector, steer
 
 
@@ -37,14 +37,6 @@ def split_of(item_id: str, held_out_fraction: float = 0.5) -> str:
     return "heldout" if h < held_out_fraction else "train"
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return (0.0, 1.0)
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return (max(0.0, c - h), min(1.0, c + h))
 
 
 @dataclass

@@ -152,10 +152,12 @@ def test_padded_row_equals_unpadded_row(backend, tiny_tok):
         alone = capture(model, [prompts[i]], [tp[i]], ALL_POSITIONS, layers, backend=backend, tokenizer=tiny_tok)
         for pos in ALL_POSITIONS:
             assert rel(batched[pos][i], alone[pos][0]) < 1e-5, (pos, i)
-    # The same prompt twice in one batch gives identical rows.
+    # The same prompt twice in one batch gives the same rows. Not bit-exact: a GEMM kernel may treat
+    # batch rows in different register blocks / remainder loops (2.2e-8 seen on an AMD EPYC), so the
+    # tolerance is fp32 round-off over a few blocks (rel 1e-6), far below any real position mix-up (~1).
     twice = capture(model, [prompts[0], prompts[0]], [tp[0], tp[0]], ["boundary"], layers, backend=backend,
                     tokenizer=tiny_tok)["boundary"]
-    torch.testing.assert_close(twice[0], twice[1], rtol=0, atol=0)
+    assert rel(twice[0], twice[1]) < 1e-6
 
 
 @pytest.mark.parametrize("layers", [[0], [2], [1, 3], [0, 1, 2, 3]])
@@ -221,7 +223,9 @@ def test_wrapping_backends_survive_exception_and_leave_model_untouched(backend, 
         be.capture(prompts, tp, ["boundary"], [0, 2, 3])
     state["raise"] = False
     again = be.capture(prompts, tp, ["boundary"], [0, 2, 3])["boundary"]
-    torch.testing.assert_close(again, ok, rtol=0, atol=0)
+    # Same inputs, same shapes, same process: expected identical, but thread scheduling may reorder
+    # reductions, so allow fp32 round-off (rel 1e-6); a leftover hook would change values by O(1).
+    assert rel(again, ok) < 1e-6
 
     assert [type(m) for m in model.modules()] == types
     assert _hook_counts(model) == counts

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 
@@ -145,7 +144,13 @@ def test_wilson_interval_known_values():
     lo, hi = wilson(8, 10)
     assert (round(lo, 4), round(hi, 4)) == (0.4902, 0.9433)  # standard textbook example
     assert wilson(0, 10)[0] == 0.0 and wilson(10, 10)[1] == 1.0
-    assert all(math.isnan(x) for x in wilson(0, 0))
+    # n = 0: no evidence, the whole range (finite, so JSON stays valid); both call sites share it.
+    assert wilson(0, 0) == (0.0, 1.0)
+    from mechprobe import steer_eval
+
+    assert steer_eval.wilson is wilson
+    with pytest.raises(ValueError, match="0 <= k <= n"):
+        wilson(3, 2)
 
 
 def test_summary_excludes_errors_from_rates(tmp_path):
