@@ -23,6 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -136,15 +137,35 @@ class ScriptedResponder:
 class HFResponder:
     """Greedy replies from a local Hugging Face model through its own chat template.
 
-    One request at a time (a lock): the model is shared and hooks on it (steering) must see one
-    forward pass at a time. ``max_tokens``/``max_completion_tokens`` in a request lower the limit.
+    One request at a time: the model is shared and hooks on it (steering) must see one forward pass
+    at a time. ``max_tokens``/``max_completion_tokens`` in a request lower the limit.
+
+    Why a worker thread: the HTTP handler threads are daemons, and a daemon thread still inside
+    torch when the interpreter finalizes is killed by a forced unwind through C++ frames, which
+    aborts the process ("terminate called without an active exception", exit 134). All model work
+    therefore runs on one executor thread that :meth:`close` (called by ``ChatServer.stop``) joins,
+    and that ``concurrent.futures`` also joins at interpreter exit, before finalization.
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, max_new_tokens: int = 256):
         self.model = model
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
-        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mechprobe-model")
+            return self._pool
+
+    def close(self) -> None:
+        """Finish the request in flight (if any) and join the model thread."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def __call__(self, body: dict[str, Any]) -> str | Reply:
         from . import chat
@@ -162,9 +183,12 @@ class HFResponder:
             return Reply(400, error_body(str(e), "invalid_request_error"))
         ids, _ = chat.tokenize_rendered(self.tokenizer, text)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        with self._lock:
+
+        def run() -> Any:
             stops = chat.assistant_stop_token_ids(self.tokenizer, self.model)
-            gen = generate(self.model, [ids], stop_ids=stops, max_new_tokens=limit, pad_id=pad)[0]
+            return generate(self.model, [ids], stop_ids=stops, max_new_tokens=limit, pad_id=pad)[0]
+
+        gen = self._executor().submit(run).result()
         _, content = decode(self.tokenizer, gen)
         return Reply(200, body=None, content=content,
                      headers={"X-Mechprobe-Tokens": f"{len(ids)},{len(gen.token_ids)}"})
@@ -314,6 +338,9 @@ class ChatServer:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+        close = getattr(self.responder, "close", None)
+        if callable(close):
+            close()  # join the responder's model thread (see HFResponder)
 
     def wait(self) -> None:
         """Block until Ctrl-C (for the command line), then stop."""

@@ -139,3 +139,50 @@ def test_real_model_answers_over_http(smol):
         r = client(srv, timeout=120).chat.completions.create(
             model=smol.name, messages=[{"role": "user", "content": "What is the capital of France?"}])
     assert "Paris" in r.choices[0].message.content
+
+
+EXIT_MID_GENERATION = r"""
+import json, sys, threading, time, urllib.request
+sys.path.insert(0, sys.argv[1])
+from tests.test_server import tiny_chat_tokenizer
+from mechprobe.models import tiny_model
+from mechprobe.server import ChatServer, HFResponder
+
+tok = tiny_chat_tokenizer()
+model = tiny_model("llama", vocab_size=len(tok), hidden_size=256, intermediate_size=512, num_hidden_layers=4)
+model.generation_config.eos_token_id = None  # never stop early: generation is in flight at exit
+srv = ChatServer(HFResponder(model, tok, max_new_tokens=300)).start()
+
+def call():
+    body = json.dumps({"messages": [{"role": "user", "content": "what is two plus three"}]}).encode()
+    req = urllib.request.Request(srv.base_url + "/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(req, timeout=300).read()
+    except Exception:
+        pass
+
+threading.Thread(target=call, daemon=True).start()
+while srv.n_chat_requests == 0:
+    time.sleep(0.01)
+time.sleep(0.3)
+print("main thread exits with a generation in flight", flush=True)
+"""
+
+
+def test_interpreter_exit_with_generation_in_flight_does_not_abort(tmp_path):
+    """Exit 134 ("terminate called without an active exception") seen at the end of this file's run.
+
+    Cause: a daemon handler thread inside torch when the interpreter finalizes is killed by a forced
+    unwind through C++ frames. The model now runs on an executor thread that is joined at exit.
+    """
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "exit_mid_generation.py"
+    script.write_text(EXIT_MID_GENERATION)
+    repo = str(Path(__file__).resolve().parents[1])
+    r = subprocess.run([sys.executable, str(script), repo], capture_output=True, text=True, timeout=600)
+    assert "exits with a generation in flight" in r.stdout, r.stderr[-2000:]
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
