@@ -278,6 +278,22 @@ def identity_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             if a.get(k) != b.get(k)]
 
 
+def check_manifest(run_dir: str | Path, identity: dict[str, Any], name: str = MANIFEST) -> dict[str, Any] | None:
+    """Read-only half of :func:`check_or_write_manifest`: the existing manifest (None when there is
+    none), or :class:`ManifestMismatch` naming every differing key. Lets a stage refuse before writing."""
+    run_dir = Path(run_dir)
+    path = run_dir / name
+    if not path.exists():
+        return None
+    old = read_json(path)
+    old.setdefault("identity", {})
+    diff = identity_diff(old["identity"], json.loads(json.dumps(redact(identity), default=str)))
+    if diff:
+        raise ManifestMismatch(f"{path} was written by a different configuration ({'; '.join(diff)}). "
+                               f"Use a new --out directory, or delete {run_dir} to start over.")
+    return old
+
+
 def check_or_write_manifest(run_dir: str | Path, identity: dict[str, Any], extra: dict[str, Any],
                             name: str = MANIFEST) -> dict[str, Any]:
     """Create ``run_dir/manifest.json`` or verify that an existing one matches ``identity``.
@@ -290,17 +306,9 @@ def check_or_write_manifest(run_dir: str | Path, identity: dict[str, Any], extra
     run_dir = Path(run_dir)
     path = run_dir / name
     identity = redact(identity)
-    if path.exists():
-        old = read_json(path)
-        old_id = old.get("identity", {})
-        new_id = json.loads(json.dumps(identity, default=str))
-        diff = identity_diff(old_id, new_id)
-        if diff:
-            raise ManifestMismatch(
-                f"{path} was written by a different configuration ({'; '.join(diff)}). "
-                f"Use a new --out directory, or delete {run_dir} to start over."
-            )
-        manifest = {**old, **extra, "identity": old_id}
+    old = check_manifest(run_dir, identity, name)
+    if old is not None:
+        manifest = {**old, **extra, "identity": old["identity"]}
     else:
         manifest = {**extra, "identity": identity}
     manifest["versions"] = versions()

@@ -28,7 +28,15 @@ from tqdm.auto import tqdm
 from . import chat
 from .errors import UserError
 from .generation import batches_by_length, decode, generate
-from .io import JsonlStore, check_or_write_manifest, read_json, read_jsonl, sha256_text, writer_lock
+from .io import (
+    JsonlStore,
+    check_manifest,
+    check_or_write_manifest,
+    read_json,
+    read_jsonl,
+    sha256_text,
+    writer_lock,
+)
 from .models import DEFAULT_MODEL, LoadedModel, load_model
 from .records import AssistantRecord, Item, UserTurnRecord, make_record_id
 
@@ -141,13 +149,6 @@ def _score(item: Item, response: str) -> tuple[float | None, str | None]:
     return score(item.dataset, response, item.gold, item.meta)
 
 
-def items_fingerprint(items: list[Item]) -> str:
-    """Content hash of items passed directly to :func:`run_probe` (no file to hash)."""
-    import json
-
-    return "items:" + sha256_text(json.dumps([it.to_dict() for it in items], sort_keys=True, default=str))
-
-
 def context_length(lm: LoadedModel) -> int | None:
     """Positions the model was trained for (None when unknown, e.g. a vLLM engine without HF weights)."""
     n = getattr(getattr(lm.model, "config", None), "max_position_embeddings", None)
@@ -195,11 +196,11 @@ def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
     if items is None:
         items, data_info = load_items(cfg)
     else:
-        data_info = {"dataset_source": "items passed to run_probe", "fingerprint": items_fingerprint(items),
+        # No file to hash, and a notebook may pass a growing list: the per-item check below guards these.
+        data_info = {"dataset_source": "items passed to run_probe", "fingerprint": "items passed to run_probe",
                      "n_items": len(items), "n_malformed_rows": 0}
     if not items:
         raise UserError(f"dataset {cfg.dataset!r} gave no items (limit={cfg.limit}); nothing to probe")
-    _check_items_match_run(out, items)
     engine = None
     if lm is None and cfg.engine == "vllm":
         lm, engine = _load_vllm_engine(cfg)
@@ -209,6 +210,8 @@ def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
     chat.user_header(tok)
     a_jobs = _assistant_jobs(cfg, lm, items, out)
     identity = {**lm.identity(), "config": cfg.identity(), "data_source": data_info["fingerprint"]}
+    check_manifest(out, identity)  # read-only: refuse a mismatch naming the key before anything is written
+    _check_items_match_run(out, items)
     full_cfg = {**asdict(cfg), "limit": _merged_limit(out, cfg.limit),
                 "data_path": str(Path(cfg.data_path).resolve()) if cfg.data_path else None}
     out.mkdir(parents=True, exist_ok=True)

@@ -177,12 +177,14 @@ def move_labels_aside(run: Path) -> None:
         print(f"moved {old} aside to {dest}")
 
 
-def ensure_stages(run: Path, cfg: ProbeConfig, judge: str, backend: str = "hooks", relabel: bool = False
-                  ) -> tuple[dict[str, float], str]:
-    """probe -> judge -> cache, each reused when already complete. Returns (seconds per stage, judge name)."""
+def ensure_stages(run: Path, cfg: ProbeConfig, judge: str, backend: str = "hooks", relabel: bool = False,
+                  stages: Stages | None = None) -> tuple[dict[str, float], str]:
+    """probe -> judge -> cache, each reused when already complete. Returns (seconds per stage, judge name).
+
+    Pass ``stages`` to keep its model loaded for later use (it is loaded only if a stage needs it)."""
     from .judge import JudgeMismatch
 
-    st = Stages(run, cfg)
+    st = stages if stages is not None else Stages(run, cfg)
     print(f"run: {run}  (model {cfg.model}, dataset {cfg.dataset}, {cfg.limit} items, temperatures "
           f"{cfg.temperatures}, {cfg.samples} samples)")
     if probe_complete(run, cfg):
