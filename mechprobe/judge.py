@@ -318,11 +318,28 @@ def _stem(labels_file: str) -> str:
     return name[: -len(".jsonl")] if name.endswith(".jsonl") else name
 
 
+def _check_counts(limit: int | None, opts: dict[str, Any]) -> None:
+    """Refuse negative or zero counts up front: ``limit=-1`` would silently judge all rows but one."""
+    bad = []
+    if limit is not None and limit < 0:
+        bad.append(f"limit must be >= 0, got {limit}")
+    for name, lo in (("concurrency", 1), ("max_retries", 0)):
+        if opts.get(name) is not None and opts[name] < lo:
+            bad.append(f"{name} must be >= {lo}, got {opts[name]}")
+    if opts.get("timeout") is not None and not opts["timeout"] > 0:
+        bad.append(f"timeout must be > 0 seconds, got {opts['timeout']}")
+    if bad:
+        from .errors import UserError
+
+        raise UserError("invalid judge options: " + "; ".join(bad))
+
+
 def judge_run(run_dir: str | Path, judge: str | Judge | None = "offline", *, labels_file: str = LABELS_FILE,
               retry_errors: bool = True, limit: int | None = None, progress: bool = True,
               **opts: Any) -> JudgeSummary:
     """Label the user turns of ``run_dir`` (see :func:`_judge_run`) holding the labels file's writer lock:
     a second judge process on the same file is refused instead of appending duplicate rows."""
+    _check_counts(limit, opts)
     kw = dict(labels_file=labels_file, retry_errors=retry_errors, limit=limit, progress=progress, **opts)
     if not Path(run_dir).is_dir():
         return _judge_run(run_dir, judge, **kw)  # raises the stage's own "no such run" error

@@ -337,6 +337,16 @@ def test_invalid_steer_flags_rejected_before_any_stage(tmp_path, flags, needle):
     assert not run.exists()
 
 
+@pytest.mark.parametrize("kw, needle", [(dict(limit=-1), "limit"), (dict(concurrency=0), "concurrency"),
+                                        (dict(max_retries=-1), "max_retries"), (dict(timeout=0.0), "timeout")])
+def test_item2_negative_judge_counts_are_rejected(tmp_path, kw, needle):
+    run = make_run(tmp_path)
+    with pytest.raises(UserError, match=needle):
+        judge_run(run, "openai:m", progress=False, base_url="http://127.0.0.1:9", api_key="k", cache_dir=False,
+                  **{"max_retries": 0, **kw})  # no retries: on code without the check this fails fast
+    assert not (run / "labels.jsonl").exists()
+
+
 def test_all_judge_errors_exit_nonzero_with_a_message(tmp_path, capsys, monkeypatch):
     run = make_run(tmp_path)
     monkeypatch.setenv("MECHPROBE_TEST_KEY", "sk-test")
