@@ -96,7 +96,7 @@ def run_condition(lm, judge, vec, alpha, a, heldout, by_item, out_dir, system=No
     key = f"{kind}|a{alpha:g}"
     path = out_dir / f"alpha_{alpha:g}_{kind}.jsonl"
     store = JsonlStore(path, key="item_id")
-    done = {r["item_id"]: r for r in read_jsonl(path)}
+    done = {r["item_id"]: r for r in read_jsonl(path, key="item_id")}
     todo = [x for x in heldout if x.item_id not in done]
     if todo:
         turns = steered_user_turns(lm, todo, vec if alpha != 0 else None, alpha, a.positions, a.max_user_tokens,
@@ -104,7 +104,7 @@ def run_condition(lm, judge, vec, alpha, a, heldout, by_item, out_dir, system=No
         labels = judge_turns(judge, turns, by_item, key)
         for t in turns:
             store.append({**asdict(t), "label": labels.get(f"{key}|{t.item_id}")})
-    rows = [r for r in read_jsonl(path) if r["item_id"] in {x.item_id for x in heldout}]
+    rows = [r for r in read_jsonl(path, key="item_id") if r["item_id"] in {x.item_id for x in heldout}]
     turns = [SteeredTurn(**{k: v for k, v in r.items() if k != "label"}) for r in rows]
     labels = {f"{key}|{r['item_id']}": r["label"] for r in rows}
     res = summarize(turns, labels, key)

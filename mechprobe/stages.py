@@ -148,7 +148,11 @@ def probe_complete(run: Path, cfg: ProbeConfig) -> bool:
     m = read_json(man)
     if m["identity"]["config"] != cfg.identity():
         return False
-    want = cfg.limit or m.get("data", {}).get("n_items") or 0
+    # The last command loaded data.n_items rows; when it asked for this limit, that is what "all" means
+    # (a limit above the dataset's size would otherwise never count as complete).
+    loaded = m.get("data", {}).get("n_items")
+    same_limit = cfg.limit is None or m.get("config", {}).get("limit") == cfg.limit
+    want = (loaded if same_limit and loaded else cfg.limit) or 0
     n_items = len(read_jsonl(run / ASSISTANT, key="item_id"))
     n_turns = len(read_jsonl(run / USER_TURNS, key="record_id"))
     n_plan = len(decoding_plan(cfg.temperatures, cfg.samples))
