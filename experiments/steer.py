@@ -134,9 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"train rows: {int(pos_rows.sum())} genuine / {int(neg_rows.sum())} not (vectors are built from these)")
     if int(pos_rows.sum()) < 2:
         raise UserError(f"only {int(pos_rows.sum())} genuine follow-ups among train rows of {run}: a difference of "
-                        f"means needs at least 2. Add items or samples to the run first, e.g. "
-                        f"`python experiments/linear_probe.py --run {run} --limit {2 * len(set(cache.item_ids))} "
-                        f"--samples {2 * cfg.samples}`, then re-run this script")
+                        f"means needs at least 2. Add items to the run first, e.g. `python experiments/linear_probe.py "
+                        f"--run {run} --limit {2 * len(set(cache.item_ids))}` (more samples per item need a new run: "
+                        f"`python experiments/linear_probe.py --run NEW_DIR --samples {2 * cfg.samples}`), then re-run "
+                        f"this script with that --run")
 
     assistants = [AssistantRecord.from_dict(r) for r in read_jsonl(run / "assistant.jsonl", key="item_id")]
     by_item = {x.item_id: x for x in assistants}
