@@ -681,9 +681,9 @@ def to_jsonable(obj: Any) -> Any:
 
 
 # ================================================================================ run directories and CLI
-# Everything above is pure (arrays in, numbers out). Below: reading a run directory, building missing
-# stages through the other modules, writing probes/ and the figure. Imports are local so that
-# ``import mechprobe.probes`` stays light and free of cycles.
+# Everything above is pure (arrays in, numbers out). Below: reading a run directory, writing probes/ and
+# the figure. Run resolution and building missing stages live in mechprobe.stages (shared with
+# experiments/steer.py). Imports are local so that ``import mechprobe.probes`` stays light and free of cycles.
 
 def add_probes_args(p: Any, figures: str = "figures") -> None:
     """Options of ``experiments/linear_probe.py`` (and ``mechprobe probes``)."""
