@@ -37,6 +37,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .backends import BACKENDS, POSITIONS, Backend, make_backend
+from .errors import UserError
 from .io import read_json, read_jsonl, write_json
 from .models import LoadedModel, load_model
 from .records import LabelRecord, UserTurnRecord
@@ -160,7 +161,7 @@ class ActivationCache:
         run = self.path.parent
         turns = run / "user_turns.jsonl"
         if turns.exists():
-            ids = [r["record_id"] for r in read_jsonl(turns)]
+            ids = [r["record_id"] for r in read_jsonl(turns, key="record_id")]
             if ids[: len(self.record_ids)] != self.record_ids:
                 raise CacheMismatch(f"{self.path} does not match {turns} (record ids differ): the run was "
                                     f"regenerated; delete {self.path} and re-run `mechprobe cache {run}`")
@@ -240,7 +241,15 @@ class ActivationCache:
         p = run / labels_file
         if not p.exists():
             raise FileNotFoundError(f"no {labels_file} in {run}: run `mechprobe judge {run}` first")
-        by_id = {r["record_id"]: LabelRecord.from_dict(r) for r in read_jsonl(p)}
+        # read_jsonl names file and line for a garbage line, and refuses two verdicts for one record
+        # (two judges appending at once) instead of silently keeping the last.
+        by_id = {}
+        for n, r in enumerate(read_jsonl(p, key="record_id"), start=1):
+            try:
+                by_id[r["record_id"]] = LabelRecord.from_dict(r)
+            except (KeyError, TypeError, ValueError) as e:
+                raise UserError(f"{p}: row {n} is not a label record ({type(e).__name__}: {e}); fix or delete "
+                                f"that row, or re-run `mechprobe judge {run}`") from None
         return [by_id.get(rid) for rid in self.record_ids]
 
     def labels(self, field: str = "genuine", labels_file: str = "labels.jsonl") -> Any:
@@ -321,7 +330,7 @@ def cache_run(
     turns = run_dir / "user_turns.jsonl"
     if not turns.exists():
         raise FileNotFoundError(f"{turns} not found: run `mechprobe probe --out {run_dir}` first")
-    recs = [UserTurnRecord.from_dict(r) for r in read_jsonl(turns)]
+    recs = [UserTurnRecord.from_dict(r) for r in read_jsonl(turns, key="record_id")]
     if not recs:
         raise ValueError(f"{turns} is empty: the probe has not produced any user turns yet")
     lm = model if model is not None else _run_model(run_dir)

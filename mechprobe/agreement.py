@@ -108,7 +108,7 @@ def load_labels(path: str | Path, split: str | None = None, name: str | None = N
     if not p.exists():
         raise FileNotFoundError(f"{p} does not exist: pass a labels.jsonl, a run directory with one "
                                 "(run `mechprobe judge RUN` first) or the hand-label fixture")
-    rows = read_jsonl(p)
+    rows = read_jsonl(p, key="record_id")  # two verdicts for one record: refused, not one picked
     if split is not None and any("split" in r for r in rows):
         # Sources without a split field (judge labels) are restricted by the join on record_id instead.
         have = sorted({str(r.get("split")) for r in rows})

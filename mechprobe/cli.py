@@ -9,11 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .chat import ChatTemplateError
+from .errors import UserError
 from .io import ManifestMismatch
 from .models import ModelLoadError
 
 # Errors a user can fix: printed as one clear line, no traceback.
-USER_ERRORS: tuple[type[BaseException], ...] = (ModelLoadError, ChatTemplateError, ManifestMismatch,
+USER_ERRORS: tuple[type[BaseException], ...] = (UserError, ModelLoadError, ChatTemplateError, ManifestMismatch,
                                                 FileNotFoundError, ValueError, KeyError)
 
 

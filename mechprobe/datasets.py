@@ -67,6 +67,10 @@ class DatasetLoad:
     items: list[Item]
     skipped: list[SkippedRow] = field(default_factory=list)
     source: str = ""
+    # What the rows are, independent of where they were read from: ``sha256:<hex>`` of a local file's
+    # bytes, or ``hf:<id>[/<config>]@<split>``. Part of a run's identity, so two files that share a
+    # dataset name can never be mixed into one run.
+    fingerprint: str = ""
 
 
 class HubLoadError(RuntimeError):
@@ -396,7 +400,9 @@ def _load_file(name: str, path: Path, limit: int | None) -> DatasetLoad:
     mapper = _builtin if name == "builtin" else SPECS[name].mapper
     rows = _json_object_rows(path) if path.suffix == ".json" else _jsonl_rows(path)
     items, skipped = _collect(rows, mapper, str(path), limit)
-    return DatasetLoad(items, skipped, str(path))
+    from .io import sha256_file
+
+    return DatasetLoad(items, skipped, str(path), f"sha256:{sha256_file(path)}")
 
 
 def _load_hub(name: str, split: str, limit: int | None) -> DatasetLoad:
@@ -420,7 +426,8 @@ def _load_hub(name: str, split: str, limit: int | None) -> DatasetLoad:
         raise HubLoadError(f"could not load {spec.hub_id} ({kwargs}): {type(e).__name__}: {e}") from e
     rows = ((i + 1, dict(r), None) for i, r in enumerate(ds))
     items, skipped = _collect(rows, spec.mapper, where, limit)
-    return DatasetLoad(items, skipped, where)
+    config = f"/{spec.hub_config}" if spec.hub_config else ""
+    return DatasetLoad(items, skipped, where, f"{where}{config}@{kwargs['split']}")
 
 
 def _datasets_importable() -> bool:

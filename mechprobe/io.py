@@ -3,18 +3,31 @@
 Why append + flush + fsync per row: a long CPU/GPU run must lose at most the row being written
 when it dies. On restart :class:`JsonlStore` drops a torn last line (the only damage a killed
 append can do), and callers skip keys already present, so resuming never duplicates rows.
+
+Why everything else is an error: a malformed line *before* the last one, or two rows with one key,
+is not something a killed writer leaves behind -- it is an edited file or two writers at once
+(:func:`writer_lock` prevents the latter). Dropping or picking rows silently would change every
+statistic computed from the file, so readers name the file and line and stop.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
+import logging
+import math
 import os
 import platform
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+from .errors import UserError
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 
@@ -68,24 +81,23 @@ class JsonlStore:
         if not self.path.exists():
             return
         data = self.path.read_bytes()
-        good_end = 0
-        pos = 0
-        for line in data.splitlines(keepends=True):
-            pos_next = pos + len(line)
-            stripped = line.strip()
-            if not line.endswith(b"\n"):
-                break  # torn final line from a killed writer
-            if stripped:
-                try:
-                    row = json.loads(stripped)
-                except json.JSONDecodeError:
-                    break
-                self._keys.add(str(row[self.key]))
-            good_end = pos_next
-            pos = pos_next
+        rows, good_end = _parse_lines(self.path, data)
+        for lineno, row in rows:
+            self._index(row, lineno)
         if good_end != len(data):
+            log.warning("%s: dropped a torn last line (%d bytes) left by an interrupted writer",
+                        self.path, len(data) - good_end)
             with open(self.path, "r+b") as f:
                 f.truncate(good_end)
+
+    def _index(self, row: dict[str, Any], lineno: int) -> None:
+        if self.key not in row:
+            raise UserError(f"{self.path}:{lineno}: row has no {self.key!r} field; the file is not a "
+                            f"{self.path.name} written by mechprobe (fix or remove that line)")
+        k = str(row[self.key])
+        if k in self._keys:
+            raise UserError(_duplicate_message(self.path, self.key, k, lineno))
+        self._keys.add(k)
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -100,7 +112,7 @@ class JsonlStore:
         k = str(row[self.key])
         if k in self._keys:
             raise ValueError(f"duplicate {self.key}={k!r} in {self.path}")
-        line = json.dumps(row, ensure_ascii=False) + "\n"
+        line = dumps_row(row) + "\n"
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(line)
             f.flush()
@@ -115,19 +127,95 @@ class JsonlStore:
         return iter(read_jsonl(self.path))
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Read all complete rows of a JSONL file (a torn last line is ignored)."""
+def dumps_row(row: dict[str, Any]) -> str:
+    """One JSONL row. ``allow_nan=False``: bare ``NaN``/``Infinity`` is not JSON, and a NaN in a record
+    (a temperature, a score) is a bug upstream that must stop the run, not be written and read back."""
+    try:
+        return json.dumps(row, ensure_ascii=False, allow_nan=False)
+    except ValueError as e:
+        bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
+        raise ValueError(f"refusing to write a non-finite number into a JSONL row (fields {bad}): {e}") from e
+
+
+def _duplicate_message(path: Path, key: str, value: str, lineno: int) -> str:
+    return (f"{path}:{lineno}: duplicate {key}={value!r} (an earlier line has the same {key}); two processes "
+            f"probably wrote this file at once. Keep one row per {key} (or delete the file and re-run the stage); "
+            f"nothing was changed")
+
+
+def _parse_lines(path: Path, data: bytes) -> tuple[list[tuple[int, dict[str, Any]]], int]:
+    """Rows (with 1-based line numbers) and the byte offset after the last complete line.
+
+    Only an unterminated last line (a killed append) is tolerated; a malformed complete line is a
+    :class:`UserError` naming the file and line, because the rows after it are valid data.
+    """
+    rows: list[tuple[int, dict[str, Any]]] = []
+    good_end = 0
+    for lineno, line in enumerate(data.splitlines(keepends=True), start=1):
+        if not line.endswith(b"\n"):
+            break  # torn final line from a killed writer: the caller drops it
+        good_end += len(line)
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise UserError(f"{path}:{lineno}: malformed line ({e}); only a torn *last* line is repaired "
+                            f"automatically. Fix or delete line {lineno} (nothing was changed), or delete the "
+                            f"file and re-run the stage") from None
+        if not isinstance(row, dict):
+            raise UserError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}; fix or delete "
+                            f"line {lineno} (nothing was changed)")
+        rows.append((lineno, row))
+    return rows, good_end
+
+
+def read_jsonl(path: str | Path, key: str | None = None) -> list[dict[str, Any]]:
+    """Read all complete rows of a JSONL file (a torn last line is ignored).
+
+    A malformed line elsewhere is a :class:`UserError` naming file and line. With ``key``, two rows
+    with the same ``row[key]`` are an error too: a reader that kept the first or the last would
+    silently change the data (two judges appending at once produced exactly that).
+    """
     path = Path(path)
     if not path.exists():
         return []
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.endswith("\n"):
-                break
-            if line.strip():
-                rows.append(json.loads(line))
-    return rows
+    rows, _ = _parse_lines(path, path.read_bytes())
+    if key is not None:
+        seen: set[str] = set()
+        for lineno, row in rows:
+            k = str(row.get(key))
+            if k in seen:
+                raise UserError(_duplicate_message(path, key, k, lineno))
+            seen.add(k)
+    return [r for _, r in rows]
+
+
+@contextlib.contextmanager
+def writer_lock(path: str | Path) -> Iterator[Path]:
+    """Hold an exclusive, non-blocking lock on ``<path>.lock`` while writing ``path``.
+
+    Why: two processes appending to one stage file (two ``mechprobe judge`` on one run) each skip the
+    keys *they* saw at start and then both append, so rows get duplicated. ``flock`` is released by
+    the kernel when the holder dies, so a crashed writer never leaves a stale lock behind. The lock
+    file records the holder's pid and program for the refusal message. The directory must exist.
+    """
+    path = Path(path)
+    lock = path.with_name(path.name + ".lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "unknown process"
+            raise UserError(f"{path} is being written by another process ({holder}; lock {lock}). Wait for it "
+                            f"to finish, or stop it, then re-run; two writers would duplicate rows") from None
+        os.ftruncate(fd, 0)
+        # pid and program only: a command line may carry a secret.
+        os.pwrite(fd, f"pid {os.getpid()}, {Path(sys.argv[0]).name or 'python'}".encode(), 0)
+        yield lock
+    finally:
+        os.close(fd)  # closing the descriptor releases the flock
 
 
 def write_json(path: str | Path, obj: Any) -> None:
@@ -135,8 +223,21 @@ def write_json(path: str | Path, obj: Any) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(redact(obj), indent=2, sort_keys=True, default=str) + "\n")
+    text = json.dumps(finite(redact(obj)), indent=2, sort_keys=True, default=str, allow_nan=False)
+    tmp.write_text(text + "\n")
     os.replace(tmp, path)
+
+
+def finite(obj: Any) -> Any:
+    """``obj`` with non-finite floats replaced by None: JSON has no NaN, and an undefined statistic
+    (a rate over zero rows, a CI that could not be drawn) is written as ``null``, never a bare ``NaN``."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite(v) for v in obj]
+    return obj
 
 
 def read_json(path: str | Path) -> Any:
@@ -155,8 +256,42 @@ def versions() -> dict[str, str]:
     return out
 
 
-class ManifestMismatch(RuntimeError):
+class ManifestMismatch(UserError, RuntimeError):
     """A run directory was made by a different model/template/config than the current command."""
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as dotted keys, so a mismatch names ``config.max_user_tokens``, not all of ``config``."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def identity_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``"key: run has X, command has Y"`` for every (dotted) key whose value differs, sorted by key."""
+    a, b = _flatten(old), _flatten(new)
+    return [f"{k}: run has {a.get(k)!r}, command has {b.get(k)!r}" for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k)]
+
+
+def check_manifest(run_dir: str | Path, identity: dict[str, Any], name: str = MANIFEST) -> dict[str, Any] | None:
+    """Read-only half of :func:`check_or_write_manifest`: the existing manifest (None when there is
+    none), or :class:`ManifestMismatch` naming every differing key. Lets a stage refuse before writing."""
+    run_dir = Path(run_dir)
+    path = run_dir / name
+    if not path.exists():
+        return None
+    old = read_json(path)
+    old.setdefault("identity", {})
+    diff = identity_diff(old["identity"], json.loads(json.dumps(redact(identity), default=str)))
+    if diff:
+        raise ManifestMismatch(f"{path} was written by a different configuration ({'; '.join(diff)}). "
+                               f"Use a new --out directory, or delete {run_dir} to start over.")
+    return old
 
 
 def check_or_write_manifest(run_dir: str | Path, identity: dict[str, Any], extra: dict[str, Any],
@@ -164,25 +299,16 @@ def check_or_write_manifest(run_dir: str | Path, identity: dict[str, Any], extra
     """Create ``run_dir/manifest.json`` or verify that an existing one matches ``identity``.
 
     ``identity`` holds what must not change within a run (model and template hashes, generation
-    config); ``extra`` is informational (versions, counts) and is refreshed. Mixing rows of two
-    configurations in one directory would silently corrupt every downstream statistic, so a
-    mismatch is an error that names the differing keys and the fix.
+    config, data source); ``extra`` is informational (versions, counts) and is refreshed. Mixing rows
+    of two configurations in one directory would silently corrupt every downstream statistic, so a
+    mismatch is an error that names the differing keys (with both values) and the fix.
     """
     run_dir = Path(run_dir)
     path = run_dir / name
     identity = redact(identity)
-    if path.exists():
-        old = read_json(path)
-        old_id = old.get("identity", {})
-        new_id = json.loads(json.dumps(identity, default=str))
-        diff = sorted(k for k in set(old_id) | set(new_id) if old_id.get(k) != new_id.get(k))
-        if diff:
-            details = "; ".join(f"{k}: run has {old_id.get(k)!r}, command has {new_id.get(k)!r}" for k in diff)
-            raise ManifestMismatch(
-                f"{path} was written by a different configuration ({details}). "
-                f"Use a new --out directory, or delete {run_dir} to start over."
-            )
-        manifest = {**old, **extra, "identity": old_id}
+    old = check_manifest(run_dir, identity, name)
+    if old is not None:
+        manifest = {**old, **extra, "identity": old["identity"]}
     else:
         manifest = {**extra, "identity": identity}
     manifest["versions"] = versions()

@@ -19,7 +19,6 @@ blend of two instruments. A second judge writes a second file (``--labels labels
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from .io import JsonlStore, read_jsonl, versions, write_json
+from .io import JsonlStore, dumps_row, read_jsonl, versions, write_json, writer_lock
 from .records import AssistantRecord, LabelRecord, UserTurnRecord
 from .stats import wilson
 from .taxonomy import GENUINE, JUDGE_ERROR, LABELS, TAXONOMY_VERSION
@@ -96,10 +95,10 @@ def inputs_from_run(run_dir: str | Path) -> list[JudgeInput]:
         raise FileNotFoundError(
             f"{run_dir} has no {USER_TURNS}: run the probe stage first "
             f"(`mechprobe probe --out {run_dir}`), or pass the directory that holds it")
-    assistants = {r["item_id"]: AssistantRecord.from_dict(r) for r in read_jsonl(run_dir / ASSISTANT)}
+    assistants = {r["item_id"]: AssistantRecord.from_dict(r) for r in read_jsonl(run_dir / ASSISTANT, key="item_id")}
     out: list[JudgeInput] = []
     missing: list[str] = []
-    for row in read_jsonl(run_dir / USER_TURNS):
+    for row in read_jsonl(run_dir / USER_TURNS, key="record_id"):
         u = UserTurnRecord.from_dict(row)
         a = assistants.get(u.item_id)
         if a is None:
@@ -288,7 +287,7 @@ def _drop_error_rows(path: Path) -> int:
     tmp = path.with_suffix(path.suffix + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         for r in keep:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+            f.write(dumps_row(r) + "\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -310,9 +309,38 @@ def _stem(labels_file: str) -> str:
     return name[: -len(".jsonl")] if name.endswith(".jsonl") else name
 
 
+def _check_counts(limit: int | None, opts: dict[str, Any]) -> None:
+    """Refuse negative or zero counts up front: ``limit=-1`` would silently judge all rows but one."""
+    bad = []
+    if limit is not None and limit < 0:
+        bad.append(f"limit must be >= 0, got {limit}")
+    for name, lo in (("concurrency", 1), ("max_retries", 0)):
+        if opts.get(name) is not None and opts[name] < lo:
+            bad.append(f"{name} must be >= {lo}, got {opts[name]}")
+    if opts.get("timeout") is not None and not opts["timeout"] > 0:
+        bad.append(f"timeout must be > 0 seconds, got {opts['timeout']}")
+    if bad:
+        from .errors import UserError
+
+        raise UserError("invalid judge options: " + "; ".join(bad))
+
+
 def judge_run(run_dir: str | Path, judge: str | Judge | None = "offline", *, labels_file: str = LABELS_FILE,
               retry_errors: bool = True, limit: int | None = None, progress: bool = True,
               **opts: Any) -> JudgeSummary:
+    """Label the user turns of ``run_dir`` (see :func:`_judge_run`) holding the labels file's writer lock:
+    a second judge process on the same file is refused instead of appending duplicate rows."""
+    _check_counts(limit, opts)
+    kw = dict(labels_file=labels_file, retry_errors=retry_errors, limit=limit, progress=progress, **opts)
+    if not Path(run_dir).is_dir():
+        return _judge_run(run_dir, judge, **kw)  # raises the stage's own "no such run" error
+    with writer_lock(Path(run_dir) / labels_file):
+        return _judge_run(run_dir, judge, **kw)
+
+
+def _judge_run(run_dir: str | Path, judge: str | Judge | None = "offline", *, labels_file: str = LABELS_FILE,
+               retry_errors: bool = True, limit: int | None = None, progress: bool = True,
+               **opts: Any) -> JudgeSummary:
     """Label the user turns of ``run_dir`` into ``run_dir/labels_file`` and summarise.
 
     ``judge`` is a spec for :func:`make_judge` (``"offline"``, ``"openai:MODEL"``; ``None`` picks by
@@ -352,7 +380,7 @@ def judge_run(run_dir: str | Path, judge: str | Judge | None = "offline", *, lab
                 bar.update(1)
         finally:
             bar.close()
-    summary = summarize_labels(inputs, read_jsonl(path), run_dir=str(run_dir), judge=j.name,
+    summary = summarize_labels(inputs, read_jsonl(path, key="record_id"), run_dir=str(run_dir), judge=j.name,
                                labels_path=str(path), n_new=n_new, n_skipped=n_skipped, seconds=time.time() - t0)
     stem = _stem(labels_file)
     (run_dir / f"{stem}_summary.md").write_text(summary.table() + "\n", encoding="utf-8")
@@ -406,6 +434,11 @@ def run_judge_cli(a: argparse.Namespace) -> int:
         print(f"mechprobe judge: error: {e}", file=sys.stderr)
         return 2
     print(s.table())
+    if s.n_errors and not s.n_labelled:
+        print(f"mechprobe judge: error: every judged turn ({s.n_errors}) is a judge error "
+              f"({'; '.join(f'{r} x{c}' for r, c in s.errors.items())}); nothing usable was labelled. Check the "
+              f"endpoint, key and model; re-running retries the error rows", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -3,13 +3,21 @@
 ``RUN/assistant.jsonl`` holds one :class:`AssistantRecord` per item and ``RUN/user_turns.jsonl`` one
 :class:`UserTurnRecord` per generated user turn (greedy, plus ``samples`` per temperature > 0). Both are
 appended row by row, so a killed run resumes where it stopped; ``RUN/manifest.json`` pins the model,
-tokenizer, template and generation config, and a mismatching command is refused rather than mixed in.
+tokenizer, template, generation config and data source (a hash of the data file), and a mismatching
+command is refused rather than mixed in. Everything is validated before the first byte is written, so a
+rejected command leaves nothing behind that would make the corrected one look like a mismatch.
+
+Rows whose prompt plus token budget does not fit the model's context are skipped, per row, and
+listed with the reason in ``RUN/skipped_rows.jsonl`` (and counted in the manifest): see
+docs/gotchas.md for why skip and not truncate.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,8 +26,17 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from . import chat
+from .errors import UserError
 from .generation import batches_by_length, decode, generate
-from .io import JsonlStore, check_or_write_manifest, read_jsonl
+from .io import (
+    JsonlStore,
+    check_manifest,
+    check_or_write_manifest,
+    read_json,
+    read_jsonl,
+    sha256_text,
+    writer_lock,
+)
 from .models import DEFAULT_MODEL, LoadedModel, load_model
 from .records import AssistantRecord, Item, UserTurnRecord, make_record_id
 
@@ -27,6 +44,7 @@ log = logging.getLogger(__name__)
 
 ASSISTANT = "assistant.jsonl"
 USER_TURNS = "user_turns.jsonl"
+SKIPPED = "skipped_rows.jsonl"
 
 
 @dataclass
@@ -56,6 +74,38 @@ class ProbeConfig:
             d.pop(k)
         return d
 
+    def validate(self) -> None:
+        """Refuse values that would run but give wrong or empty data (NaN temperatures, negative counts).
+
+        Called before anything is loaded or written; one :class:`UserError` lists every problem.
+        """
+        bad: list[str] = []
+        temps = list(self.temperatures or [])
+        if not temps:
+            bad.append("no temperatures: pass --temperatures 0 (greedy) and/or values > 0")
+        for t in temps:
+            if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
+                bad.append(f"temperature {t!r} must be a finite number >= 0 (0 = greedy)")
+        finite_t = [float(t) for t in temps if isinstance(t, int | float) and math.isfinite(t)]
+        dup = sorted({t for t in finite_t if finite_t.count(t) > 1})
+        if dup:
+            bad.append(f"temperature(s) {dup} given more than once")
+        if not isinstance(self.samples, int) or self.samples < 0:
+            bad.append(f"samples must be an integer >= 0, got {self.samples!r}")
+        elif self.samples == 0 and any(t > 0 for t in finite_t):
+            bad.append("samples is 0 but a temperature > 0 was given: pass --samples >= 1, or --temperatures 0 "
+                       "for greedy only")
+        if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
+            bad.append(f"limit must be >= 1 (or None for every row; 0 on the command line), got {self.limit!r}")
+        for name in ("max_assistant_tokens", "max_user_tokens", "batch_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                bad.append(f"{name} must be an integer >= 1, got {v!r}")
+        if self.engine not in ("hf", "vllm"):
+            bad.append(f"unknown engine {self.engine!r}: use hf or vllm")
+        if bad:
+            raise UserError("invalid probe configuration: " + "; ".join(bad))
+
 
 def row_seed(base_seed: int, record_id: str) -> int:
     """A per-row seed derived from the record id, so any row can be regenerated alone."""
@@ -67,14 +117,15 @@ def decoding_plan(temperatures: list[float], samples: int) -> list[tuple[str, fl
     """(decoding, temperature, sample_index) for each user turn of one item."""
     plan: list[tuple[str, float, int]] = []
     for t in temperatures:
-        if t < 0:
-            raise ValueError(f"temperature {t} < 0; use 0 for greedy")
+        if not math.isfinite(t) or t < 0:  # NaN passes `t < 0` and `t == 0`: it would become a "sample"
+            raise UserError(f"temperature {t} must be a finite number >= 0; use 0 for greedy")
         if t == 0:
             plan.append(("greedy", 0.0, 0))
         else:
             plan.extend(("sample", float(t), k) for k in range(samples))
     if not plan:
-        raise ValueError("no decodings requested: pass --temperatures 0 (greedy) and/or values > 0")
+        raise UserError("no decodings requested: pass --temperatures 0 (greedy) and/or values > 0 with "
+                        "--samples >= 1")
     return plan
 
 
@@ -84,6 +135,7 @@ def load_items(cfg: ProbeConfig) -> tuple[list[Item], dict[str, Any]]:
     res = load_dataset(cfg.dataset, path=cfg.data_path, limit=cfg.limit)
     info = {
         "dataset_source": res.source,
+        "fingerprint": res.fingerprint,
         "n_items": len(res.items),
         "n_malformed_rows": len(res.skipped),
         "malformed_rows": [asdict(s) if hasattr(s, "__dataclass_fields__") else s for s in res.skipped[:50]],
@@ -97,22 +149,58 @@ def _score(item: Item, response: str) -> tuple[float | None, str | None]:
     return score(item.dataset, response, item.gold, item.meta)
 
 
+def context_length(lm: LoadedModel) -> int | None:
+    """Positions the model was trained for (None when unknown, e.g. a vLLM engine without HF weights)."""
+    n = getattr(getattr(lm.model, "config", None), "max_position_embeddings", None)
+    if isinstance(n, int) and n > 0:
+        return n
+    n = getattr(lm.tokenizer, "model_max_length", None)
+    return n if isinstance(n, int) and 0 < n < 10**7 else None
+
+
+def _check_items_match_run(out: Path, items: list[Item]) -> None:
+    """Refuse items whose id is in the run with another prompt: ids are row positions, so a second file
+    with the same dataset name would otherwise pair its rows with the first file's turns."""
+    have = {r["item_id"]: r for r in read_jsonl(out / ASSISTANT, key="item_id")}
+    for it in items:
+        r = have.get(it.item_id)
+        if r is not None and (r["prompt"] != it.prompt or (r.get("messages") or []) != (it.messages or [])):
+            raise UserError(f"{out / ASSISTANT} has item {it.item_id!r} with a different prompt than the data "
+                            f"now loaded ({r['prompt'][:60]!r} vs {it.prompt[:60]!r}): the run was made from "
+                            f"other data. Use a new --out directory, or the run's own --data-path")
+
+
+def _merged_limit(out: Path, limit: int | None) -> int | None:
+    """The largest ``limit`` any command asked of this run (None = every row), so the manifest's
+    config reproduces the whole run and a later ``--run`` resolution does not shrink or grow it."""
+    man = out / "manifest.json"
+    if not man.exists():
+        return limit
+    old = read_json(man).get("config", {}).get("limit", -1)
+    if old is None or limit is None:
+        return None
+    return max(old, limit)
+
+
 def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
               progress: bool = True, items: list[Item] | None = None) -> Path:
     """Build or extend the probe run in ``out``. Safe to re-run after a crash: done rows are skipped.
 
     ``items`` bypasses the dataset loader (your own prompts from a notebook); ``cfg.dataset`` then
-    only names them.
+    only names them. Nothing is written to ``out`` until the config, the data, the model and its
+    template have all been checked.
     """
     out = Path(out)
+    cfg.validate()
+    plan = decoding_plan(cfg.temperatures, cfg.samples)
     if items is None:
         items, data_info = load_items(cfg)
     else:
-        data_info = {"dataset_source": "items passed to run_probe", "n_items": len(items), "n_malformed_rows": 0}
+        # No file to hash, and a notebook may pass a growing list: the per-item check below guards these.
+        data_info = {"dataset_source": "items passed to run_probe", "fingerprint": "items passed to run_probe",
+                     "n_items": len(items), "n_malformed_rows": 0}
     if not items:
-        raise ValueError(f"dataset {cfg.dataset!r} gave no items (limit={cfg.limit}); nothing to probe")
-    if cfg.engine not in ("hf", "vllm"):
-        raise ValueError(f"unknown engine {cfg.engine!r}: use hf or vllm")
+        raise UserError(f"dataset {cfg.dataset!r} gave no items (limit={cfg.limit}); nothing to probe")
     engine = None
     if lm is None and cfg.engine == "vllm":
         lm, engine = _load_vllm_engine(cfg)
@@ -120,15 +208,31 @@ def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
     tok = lm.tokenizer
     # Fail before any generation when the template cannot host the probe (base models).
     chat.user_header(tok)
-    identity = {**lm.identity(), "config": cfg.identity()}
-    check_or_write_manifest(out, identity, {"stage": "probe", "data": data_info,
-                                            "user_header": chat.user_header(tok)})
-    plan = decoding_plan(cfg.temperatures, cfg.samples)
-    t0 = time.time()
-    n_a = _assistant_stage(cfg, lm, items, out, progress, engine)
-    n_u = _user_stage(cfg, lm, items, plan, out, progress, engine)
-    check_or_write_manifest(out, identity, {"last_run": {"new_assistant_rows": n_a, "new_user_rows": n_u,
-                                                         "seconds": round(time.time() - t0, 1)}})
+    a_jobs = _assistant_jobs(cfg, lm, items, out)
+    identity = {**lm.identity(), "config": cfg.identity(), "data_source": data_info["fingerprint"]}
+    check_manifest(out, identity)  # read-only: refuse a mismatch naming the key before anything is written
+    _check_items_match_run(out, items)
+    full_cfg = {**asdict(cfg), "limit": _merged_limit(out, cfg.limit),
+                "data_path": str(Path(cfg.data_path).resolve()) if cfg.data_path else None}
+    out.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as locks:
+        for name in (ASSISTANT, USER_TURNS):
+            locks.enter_context(writer_lock(out / name))
+        check_or_write_manifest(out, identity, {"stage": "probe", "data": data_info, "config": full_cfg,
+                                                "user_header": chat.user_header(tok)})
+        t0 = time.time()
+        skipped = JsonlStore(out / SKIPPED, key="item_id")
+        n_skip0 = len(skipped)
+        n_a = _assistant_stage(cfg, lm, a_jobs, out, progress, engine, skipped)
+        n_u = _user_stage(cfg, lm, items, plan, out, progress, engine, skipped)
+        n_skip = len(skipped)
+        if n_skip > n_skip0:
+            log.warning("%d row(s) skipped as too long for the model's context; see %s", n_skip - n_skip0,
+                        out / SKIPPED)
+        check_or_write_manifest(out, identity, {"last_run": {"new_assistant_rows": n_a, "new_user_rows": n_u,
+                                                             "new_skipped_rows": n_skip - n_skip0,
+                                                             "seconds": round(time.time() - t0, 1)},
+                                                "skipped_rows": {"file": SKIPPED, "n": n_skip}})
     return out
 
 
@@ -137,7 +241,6 @@ def _load_vllm_engine(cfg: ProbeConfig) -> tuple[LoadedModel, Any]:
     import torch
     from transformers import AutoTokenizer
 
-    from .io import sha256_text
     from .vllm_backend import load_vllm
 
     tok = AutoTokenizer.from_pretrained(cfg.model)
@@ -159,22 +262,50 @@ def _decode_batch(lm: LoadedModel, engine: Any, prompts: list[list[int]], **kw: 
     return generate(lm.model, prompts, **kw)
 
 
-def _assistant_stage(cfg: ProbeConfig, lm: LoadedModel, items: list[Item], out: Path, progress: bool,
-                     engine: Any = None) -> int:
+def _too_long(skipped: JsonlStore, item_id: str, stage: str, n_prompt: int, max_new: int,
+              ctx: int | None) -> bool:
+    """True (and recorded once in ``skipped_rows.jsonl``) when prompt + token budget exceed the context.
+
+    Skip, not truncate: cutting the conversation would change what the user turn responds to, and the
+    boundary state would no longer be the one of the real conversation.
+    """
+    if ctx is None or n_prompt + max_new <= ctx:
+        return False
+    if not skipped.has(item_id):
+        reason = (f"{stage} prompt has {n_prompt} tokens + {max_new} new tokens > the model's context of {ctx}")
+        log.warning("skipping item %s: %s", item_id, reason)
+        skipped.append({"item_id": item_id, "stage": stage, "reason": "too_long_for_context", "detail": reason,
+                        "prompt_tokens": n_prompt, "max_new_tokens": max_new, "context": ctx})
+    return True
+
+
+def _assistant_jobs(cfg: ProbeConfig, lm: LoadedModel, items: list[Item], out: Path
+                    ) -> list[tuple[Item, list[int]]]:
+    """Items still missing an assistant turn, with their prompts (built before anything is written,
+    so a template that cannot render a row fails the command cleanly)."""
+    done = {r["item_id"] for r in read_jsonl(out / ASSISTANT, key="item_id")}
+    tok = lm.tokenizer
+    return [(it, chat.build_assistant_prompt(tok, it.prompt, system=cfg.system, history=it.messages or None))
+            for it in items if it.item_id not in done]
+
+
+def _assistant_stage(cfg: ProbeConfig, lm: LoadedModel, jobs: list[tuple[Item, list[int]]], out: Path,
+                     progress: bool, engine: Any, skipped: JsonlStore) -> int:
     tok = lm.tokenizer
     store = JsonlStore(out / ASSISTANT, key="item_id")
-    todo = [it for it in items if not store.has(it.item_id)]
+    ctx = context_length(lm)
+    todo = [(it, p) for it, p in jobs if not store.has(it.item_id)
+            and not _too_long(skipped, it.item_id, "assistant", len(p), cfg.max_assistant_tokens, ctx)]
     if not todo:
         return 0
-    prompts = [chat.build_assistant_prompt(tok, it.prompt, system=cfg.system, history=it.messages or None)
-               for it in todo]
+    prompts = [p for _, p in todo]
     stops = chat.assistant_stop_token_ids(tok, lm.model)
     bar = tqdm(total=len(todo), desc="assistant turns", disable=not progress, unit="item")
     for batch in batches_by_length([len(p) for p in prompts], cfg.batch_size):
         gens = _decode_batch(lm, engine, [prompts[i] for i in batch], stop_ids=stops,
                              max_new_tokens=cfg.max_assistant_tokens, temperatures=0.0, pad_id=tok.pad_token_id)
         for i, g in zip(batch, gens):
-            it = todo[i]
+            it = todo[i][0]
             _, text = decode(tok, g)
             sc, extracted = _score(it, text)
             rec = AssistantRecord(item_id=it.item_id, dataset=it.dataset, prompt=it.prompt, response=text,
@@ -188,20 +319,23 @@ def _assistant_stage(cfg: ProbeConfig, lm: LoadedModel, items: list[Item], out: 
 
 
 def _user_stage(cfg: ProbeConfig, lm: LoadedModel, items: list[Item], plan: list[tuple[str, float, int]],
-                out: Path, progress: bool, engine: Any = None) -> int:
+                out: Path, progress: bool, engine: Any, skipped: JsonlStore) -> int:
     tok = lm.tokenizer
     wanted = {it.item_id for it in items}
-    assistants = [AssistantRecord.from_dict(r) for r in read_jsonl(out / ASSISTANT)]
+    assistants = [AssistantRecord.from_dict(r) for r in read_jsonl(out / ASSISTANT, key="item_id")]
     assistants = [a for a in assistants if a.item_id in wanted]
     store = JsonlStore(out / USER_TURNS, key="record_id")
     stops = chat.stop_token_ids(tok, lm.model)
+    ctx = context_length(lm)
     jobs: list[tuple[AssistantRecord, chat.ProbePrompt, str, float, int, str]] = []
     for a in assistants:
         pp = chat.build_probe_prompt(tok, a.prompt, a.response, system=cfg.system, history=a.messages or None)
-        for decoding, temp, k in plan:
-            rid = make_record_id(a.item_id, decoding, temp, k)
-            if not store.has(rid):
-                jobs.append((a, pp, decoding, temp, k, rid))
+        rids = [(d, t, k, make_record_id(a.item_id, d, t, k)) for d, t, k in plan]
+        if all(store.has(rid) for *_, rid in rids):
+            continue
+        if _too_long(skipped, a.item_id, "user", len(pp.input_ids), cfg.max_user_tokens, ctx):
+            continue
+        jobs.extend((a, pp, d, t, k, rid) for d, t, k, rid in rids if not store.has(rid))
     if not jobs:
         return 0
     bar = tqdm(total=len(jobs), desc="user turns", disable=not progress, unit="turn")
@@ -229,8 +363,8 @@ def load_run(run_dir: str | Path) -> tuple[list[AssistantRecord], list[UserTurnR
     run_dir = Path(run_dir)
     if not (run_dir / USER_TURNS).exists():
         raise FileNotFoundError(f"{run_dir} has no {USER_TURNS}: run `python experiments/probe.py --out {run_dir}`")
-    a = [AssistantRecord.from_dict(r) for r in read_jsonl(run_dir / ASSISTANT)]
-    u = [UserTurnRecord.from_dict(r) for r in read_jsonl(run_dir / USER_TURNS)]
+    a = [AssistantRecord.from_dict(r) for r in read_jsonl(run_dir / ASSISTANT, key="item_id")]
+    u = [UserTurnRecord.from_dict(r) for r in read_jsonl(run_dir / USER_TURNS, key="record_id")]
     return a, u
 
 

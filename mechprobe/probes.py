@@ -681,13 +681,9 @@ def to_jsonable(obj: Any) -> Any:
 
 
 # ================================================================================ run directories and CLI
-# Everything above is pure (arrays in, numbers out). Below: reading a run directory, building missing
-# stages through the other modules, writing probes/ and the figure. Imports are local so that
-# ``import mechprobe.probes`` stays light and free of cycles.
-
-# Probe-stage options a user may pass through; None means "the run's own value / the main job's default".
-PASSTHROUGH = ("limit", "samples", "temperatures", "max_assistant_tokens", "max_user_tokens", "batch_size")
-
+# Everything above is pure (arrays in, numbers out). Below: reading a run directory, writing probes/ and
+# the figure. Run resolution and building missing stages live in mechprobe.stages (shared with
+# experiments/steer.py). Imports are local so that ``import mechprobe.probes`` stays light and free of cycles.
 
 def add_probes_args(p: Any, figures: str = "figures") -> None:
     """Options of ``experiments/linear_probe.py`` (and ``mechprobe probes``)."""
@@ -715,101 +711,6 @@ def add_probes_args(p: Any, figures: str = "figures") -> None:
                    help="also build runs of these datasets with the same config and report a transfer matrix")
     g.add_argument("--transfer-runs", nargs="*", default=[], help="existing runs (same model) for the transfer matrix")
     p.add_argument("--figures", default=figures, help="where the figure goes (default: %(default)s)")
-
-
-# ----------------------------------------------------------------------------- stages (other modules' calls)
-
-
-def resolve_run(a: argparse.Namespace) -> tuple[Path, ProbeConfig]:
-    """Run dir and config. An existing run keeps its own config (explicit options override it, and the
-    probe stage then refuses a mismatch); ``limit`` defaults to the items it already has."""
-    from .io import read_json
-    from .models import DEFAULT_MODEL
-    from .pipeline import ProbeConfig, default_run_dir
-    from .stages import probe_config
-
-    over = {k: getattr(a, k) for k in PASSTHROUGH if getattr(a, k) is not None}
-    cfg = probe_config(a.model or DEFAULT_MODEL, a.dataset, **over)
-    run = Path(a.run) if a.run else default_run_dir(cfg)
-    man = run / "manifest.json"
-    if not man.exists():
-        return run, cfg
-    m = read_json(man)
-    ident = dict(m["identity"]["config"])
-    ident.update({k: v for k, v in over.items() if k in ident})
-    kw = {k: v for k, v in ident.items() if k not in ("model", "dataset")}
-    kw["limit"] = over.get("limit", m.get("data", {}).get("n_items"))
-    if "batch_size" in over:
-        kw["batch_size"] = over["batch_size"]
-    cfg = ProbeConfig(model=a.model or ident["model"], dataset=ident["dataset"], **kw)
-    return run, cfg
-
-
-def probe_complete(run: Path, cfg: ProbeConfig) -> bool:
-    """All turns the manifest's config asks for are on disk (so the model need not even be loaded)."""
-    from .io import read_json, read_jsonl
-    from .pipeline import decoding_plan
-
-    man = run / "manifest.json"
-    if not man.exists() or read_json(man)["identity"]["config"] != cfg.identity():
-        return False
-    n_items = len(read_jsonl(run / "assistant.jsonl"))
-    n_turns = len(read_jsonl(run / "user_turns.jsonl"))
-    return n_items >= (cfg.limit or 0) > 0 and n_turns == n_items * len(decoding_plan(cfg.temperatures, cfg.samples))
-
-
-def cache_complete(run: Path) -> bool:
-    """Every user turn of the run has cached activations, in order."""
-    from .io import read_json, read_jsonl
-
-    man = run / "activations" / "manifest.json"
-    if not man.exists():
-        return False
-    meta = read_json(man)
-    ids = [r["record_id"] for r in read_jsonl(run / "user_turns.jsonl")]
-    return meta.get("n_done") == len(ids) and meta.get("record_ids") == ids
-
-
-def move_labels_aside(run: Path) -> None:
-    """Keep the old judge's labels as ``labels.<judge>.jsonl`` (never delete a user's labels)."""
-    from .io import read_jsonl
-
-    old = run / "labels.jsonl"
-    if old.exists():
-        rows = read_jsonl(old)
-        name = (rows[0].get("judge", "old") if rows else "old").replace("/", "_").replace(":", "_")
-        dest = run / f"labels.{name}.jsonl"
-        old.replace(dest)
-        print(f"moved {old} aside to {dest}")
-
-
-def ensure_stages(run: Path, cfg: ProbeConfig, judge: str, backend: str, relabel: bool = False
-                  ) -> tuple[dict[str, float], str]:
-    """probe -> judge -> cache, each reused when already complete. Returns (seconds per stage, judge name)."""
-    from .judge import JudgeMismatch
-    from .stages import Stages
-
-    st = Stages(run, cfg)
-    print(f"run: {run}  (model {cfg.model}, dataset {cfg.dataset}, {cfg.limit} items, temperatures "
-          f"{cfg.temperatures}, {cfg.samples} samples)")
-    if probe_complete(run, cfg):
-        print("probe: reusing complete turns")
-        st.timings["probe"] = 0.0
-    else:
-        st.probe()
-    if relabel:
-        move_labels_aside(run)
-    try:
-        summary = st.labels(judge)
-    except JudgeMismatch as e:
-        raise ValueError(f"{e}. Or pass --relabel to move the old labels aside and relabel.") from e
-    print(summary.table())
-    if cache_complete(run):
-        print("cache: reusing complete activations")
-        st.timings["cache"] = 0.0
-    else:
-        st.cache(backend=backend)
-    return st.timings, summary.judge
 
 
 # ----------------------------------------------------------------------------- arrays
@@ -844,8 +745,8 @@ def load_probe_data(run: Path, layers_arg: str) -> ProbeData:
         raise ValueError(f"layers {missing} are not in {run}/activations (cached: {cache.layers}); "
                          "re-cache with --layers all")
     mask = cache.labeled_mask().numpy()
-    turns = {r["record_id"]: r for r in read_jsonl(run / "user_turns.jsonl")}
-    assistants = {r["item_id"]: r for r in read_jsonl(run / "assistant.jsonl")}
+    turns = {r["record_id"]: r for r in read_jsonl(run / "user_turns.jsonl", key="record_id")}
+    assistants = {r["item_id"]: r for r in read_jsonl(run / "assistant.jsonl", key="item_id")}
     rids = [rid for rid, m in zip(cache.record_ids, mask) if m]
     full = cache.to_numpy()
     idx = [cache.layers.index(la) for la in layers]
@@ -869,6 +770,7 @@ def _transfer(a: argparse.Namespace, run: Path, cfg: ProbeConfig, data: ProbeDat
     beside it (``<parent>/<model>-<dataset>``), so their labels mean the same thing.
     """
     from .pipeline import default_run_dir
+    from .stages import ensure_stages
 
     runs = [Path(r) for r in a.transfer_runs]
     for ds in a.transfer_datasets:
@@ -894,11 +796,35 @@ def _transfer(a: argparse.Namespace, run: Path, cfg: ProbeConfig, data: ProbeDat
 
 # ----------------------------------------------------------------------------- main
 
+# Fewer item-bootstrap draws than this and the 2.5/97.5 percentiles are just the extreme draws.
+MIN_BOOT = 20
+
+
+def validate_probes_args(a: argparse.Namespace) -> None:
+    """Refuse analysis options that would give NaN or meaningless numbers, before any stage runs."""
+    from .datasets import NAMES
+
+    bad = []
+    if a.folds < 2:
+        bad.append(f"--folds must be >= 2 (grouped cross-validation), got {a.folds}")
+    if a.n_boot < MIN_BOOT:
+        bad.append(f"--n-boot must be >= {MIN_BOOT} (item-bootstrap draws for the 95% CIs), got {a.n_boot}")
+    unknown = [d for d in a.transfer_datasets if d not in NAMES]
+    if unknown:
+        bad.append(f"--transfer-datasets {unknown} unknown; choose from {', '.join(NAMES)}")
+    if bad:
+        from .errors import UserError
+
+        raise UserError("; ".join(bad))
+
 
 def run_probes_cli(a: Any) -> int:
     """probe -> judge -> cache (reused when complete), then the probes; 3 when positives are too few."""
+    from .stages import PASSTHROUGH, ensure_stages, resolve_run
+
     t0 = time.time()
-    run, cfg = resolve_run(a)
+    validate_probes_args(a)
+    run, cfg = resolve_run(a.run, a.model, a.dataset, **{k: getattr(a, k) for k in PASSTHROUGH})
     timings, judge_name = ensure_stages(run, cfg, a.judge, a.backend, a.relabel)
 
     t_an = time.time()

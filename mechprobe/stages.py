@@ -1,18 +1,24 @@
-"""Reuse-or-build for every stage, so any experiment script works from a fresh clone.
+"""Run resolution and reuse-or-build for every stage, so any experiment script works from a fresh clone.
 
-Each ``ensure_*`` looks at the run directory, keeps what is already there (resuming partial files),
-and builds only what is missing. The model is loaded at most once and only when a stage needs it.
+:func:`resolve_run` turns ``--run``/``--model``/``--dataset`` into a run directory and the *full*
+probe config (an existing run keeps its own: data file, limit, system prompt, token caps);
+:func:`ensure_stages` then looks at the run directory, keeps what is already there (resuming partial
+files) and builds only what is missing. Every experiment script goes through these two, so none of
+them can quietly rebuild a run with another config. The model is loaded at most once and only when a
+stage needs it.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .models import LoadedModel, load_model
-from .pipeline import ProbeConfig, run_probe
+from .errors import UserError
+from .io import read_json, read_jsonl
+from .models import DEFAULT_MODEL, LoadedModel, load_model
+from .pipeline import ASSISTANT, SKIPPED, USER_TURNS, ProbeConfig, decoding_plan, default_run_dir, run_probe
 
 
 def default_dataset() -> str:
@@ -79,3 +85,131 @@ def probe_config(model: str, dataset: str | None, **overrides: Any) -> ProbeConf
     kw = dict(MAIN_JOB)
     kw.update({k: v for k, v in overrides.items() if v is not None})
     return ProbeConfig(model=model, dataset=dataset or default_dataset(), **kw)
+
+
+# Probe-stage options a user may pass through; None means "the run's own value / the main job's default".
+PASSTHROUGH = ("limit", "samples", "temperatures", "max_assistant_tokens", "max_user_tokens", "batch_size")
+
+
+def run_config(run: Path) -> ProbeConfig | None:
+    """The full probe config an existing run was made with (None when ``run`` has no manifest).
+
+    Manifests written before the full config was recorded hold only the identity part; their
+    ``limit`` is the item count of the last command and ``data_path`` is unknown (the data-source
+    hash in the identity still refuses a different file).
+    """
+    man = run / "manifest.json"
+    if not man.exists():
+        return None
+    m = read_json(man)
+    names = {f.name for f in fields(ProbeConfig)}
+    if "config" in m:
+        return ProbeConfig(**{k: v for k, v in m["config"].items() if k in names})
+    kw = {k: v for k, v in m["identity"]["config"].items() if k in names}
+    return ProbeConfig(**{**kw, "limit": m.get("data", {}).get("n_items")})
+
+
+def resolve_run(run: str | Path | None, model: str | None = None, dataset: str | None = None,
+                **overrides: Any) -> tuple[Path, ProbeConfig]:
+    """Run dir and full config. An existing run keeps its own config; explicit ``overrides`` (keys of
+    :data:`PASSTHROUGH`, None = not given) replace single values, and the probe stage then refuses a
+    change that would mix configurations. Raises :class:`UserError` for invalid values, before any work.
+    """
+    over = {k: v for k, v in overrides.items() if v is not None}
+    unknown = sorted(set(over) - set(PASSTHROUGH))
+    if unknown:
+        raise TypeError(f"resolve_run: unknown overrides {unknown}")
+    cfg = probe_config(model or DEFAULT_MODEL, dataset, **over)
+    path = Path(run) if run else default_run_dir(cfg)
+    own = run_config(path)
+    if own is not None:
+        if dataset is not None and dataset != own.dataset:
+            raise UserError(f"{path} is a run of dataset {own.dataset!r}, not {dataset!r}: drop --dataset, or "
+                            f"pass another --run")
+        kw = {f.name: getattr(own, f.name) for f in fields(ProbeConfig)}
+        kw.update(over)
+        if model:
+            kw["model"] = model
+        cfg = ProbeConfig(**kw)
+    cfg.validate()
+    return path, cfg
+
+
+def _skipped(run: Path, stage: str) -> int:
+    return sum(r.get("stage") == stage for r in read_jsonl(run / SKIPPED, key="item_id"))
+
+
+def probe_complete(run: Path, cfg: ProbeConfig) -> bool:
+    """All turns ``cfg`` asks for are on disk (so the model need not even be loaded); rows skipped as
+    too long for the context count as done."""
+    man = run / "manifest.json"
+    if not man.exists():
+        return False
+    m = read_json(man)
+    if m["identity"]["config"] != cfg.identity():
+        return False
+    # The last command loaded data.n_items rows; when it asked for this limit, that is what "all" means
+    # (a limit above the dataset's size would otherwise never count as complete).
+    loaded = m.get("data", {}).get("n_items")
+    same_limit = cfg.limit is None or m.get("config", {}).get("limit") == cfg.limit
+    want = (loaded if same_limit and loaded else cfg.limit) or 0
+    n_items = len(read_jsonl(run / ASSISTANT, key="item_id"))
+    n_turns = len(read_jsonl(run / USER_TURNS, key="record_id"))
+    n_plan = len(decoding_plan(cfg.temperatures, cfg.samples))
+    return (want > 0 and n_items + _skipped(run, "assistant") >= want
+            and n_turns == (n_items - _skipped(run, "user")) * n_plan)
+
+
+def cache_complete(run: Path) -> bool:
+    """Every user turn of the run has cached activations, in order."""
+    man = run / "activations" / "manifest.json"
+    if not man.exists():
+        return False
+    meta = read_json(man)
+    ids = [r["record_id"] for r in read_jsonl(run / USER_TURNS, key="record_id")]
+    return meta.get("n_done") == len(ids) and meta.get("record_ids") == ids
+
+
+def move_labels_aside(run: Path) -> None:
+    """Keep the old judge's labels as ``labels.<judge>.jsonl`` (never delete a user's labels)."""
+    old = run / "labels.jsonl"
+    if old.exists():
+        rows = read_jsonl(old)
+        name = (rows[0].get("judge", "old") if rows else "old").replace("/", "_").replace(":", "_")
+        dest = run / f"labels.{name}.jsonl"
+        old.replace(dest)
+        print(f"moved {old} aside to {dest}")
+
+
+def ensure_stages(run: Path, cfg: ProbeConfig, judge: str, backend: str = "hooks", relabel: bool = False,
+                  stages: Stages | None = None) -> tuple[dict[str, float], str]:
+    """probe -> judge -> cache, each reused when already complete. Returns (seconds per stage, judge name).
+
+    Pass ``stages`` to keep its model loaded for later use (it is loaded only if a stage needs it)."""
+    from .judge import JudgeMismatch
+
+    st = stages if stages is not None else Stages(run, cfg)
+    print(f"run: {run}  (model {cfg.model}, dataset {cfg.dataset}, {cfg.limit} items, temperatures "
+          f"{cfg.temperatures}, {cfg.samples} samples)")
+    if probe_complete(run, cfg):
+        print("probe: reusing complete turns")
+        st.timings["probe"] = 0.0
+    else:
+        st.probe()
+    if relabel:
+        move_labels_aside(run)
+    try:
+        summary = st.labels(judge)
+    except JudgeMismatch as e:
+        raise UserError(f"{e}. Or pass --relabel to move the old labels aside and relabel.") from e
+    print(summary.table())
+    if summary.n_records and not summary.n_labelled:
+        raise UserError(f"every one of the {summary.n_records} user turns of {run} is a judge error or unlabelled "
+                        f"({summary.errors or 'no verdicts'}); nothing can be analysed. Fix the judge (endpoint, "
+                        f"key, model) and re-run: error rows are retried")
+    if cache_complete(run):
+        print("cache: reusing complete activations")
+        st.timings["cache"] = 0.0
+    else:
+        st.cache(backend=backend)
+    return st.timings, summary.judge

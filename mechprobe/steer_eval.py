@@ -123,8 +123,10 @@ def summarize(turns: Sequence[SteeredTurn], labels: dict[str, str], key: str) ->
 
 
 def assistant_accuracy(lm: LoadedModel, items: Sequence[AssistantRecord], vector: SteeringVector | None,
-                       alpha: float, max_new_tokens: int, batch_size: int = 16) -> float | None:
-    """Task accuracy of the assistant turn with the vector on at every position (leak check)."""
+                       alpha: float, max_new_tokens: int, batch_size: int = 16,
+                       system: str | None = None) -> float | None:
+    """Task accuracy of the assistant turn with the vector on at every position (leak check).
+    ``system`` must be the run's system prompt, so the unsteered accuracy is the run's own."""
     from .scoring import score
 
     scored = [a for a in items if a.gold is not None]
@@ -135,7 +137,8 @@ def assistant_accuracy(lm: LoadedModel, items: Sequence[AssistantRecord], vector
     correct = 0.0
     for i in range(0, len(scored), batch_size):
         chunk = scored[i:i + batch_size]
-        prompts = [chat.build_assistant_prompt(tok, a.prompt) for a in chunk]
+        prompts = [chat.build_assistant_prompt(tok, a.prompt, system=system, history=a.messages or None)
+                   for a in chunk]
         if vector is not None and alpha != 0:
             with steer(lm.model, vector, alpha, "all"):
                 gens = generate(lm.model, prompts, stop_ids=stops, max_new_tokens=max_new_tokens,

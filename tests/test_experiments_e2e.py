@@ -96,3 +96,68 @@ def test_linear_probe_refuses_to_report_noise(small_run, tmp_path):
     assert "Not reporting probe metrics" in p.stderr and "positive rows" in p.stderr
     m = json.loads((small_run / "probes" / "metrics.json").read_text())
     assert m["status"] == "insufficient_positives"
+
+
+SYSTEM = "You are a terse tutor. Answer in one line."
+SYS_MAX_USER = 10
+
+
+@pytest.fixture(scope="module")
+def system_run(smol, tmp_path_factory):
+    """A run with its own system prompt and user-token cap, neither of them the scripts' defaults."""
+    run = tmp_path_factory.mktemp("sys") / "run"
+    cfg = ProbeConfig(dataset="builtin", limit=8, temperatures=[0.0, 1.0], samples=2, max_assistant_tokens=24,
+                      max_user_tokens=SYS_MAX_USER, system=SYSTEM, batch_size=8)
+    run_probe(cfg, run, lm=smol, progress=False)
+    return run
+
+
+def _files(run):
+    return {n: (run / n).read_bytes() for n in ("assistant.jsonl", "user_turns.jsonl")}
+
+
+def test_item6_steer_on_existing_run_adds_nothing_and_uses_its_system_prompt_and_caps(system_run, tmp_path):
+    items = sorted({r["item_id"] for r in read_jsonl(system_run / "assistant.jsonl")})
+    train = [i for i in items if split_of(i) == "train"]
+    heldout = [i for i in items if split_of(i) == "heldout"]
+    assert len(train) >= 2 and heldout, "the fixed builtin ids must give both splits"
+    _write_labels(system_run, set(train[::2]) | set(heldout[::2]))
+    before = _files(system_run)
+    p = _py("experiments/steer.py", "--run", str(system_run), "--layer", "10", "--alpha", "0", "2",
+            "--no-assistant-check", "--kinds", "diff_means", "--figures", str(tmp_path), check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert _files(system_run) == before  # no item generated, judged or cached into the user's run
+    assert len(read_jsonl(system_run / "labels.jsonl")) == len(read_jsonl(system_run / "user_turns.jsonl"))
+    # alpha 0 reproduces the run's own greedy turns: same system prompt, same user-token cap.
+    greedy = {r["item_id"]: r for r in read_jsonl(system_run / "user_turns.jsonl") if r["decoding"] == "greedy"}
+    zero = read_jsonl(system_run / "steering" / "alpha_0_none.jsonl")
+    assert {z["item_id"] for z in zero} == set(heldout)
+    for z in zero:
+        assert z["raw_text"] == greedy[z["item_id"]]["raw_text"]
+
+
+def test_steer_advice_names_only_flags_that_exist(system_run, tmp_path):
+    import argparse
+    import importlib.util
+    import re
+
+    from mechprobe.probes import add_probes_args
+
+    _write_labels(system_run, set())  # no genuine follow-up at all: a difference of means is impossible
+    p = _py("experiments/steer.py", "--run", str(system_run), "--layer", "10", "--alpha", "2",
+            "--no-assistant-check", "--figures", str(tmp_path), check=False)
+    assert p.returncode == 2, p.stdout + p.stderr
+    err = p.stderr.strip().splitlines()[-1]
+    assert "genuine follow-ups" in err
+    flags = set(re.findall(r"(--[a-z][a-z-]+)", err))
+    assert flags, err
+    if "linear_probe.py" in err:
+        parser = argparse.ArgumentParser()
+        add_probes_args(parser)
+    else:  # advice without a command is advice about steer.py's own flags
+        spec = importlib.util.spec_from_file_location("steer_script", REPO / "experiments" / "steer.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        parser = mod.build_parser()
+    known = {s for a in parser._actions for s in a.option_strings}
+    assert flags <= known, f"advice names flags the command does not have: {sorted(flags - known)}"
