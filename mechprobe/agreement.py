@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .errors import UsageError
 from .io import JsonlStore, read_jsonl
 from .taxonomy import GENUINE, JUDGE_ERROR, LABELS
 
@@ -114,18 +115,18 @@ def load_labels(path: str | Path, split: str | None = None, name: str | None = N
         have = sorted({str(r.get("split")) for r in rows})
         rows = [r for r in rows if r.get("split") == split]
         if not rows:
-            raise ValueError(f"{p} has no rows in split {split!r} (splits present: {have})")
+            raise UsageError(f"{p} has no rows in split {split!r} (splits present: {have})")
     labels: dict[str, str] = {}
     n_err = 0
     for i, r in enumerate(rows):
         if "record_id" not in r or "label" not in r:
-            raise ValueError(f"{p} row {i} lacks record_id/label: not a labels file or hand-label fixture")
+            raise UsageError(f"{p} row {i} lacks record_id/label: not a labels file or hand-label fixture")
         lab = r["label"]
         if lab == JUDGE_ERROR:
             n_err += 1
             continue
         if lab not in LABELS:
-            raise ValueError(f"{p} row {i} ({r['record_id']}): label {lab!r} is not in the taxonomy "
+            raise UsageError(f"{p} row {i} ({r['record_id']}): label {lab!r} is not in the taxonomy "
                              f"({', '.join(LABELS)})")
         labels[str(r["record_id"])] = lab
     default_name = str(p) if p.name == "labels.jsonl" else p.name

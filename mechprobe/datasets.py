@@ -41,6 +41,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .errors import UsageError, UserError
 from .records import Item
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ class DatasetLoad:
     source: str = ""
 
 
-class HubLoadError(RuntimeError):
+class HubLoadError(UserError, RuntimeError):
     """``datasets.load_dataset`` failed (no network, unknown split, auth)."""
 
 
@@ -339,9 +340,9 @@ def _json_object_rows(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, 
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON (line {e.lineno}: {e.msg}); re-download the file") from e
+        raise UsageError(f"{path}: not valid JSON (line {e.lineno}: {e.msg}); re-download the file") from e
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected one JSON object keyed by conversation id, got {type(data).__name__}")
+        raise UsageError(f"{path}: expected one JSON object keyed by conversation id, got {type(data).__name__}")
     pos = 0
     line = 1
     for key, value in data.items():
@@ -402,7 +403,7 @@ def _load_file(name: str, path: Path, limit: int | None) -> DatasetLoad:
 def _load_hub(name: str, split: str, limit: int | None) -> DatasetLoad:
     spec = SPECS[name]
     if spec.hub_id is None:
-        raise ValueError(
+        raise UsageError(
             f"dataset {name!r} has no canonical Hugging Face hub copy; download test_freq.json from the "
             f"alexa/Topical-Chat GitHub repository (conversations/) and pass it with --data-path")
     try:
@@ -442,11 +443,11 @@ def load_dataset(name: str, *, path: str | Path | None = None, split: str = "tes
     or ``"auto"`` (a local file when there is one, else the hub when ``datasets`` is installed).
     """
     if name not in NAMES:
-        raise ValueError(f"unknown dataset {name!r}; choose one of: {', '.join(NAMES)}")
+        raise UsageError(f"unknown dataset {name!r}; choose one of: {', '.join(NAMES)}")
     if source not in SOURCES:
-        raise ValueError(f"unknown source {source!r}; choose one of: {', '.join(SOURCES)}")
+        raise UsageError(f"unknown source {source!r}; choose one of: {', '.join(SOURCES)}")
     if limit is not None and limit < 0:
-        raise ValueError(f"limit must be >= 0 (or None for all rows), got {limit}")
+        raise UsageError(f"limit must be >= 0 (or None for all rows), got {limit}")
     if name == "builtin":
         if path is None:
             return _load_file(name, Path(str(resources.files("mechprobe") / "data" / BUILTIN_FILE)), limit)

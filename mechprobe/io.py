@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .errors import UserError
+
 MANIFEST = "manifest.json"
 
 # Keys whose values must never be written anywhere (logs, manifests, caches).
@@ -155,7 +157,7 @@ def versions() -> dict[str, str]:
     return out
 
 
-class ManifestMismatch(RuntimeError):
+class ManifestMismatch(UserError, RuntimeError):
     """A run directory was made by a different model/template/config than the current command."""
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from .errors import UsageError, UserError
 from .io import JsonlStore, read_jsonl, versions, write_json
 from .records import AssistantRecord, LabelRecord, UserTurnRecord
 from .taxonomy import GENUINE, JUDGE_ERROR, LABELS, TAXONOMY_VERSION
@@ -78,7 +79,7 @@ class Judge(Protocol):
         ...
 
 
-class JudgeMismatch(RuntimeError):
+class JudgeMismatch(UserError, RuntimeError):
     """A labels file already holds rows from a different judge."""
 
 
@@ -110,7 +111,7 @@ def inputs_from_run(run_dir: str | Path) -> list[JudgeInput]:
                               dataset=u.dataset, decoding=u.decoding, temperature=u.temperature,
                               item_id=u.item_id))
     if missing:
-        raise ValueError(f"{run_dir / USER_TURNS} has user turns for items missing from {ASSISTANT} "
+        raise UsageError(f"{run_dir / USER_TURNS} has user turns for items missing from {ASSISTANT} "
                          f"(e.g. {sorted(set(missing))[:3]}); the run is damaged: re-run the probe stage "
                          f"on {run_dir} to regenerate them")
     return out
@@ -122,7 +123,7 @@ def inputs_from_rows(rows: Iterable[dict[str, Any]]) -> list[JudgeInput]:
     for i, r in enumerate(rows):
         need = [k for k in ("record_id", "prompt", "response", "raw_text") if k not in r]
         if need:
-            raise ValueError(f"row {i} lacks {need}: a self-contained label row needs record_id, prompt, "
+            raise UsageError(f"row {i} lacks {need}: a self-contained label row needs record_id, prompt, "
                              "response and raw_text (the hand-label fixture format)")
         out.append(JudgeInput(record_id=str(r["record_id"]), prompt=r["prompt"], response=r["response"],
                               raw_text=r["raw_text"], text=r.get("text"), messages=_msgs(r.get("messages")),
@@ -164,13 +165,13 @@ def make_judge(spec: str | None = "offline", **opts: Any) -> Judge:
     if spec.startswith("openai:"):
         model = spec.split(":", 1)[1]
         if not model:
-            raise ValueError("--judge openai:MODEL needs a model name, e.g. openai:gpt-4o-mini")
+            raise UsageError("--judge openai:MODEL needs a model name, e.g. openai:gpt-4o-mini")
         from .judge_llm import LLMJudge
 
         allowed = {"base_url", "api_key", "concurrency", "timeout", "max_retries", "cache_dir",
                    "backoff", "max_backoff", "structured", "max_tokens"}
         return LLMJudge(model, **{k: v for k, v in opts.items() if k in allowed})
-    raise ValueError(f"unknown judge {spec!r}: use 'offline', 'offline-lexical' or 'openai:MODEL'")
+    raise UsageError(f"unknown judge {spec!r}: use 'offline', 'offline-lexical' or 'openai:MODEL'")
 
 
 # --------------------------------------------------------------------------- summary

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .errors import UsageError, UserError
 from .judge import JudgeInput
 from .records import LabelRecord
 from .redact import Scrubber, redact_url, url_secrets
@@ -200,7 +201,7 @@ def parse_verdict(content: str | None) -> tuple[str, str]:
     return norm, rationale.strip()
 
 
-class JudgeFatal(RuntimeError):
+class JudgeFatal(UserError, RuntimeError):
     """A configuration error (bad key, unknown model): stop instead of writing error rows."""
 
 
@@ -228,7 +229,7 @@ class LLMJudge:
                  structured: bool | str = "auto", max_tokens: int = 300, client: Any = None,
                  sleep: Any = time.sleep):
         if concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+            raise UsageError(f"concurrency must be >= 1, got {concurrency}")
         self.model = model
         self.name = f"openai:{model}@{PROMPT_VERSION}"
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or os.environ.get("MECHPROBE_JUDGE_BASE_URL")

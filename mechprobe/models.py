@@ -29,12 +29,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from .errors import UserError
 from .io import sha256_file, sha256_text
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(UserError, RuntimeError):
     """A model could not be loaded; the message says what to install or pass."""
 
 

@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .errors import UserError
+
 if TYPE_CHECKING:
     from .pipeline import ProbeConfig
 
@@ -49,7 +51,7 @@ CS: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0)
 Folds = list[tuple[np.ndarray, np.ndarray]]
 
 
-class InsufficientPositives(ValueError):
+class InsufficientPositives(UserError, ValueError):
     """Not enough positive examples (or items) for grouped cross-validation to mean anything."""
 
 

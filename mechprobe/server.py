@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from .errors import UsageError
+
 LOOPBACK = ("127.0.0.1", "localhost")
 
 
@@ -271,7 +273,7 @@ class ChatServer:
     def __init__(self, responder: Responder, *, host: str = "127.0.0.1", port: int = 0,
                  model_name: str = "mechprobe-local"):
         if host not in LOOPBACK:
-            raise ValueError(f"host {host!r}: this server has no authentication and binds to loopback only "
+            raise UsageError(f"host {host!r}: this server has no authentication and binds to loopback only "
                              "(127.0.0.1); put a real reverse proxy in front if you need remote access")
         self.responder = responder
         self.model_name = model_name
