@@ -83,8 +83,8 @@ def shard_entry(path: Path, file: str, start: int, end: int) -> dict[str, Any]:
 def shard_problem(path: Path, entry: dict[str, Any]) -> str | None:
     """Why the shard file ``path`` does not match its manifest ``entry``, or None when it does.
 
-    Cost: one stat plus one sha256 pass over the file (about 1 GB/s on one CPU core, i.e. ~20 ms for a
-    default 512-row shard of SmolLM2 at float16), on top of reading it; every byte is covered, so a
+    Cost: one stat plus one sha256 pass over the file, on top of reading it (measured 0.7 GB/s on this
+    project's 2-core EPYC: 27 ms for a default 512-row, 31-layer float16 SmolLM2 shard of 18 MB); every byte is covered, so a
     truncated file, a zeroed block or a swapped shard is caught. Shards written before checksums were
     recorded (no ``sha256`` in the entry) only get a header check.
     """
