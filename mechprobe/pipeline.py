@@ -133,19 +133,20 @@ def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
 
 
 def _load_vllm_engine(cfg: ProbeConfig) -> tuple[LoadedModel, Any]:
-    """vLLM engine + tokenizer; the HF weights are not loaded (they would double GPU memory)."""
-    import torch
-    from transformers import AutoTokenizer
+    """vLLM engine + tokenizer; the HF weights are not loaded (they would double GPU memory).
 
-    from .io import sha256_text
+    The run's identity (name, weight hash, tokenizer with pad token, template) comes from the same
+    functions :func:`~mechprobe.models.load_model` uses, so ``mechprobe cache`` (HF engine) accepts the run.
+    """
+    import torch
+
+    from .models import load_tokenizer, weight_identity
     from .vllm_backend import load_vllm
 
-    tok = AutoTokenizer.from_pretrained(cfg.model)
-    if cfg.chat_template:
-        p = Path(cfg.chat_template)
-        tok.chat_template = p.read_text() if p.exists() else cfg.chat_template
+    tok = load_tokenizer(cfg.model, cfg.chat_template)
     engine = load_vllm(cfg.model)
-    lm = LoadedModel(model=None, tokenizer=tok, name=cfg.model, weight_hash=sha256_text(cfg.model),
+    name, weight_hash = weight_identity(cfg.model)  # after vLLM fetched the weights into the HF cache
+    lm = LoadedModel(model=None, tokenizer=tok, name=name, weight_hash=weight_hash,
                      device=torch.device("cuda"), dtype=torch.bfloat16)
     return lm, engine
 
