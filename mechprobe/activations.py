@@ -39,7 +39,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .backends import BACKENDS, POSITIONS, Backend, make_backend
-from .errors import UsageError, UserError
+from .errors import MissingInput, UsageError, UserError
 from .io import read_json, read_jsonl, sha256_file, write_json
 from .models import LoadedModel, load_model
 from .records import LabelRecord, UserTurnRecord
@@ -181,7 +181,7 @@ class ActivationCache:
         man_path = path / "manifest.json"
         if not man_path.exists():
             run = path.parent if path.name == CACHE_DIR else path
-            raise FileNotFoundError(f"no activation cache at {path}: run `mechprobe cache {run}`")
+            raise MissingInput(f"no activation cache at {path}: run `mechprobe cache {run}`")
         meta = read_json(man_path)
         n, n_l, d = len(meta["record_ids"]), len(meta["layers"]), int(meta["d_model"])
         if meta.get("n_done", 0) != n:
@@ -300,7 +300,7 @@ class ActivationCache:
         run = self.path.parent
         p = run / labels_file
         if not p.exists():
-            raise FileNotFoundError(f"no {labels_file} in {run}: run `mechprobe judge {run}` first")
+            raise MissingInput(f"no {labels_file} in {run}: run `mechprobe judge {run}` first")
         by_id = {r["record_id"]: LabelRecord.from_dict(r) for r in read_jsonl(p)}
         return [by_id.get(rid) for rid in self.record_ids]
 
@@ -344,7 +344,7 @@ def _run_model(run_dir: Path, device: str | None = None) -> LoadedModel:
     """Load the model a run was probed with (name, chat template and dtype from its manifest)."""
     man = run_dir / "manifest.json"
     if not man.exists():
-        raise FileNotFoundError(f"{man} not found: pass a model to cache_run, or run the probe first")
+        raise MissingInput(f"{man} not found: pass a model to cache_run, or run the probe first")
     ident = read_json(man).get("identity", {})
     cfg = ident.get("config", {})
     if "model" not in ident:
@@ -381,7 +381,7 @@ def cache_run(
         raise UsageError("--batch-size and shard_rows must be >= 1")
     turns = run_dir / "user_turns.jsonl"
     if not turns.exists():
-        raise FileNotFoundError(f"{turns} not found: run `mechprobe probe --out {run_dir}` first")
+        raise MissingInput(f"{turns} not found: run `mechprobe probe --out {run_dir}` first")
     recs = [UserTurnRecord.from_dict(r) for r in read_jsonl(turns)]
     if not recs:
         raise UsageError(f"{turns} is empty: the probe has not produced any user turns yet")
@@ -523,8 +523,9 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", help="run directory (holds user_turns.jsonl)")
     p.add_argument("--backend", default="hooks", choices=list(BACKENDS),
                    help="hooks (fastest), nnsight, or transformer-lens; all give the same numbers")
-    p.add_argument("--positions", default="boundary", help=f"comma list of {', '.join(POSITIONS)}")
-    p.add_argument("--layers", default="all", help="all, or residual indices like 0,6,12 (0 = embeddings)")
+    p.add_argument("--positions", nargs="+", default=["boundary"],
+                   help=f"one or more of {', '.join(POSITIONS)} (space-separated, or one comma string)")
+    p.add_argument("--layers", nargs="+", default=["all"], help=LAYERS_HELP)
     p.add_argument("--dtype", default="float16", choices=["float16", "float32", "bfloat16"],
                    help="storage dtype (float16: ~3e-4 relative round-off per vector)")
     p.add_argument("--batch-size", type=int, default=8)

@@ -41,7 +41,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .errors import UsageError, UserError
+from .errors import MissingInput, UsageError, UserError
 from .records import Item
 
 log = logging.getLogger(__name__)
@@ -455,7 +455,7 @@ def load_dataset(name: str, *, path: str | Path | None = None, split: str = "tes
         if p.is_dir():
             p = p / BUILTIN_FILE
         if not p.is_file():
-            raise FileNotFoundError(f"builtin prompts: no file at {p}; omit --data-path for the bundled set")
+            raise MissingInput(f"builtin prompts: no file at {p}; omit --data-path for the bundled set")
         return _load_file(name, p, limit)
 
     spec = SPECS[name]

@@ -18,3 +18,7 @@ class UsageError(UserError, ValueError):
     Also a :class:`ValueError`, so library callers that validate with ``except ValueError`` keep working,
     while the CLI prints it as one line like any :class:`UserError`.
     """
+
+
+class MissingInput(UserError, FileNotFoundError):
+    """A file or directory the command needs is not there; the message says which stage makes it."""

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from .errors import UsageError, UserError
+from .errors import MissingInput, UsageError, UserError
 from .io import JsonlStore, read_jsonl, versions, write_json
 from .records import AssistantRecord, LabelRecord, UserTurnRecord
 from .taxonomy import GENUINE, JUDGE_ERROR, LABELS, TAXONOMY_VERSION
@@ -94,7 +94,7 @@ def inputs_from_run(run_dir: str | Path) -> list[JudgeInput]:
     """Join a probe run's user turns with their assistant turns (by ``item_id``)."""
     run_dir = Path(run_dir)
     if not (run_dir / USER_TURNS).exists():
-        raise FileNotFoundError(
+        raise MissingInput(
             f"{run_dir} has no {USER_TURNS}: run the probe stage first "
             f"(`mechprobe probe --out {run_dir}`), or pass the directory that holds it")
     assistants = {r["item_id"]: AssistantRecord.from_dict(r) for r in read_jsonl(run_dir / ASSISTANT)}
@@ -407,12 +407,10 @@ def run_judge_cli(a: argparse.Namespace) -> int:
         opts = {"base_url": a.base_url, "concurrency": a.concurrency, "timeout": a.timeout,
                 "max_retries": a.max_retries, "api_key": os.environ.get(a.api_key_env) or None}
         opts["cache_dir"] = False if a.no_cache else a.cache_dir
-    from .judge_llm import JudgeFatal
-
     try:
         s = judge_run(a.run_dir, spec, labels_file=a.labels, retry_errors=not a.keep_errors, limit=a.limit,
                       progress=not a.no_progress, **opts)
-    except (JudgeMismatch, JudgeFatal) as e:  # configuration errors with a fix: one line, no traceback
+    except UserError as e:  # configuration errors with a fix (JudgeMismatch, JudgeFatal, ...): one line
         print(f"mechprobe judge: error: {e}", file=sys.stderr)
         return 2
     print(s.table())

@@ -18,6 +18,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from . import chat
+from .errors import MissingInput
 from .generation import batches_by_length, decode, generate
 from .io import JsonlStore, check_or_write_manifest, read_jsonl
 from .models import DEFAULT_MODEL, LoadedModel, load_model
@@ -229,7 +230,7 @@ def load_run(run_dir: str | Path) -> tuple[list[AssistantRecord], list[UserTurnR
     """Read a probe run's records (for notebooks and later stages)."""
     run_dir = Path(run_dir)
     if not (run_dir / USER_TURNS).exists():
-        raise FileNotFoundError(f"{run_dir} has no {USER_TURNS}: run `python experiments/probe.py --out {run_dir}`")
+        raise MissingInput(f"{run_dir} has no {USER_TURNS}: run `python experiments/probe.py --out {run_dir}`")
     a = [AssistantRecord.from_dict(r) for r in read_jsonl(run_dir / ASSISTANT)]
     u = [UserTurnRecord.from_dict(r) for r in read_jsonl(run_dir / USER_TURNS)]
     return a, u

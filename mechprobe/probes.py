@@ -697,7 +697,9 @@ def add_probes_args(p: Any, figures: str = "figures") -> None:
     p.add_argument("--dataset", default=None, help="default: gsm8k when ../shared/data is found, else builtin")
     p.add_argument("--run", default=None, help="run directory (default runs/<model>-<dataset>)")
     p.add_argument("--judge", default="offline", help="offline | openai:MODEL")
-    p.add_argument("--layers", default="all", help="all, or residual indices like 0,6,12 (0 is always added)")
+    p.add_argument("--layers", nargs="+", default="all",
+                   help="all, or residual indices like 0 6 12 (or 0,6,12; 0 is always added): r = input of block r "
+                        "(TransformerLens resid_pre), 0 = embeddings; steering-vectors/repeng/nnsight layer L = our L+1")
     p.add_argument("--relabel", action="store_true",
                    help="labels.jsonl is from another judge (or judge version): move it aside and relabel")
     p.add_argument("--backend", default="hooks", choices=["hooks", "nnsight", "transformer-lens"])

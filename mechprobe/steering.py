@@ -49,7 +49,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import UsageError
+from .errors import MissingInput, UsageError
 from .models import get_blocks
 
 POSITIONS = ("boundary", "generated", "boundary+generated", "all")
@@ -160,7 +160,7 @@ class SteeringVector:
         st, side = base.with_name(base.name + ".safetensors"), base.with_name(base.name + ".json")
         for p in (st, side):
             if not p.exists():
-                raise FileNotFoundError(f"steering vector file {p} is missing; SteeringVector.save writes both "
+                raise MissingInput(f"steering vector file {p} is missing; SteeringVector.save writes both "
                                         f"{st.name} and {side.name}")
         info = json.loads(side.read_text())
         v = load_file(str(st))["vector"]
