@@ -13,7 +13,6 @@ import pytest
 
 from mechprobe.judge import JudgeInput
 from mechprobe.judge_llm import JSON_SCHEMA, JudgeFatal, LLMJudge, ParseError, cache_key, parse_verdict
-from mechprobe.redact import redact_url
 from mechprobe.server import ChatServer, Fault, Reply, ScriptedResponder, chat_completion, error_body
 from mechprobe.taxonomy import JUDGE_ERROR, LABELS
 
@@ -307,6 +306,8 @@ def test_item8_echoed_key_never_reaches_labels_or_cache(echo_server, tmp_path):
 
 def test_item8_url_credentials_are_redacted_in_errors(echo_server):
     """Issue 11 item 8: ``user:secret@host`` in the base URL is never printed in an error message."""
+    from mechprobe.redact import redact_url
+
     echo_server.fail_with_echo = True
     port = echo_server.server_address[1]
     pw = "pw-URLSECRET-42"
