@@ -18,7 +18,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from . import chat
-from .errors import MissingInput
+from .errors import MissingInput, UsageError
 from .generation import batches_by_length, decode, generate
 from .io import JsonlStore, check_or_write_manifest, read_jsonl
 from .models import DEFAULT_MODEL, LoadedModel, load_model
@@ -69,13 +69,13 @@ def decoding_plan(temperatures: list[float], samples: int) -> list[tuple[str, fl
     plan: list[tuple[str, float, int]] = []
     for t in temperatures:
         if t < 0:
-            raise ValueError(f"temperature {t} < 0; use 0 for greedy")
+            raise UsageError(f"temperature {t} < 0; use 0 for greedy")
         if t == 0:
             plan.append(("greedy", 0.0, 0))
         else:
             plan.extend(("sample", float(t), k) for k in range(samples))
     if not plan:
-        raise ValueError("no decodings requested: pass --temperatures 0 (greedy) and/or values > 0")
+        raise UsageError("no decodings requested: pass --temperatures 0 (greedy) and/or values > 0")
     return plan
 
 
@@ -111,9 +111,9 @@ def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
     else:
         data_info = {"dataset_source": "items passed to run_probe", "n_items": len(items), "n_malformed_rows": 0}
     if not items:
-        raise ValueError(f"dataset {cfg.dataset!r} gave no items (limit={cfg.limit}); nothing to probe")
+        raise UsageError(f"dataset {cfg.dataset!r} gave no items (limit={cfg.limit}); nothing to probe")
     if cfg.engine not in ("hf", "vllm"):
-        raise ValueError(f"unknown engine {cfg.engine!r}: use hf or vllm")
+        raise UsageError(f"unknown engine {cfg.engine!r}: use hf or vllm")
     engine = None
     if lm is None and cfg.engine == "vllm":
         lm, engine = _load_vllm_engine(cfg)

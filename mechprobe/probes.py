@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import UserError
+from .errors import UsageError, UserError
 
 if TYPE_CHECKING:
     from .pipeline import ProbeConfig
@@ -845,7 +845,7 @@ def load_probe_data(run: Path, layers_arg: str) -> ProbeData:
     layers = sorted(set(layers) | {0}) if 0 in cache.layers else layers  # the embedding control, always
     missing = [la for la in layers if la not in cache.layers]
     if missing:
-        raise ValueError(f"layers {missing} are not in {run}/activations (cached: {cache.layers}); "
+        raise UsageError(f"layers {missing} are not in {run}/activations (cached: {cache.layers}); "
                          "re-cache with --layers all")
     mask = cache.labeled_mask().numpy()
     turns = {r["record_id"]: r for r in read_jsonl(run / "user_turns.jsonl")}
