@@ -368,7 +368,10 @@ def cache_run(
 
     Each unique prompt runs once (greedy and sampled turns of one item share it) and its vectors are
     written to every record using it. Resumable: finished shards are kept; a cache made with another
-    model, template, backend, dtype, positions or layers is refused rather than mixed.
+    model, template, backend, dtype, positions or layers is refused rather than mixed (backend, dtype and
+    positions before the model is loaded). Shards damaged on disk (missing, truncated, altered: checked
+    by size and sha256, see :func:`shard_problem`) are rebuilt in place, exactly their rows, and listed
+    in the manifest's ``repaired``.
     """
     run_dir = Path(run_dir)
     if backend not in BACKENDS:
@@ -385,6 +388,11 @@ def cache_run(
     recs = [UserTurnRecord.from_dict(r) for r in read_jsonl(turns)]
     if not recs:
         raise UsageError(f"{turns} is empty: the probe has not produced any user turns yet")
+    out = run_dir / CACHE_DIR
+    man_path = out / "manifest.json"
+    if man_path.exists():  # options that need no model: refuse before loading one (seconds to minutes)
+        _refuse_diff(read_json(man_path).get("identity", {}),
+                     {"backend": backend, "dtype": dtype, "positions": positions}, run_dir, out)
     lm = model if model is not None else _run_model(run_dir)
     layer_list = parse_layers(layers, lm.n_layers)
     identity = {**lm.identity(), "backend": backend, "dtype": dtype, "positions": positions, "layers": layer_list,
@@ -396,22 +404,10 @@ def cache_run(
         if diff:
             raise CacheMismatch(f"the model passed to cache_run is not the run's ({', '.join(diff)} differ): load "
                                 f"{run_id.get('model')!r} with the run's chat template")
-    out = run_dir / CACHE_DIR
-    man_path = out / "manifest.json"
     ids = [r.record_id for r in recs]
     if man_path.exists():
         meta = read_json(man_path)
-        old = meta.get("identity", {})
-        # Keys a cache written by an older mechprobe lacks (model_dtype) cannot be compared; the rest must match.
-        diff = [k for k in identity if (k in old or k not in ("model_dtype",)) and old.get(k) != identity[k]]
-        if diff:
-            details = "; ".join(f"{k}: cache has {old.get(k)!r}, now {identity[k]!r} (set by {_FLAGS.get(k, k)})"
-                                for k in diff)
-            flags = " ".join(f"{_FLAGS[k]} {_flag_value(old[k])}" for k in diff
-                             if k in ("dtype", "positions", "layers", "backend") and k in old)
-            again = f" (`mechprobe cache {run_dir} {flags}`)" if flags else ""
-            raise CacheMismatch(f"{out} was cached with a different configuration ({details}); pass the same "
-                                f"options to extend it{again}, or delete {out} to re-cache")
+        _refuse_diff(meta.get("identity", {}), identity, run_dir, out)
         if ids[: meta["n_done"]] != meta["record_ids"][: meta["n_done"]]:
             raise CacheMismatch(f"{out} rows do not match {turns} (the run was regenerated); delete {out} and re-cache")
     else:
@@ -463,6 +459,20 @@ def cache_run(
         bar.close()
     write_json(man_path, meta)
     return out
+
+
+def _refuse_diff(old: dict[str, Any], new: dict[str, Any], run_dir: Path, out: Path) -> None:
+    """Refuse to extend a cache made with other settings, naming each differing key and its flag."""
+    # Keys a cache written by an older mechprobe lacks (model_dtype) cannot be compared; the rest must match.
+    diff = [k for k in new if (k in old or k not in ("model_dtype",)) and old.get(k) != new[k]]
+    if not diff:
+        return
+    details = "; ".join(f"{k}: cache has {old.get(k)!r}, now {new[k]!r} (set by {_FLAGS.get(k, k)})" for k in diff)
+    flags = " ".join(f"{_FLAGS[k]} {_flag_value(old[k])}" for k in diff
+                     if k in ("dtype", "positions", "layers", "backend") and k in old)
+    again = f" (`mechprobe cache {run_dir} {flags}`)" if flags else ""
+    raise CacheMismatch(f"{out} was cached with a different configuration ({details}); pass the same "
+                        f"options to extend it{again}, or delete {out} to re-cache")
 
 
 def _flag_value(v: Any) -> str:

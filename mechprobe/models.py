@@ -415,16 +415,18 @@ def load_model(
     dt = dtype or default_dtype(dev)
     attn = attn_implementation or ("eager" if dev.type == "cpu" else "sdpa")
 
+    # The identity comes from weight_identity, the function the vLLM path uses too (see there).
     if name_or_path in EMBEDDED:
         em = EMBEDDED[name_or_path]
         gguf = embedded_gguf_path(name_or_path)
+        name, weight_hash = weight_identity(name_or_path)
         model, tok = _load_gguf(gguf, em.sha256, em.name, dt, source=em.name)
     elif str(name_or_path).endswith(".gguf"):
         gguf = Path(name_or_path).expanduser()
         if not gguf.exists():
             raise ModelLoadError(f"GGUF file {gguf} does not exist")
-        file_sha = sha256_file(gguf)
-        model, tok = _load_gguf(gguf, file_sha, gguf.stem, dt)
+        name, weight_hash = weight_identity(name_or_path)  # the file's sha256, computed once
+        model, tok = _load_gguf(gguf, weight_hash, gguf.stem, dt)
     else:
         kwargs: dict[str, Any] = {"dtype": dt}
         if device_map is not None:
@@ -439,8 +441,7 @@ def load_model(
                 f"and not loadable from the Hugging Face hub/cache ({e.__class__.__name__}). Pass an "
                 "embedded name, a model directory, a .gguf file, or a hub id that is in your HF cache."
             ) from e
-    # After loading, so a hub id's snapshot is in the HF cache; the same function serves the vLLM path.
-    name, weight_hash = weight_identity(name_or_path)
+        name, weight_hash = weight_identity(name_or_path)  # after loading: a hub id's snapshot is cached now
     prepare_tokenizer(tok, chat_template)
 
     if getattr(model, "hf_device_map", None) is None:
