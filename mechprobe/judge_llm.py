@@ -241,7 +241,7 @@ class LLMJudge:
             key = "no-key"  # local servers (vLLM, ollama, llama.cpp) ignore it; the client insists on one
         # Every string from the endpoint (errors *and* verdict rationales) passes through this before it
         # is stored or shown: a server may echo the Authorization header (key, or Basic user:password).
-        self._scrub_secrets = Scrubber([key, *url_secrets(self.base_url)])
+        self._scrub_secrets = Scrubber([key if key != "no-key" else None, *url_secrets(self.base_url)])
         self._shown_url = redact_url(self.base_url) or "api.openai.com"
         self.concurrency = concurrency
         self.timeout = float(timeout)
