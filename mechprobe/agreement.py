@@ -18,12 +18,14 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .errors import MissingInput, UsageError
 from .io import JsonlStore, read_jsonl
 from .taxonomy import GENUINE, JUDGE_ERROR, LABELS
 
@@ -106,7 +108,7 @@ def load_labels(path: str | Path, split: str | None = None, name: str | None = N
     if p.is_dir():
         p = p / "labels.jsonl"
     if not p.exists():
-        raise FileNotFoundError(f"{p} does not exist: pass a labels.jsonl, a run directory with one "
+        raise MissingInput(f"{p} does not exist: pass a labels.jsonl, a run directory with one "
                                 "(run `mechprobe judge RUN` first) or the hand-label fixture")
     rows = read_jsonl(p, key="record_id")  # two verdicts for one record: refused, not one picked
     if split is not None and any("split" in r for r in rows):
@@ -114,18 +116,18 @@ def load_labels(path: str | Path, split: str | None = None, name: str | None = N
         have = sorted({str(r.get("split")) for r in rows})
         rows = [r for r in rows if r.get("split") == split]
         if not rows:
-            raise ValueError(f"{p} has no rows in split {split!r} (splits present: {have})")
+            raise UsageError(f"{p} has no rows in split {split!r} (splits present: {have})")
     labels: dict[str, str] = {}
     n_err = 0
     for i, r in enumerate(rows):
         if "record_id" not in r or "label" not in r:
-            raise ValueError(f"{p} row {i} lacks record_id/label: not a labels file or hand-label fixture")
+            raise UsageError(f"{p} row {i} lacks record_id/label: not a labels file or hand-label fixture")
         lab = r["label"]
         if lab == JUDGE_ERROR:
             n_err += 1
             continue
         if lab not in LABELS:
-            raise ValueError(f"{p} row {i} ({r['record_id']}): label {lab!r} is not in the taxonomy "
+            raise UsageError(f"{p} row {i} ({r['record_id']}): label {lab!r} is not in the taxonomy "
                              f"({', '.join(LABELS)})")
         labels[str(r["record_id"])] = lab
     default_name = str(p) if p.name == "labels.jsonl" else p.name
@@ -233,9 +235,8 @@ def report_markdown(ag: Agreement, title: str | None = None) -> str:
 # --------------------------------------------------------------------------- CLI
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mechprobe.agreement",
-                                description="Agreement between two label sources (A is the reference).")
+def add_agreement_args(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``mechprobe agreement A B`` (also ``python -m mechprobe.agreement``)."""
     p.add_argument("a", help="labels.jsonl, run dir, or hand-label fixture (the reference)")
     p.add_argument("b", help="labels.jsonl, run dir, fixture, or a judge spec (offline, offline-lexical, "
                              "openai:MODEL) to run on A's rows")
@@ -248,12 +249,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base-url", default=None, help="LLM judge endpoint (default $OPENAI_BASE_URL)")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="env var holding the LLM judge's API key")
     p.add_argument("--concurrency", type=int, default=None)
-    a = p.parse_args(argv)
+
+
+def run_agreement_cli(a: argparse.Namespace) -> int:
+    """Compare the two sources of parsed arguments ``a`` and print (and optionally write) the report."""
     src_a = load_labels(a.a, a.split, a.name_a)
     if _is_judge_spec(a.b):
         if not src_a.rows or "raw_text" not in src_a.rows[0]:
-            p.error(f"B={a.b!r} is a judge, so A must hold self-contained rows (prompt, response, raw_text): "
-                    "pass the hand-label fixture as A")
+            raise UsageError(f"B={a.b!r} is a judge, so A must hold self-contained rows (prompt, response, "
+                             "raw_text): pass the hand-label fixture as A")
         opts: dict[str, Any] = {}
         if a.b.startswith("openai:"):
             opts = {"base_url": a.base_url, "api_key": os.environ.get(a.api_key_env) or None,
@@ -270,6 +274,12 @@ def main(argv: list[str] | None = None) -> int:
         Path(a.out).write_text(text, encoding="utf-8")
     print(text)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .cli import main as cli_main
+
+    return cli_main(["agreement", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

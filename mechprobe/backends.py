@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .errors import UsageError
 from .generation import left_pad
 from .models import get_blocks
 
@@ -315,7 +316,7 @@ _PREPARED: weakref.WeakKeyDictionary[nn.Module, dict[str, Backend]] = weakref.We
 def make_backend(name: str, model: nn.Module, tokenizer: Any = None) -> Backend:
     """A fresh backend over ``model``; nnsight and TransformerLens wrap a structural copy of it."""
     if name not in _CLASSES:
-        raise ValueError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+        raise UsageError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
     return _CLASSES[name](model, tokenizer)
 
 
@@ -328,7 +329,7 @@ def capture(model: nn.Module, prompts: Sequence[Sequence[int]], token_pos: Seque
     The backend wrapper is built once per (model, backend, tokenizer) and reused.
     """
     if backend not in _CLASSES:
-        raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+        raise UsageError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     if backend == "hooks":  # stateless: nothing to prepare (and it must not be cached: it holds the model)
         return HooksBackend(model).capture(prompts, token_pos, positions, layers)
     per_model = _PREPARED.setdefault(model, {})

@@ -19,11 +19,13 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import UserError
+
 SENTINEL = "MECHPROBEsentinelQ"
 SENTINEL_2 = "MECHPROBEsentinelR"
 
 
-class ChatTemplateError(ValueError):
+class ChatTemplateError(UserError, ValueError):
     """The tokenizer cannot render the probe (no template, or one that drops the response)."""
 
 

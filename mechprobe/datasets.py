@@ -41,6 +41,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .errors import MissingInput, UsageError, UserError
 from .records import Item
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class DatasetLoad:
     fingerprint: str = ""
 
 
-class HubLoadError(RuntimeError):
+class HubLoadError(UserError, RuntimeError):
     """``datasets.load_dataset`` failed (no network, unknown split, auth)."""
 
 
@@ -343,9 +344,9 @@ def _json_object_rows(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, 
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON (line {e.lineno}: {e.msg}); re-download the file") from e
+        raise UsageError(f"{path}: not valid JSON (line {e.lineno}: {e.msg}); re-download the file") from e
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected one JSON object keyed by conversation id, got {type(data).__name__}")
+        raise UsageError(f"{path}: expected one JSON object keyed by conversation id, got {type(data).__name__}")
     pos = 0
     line = 1
     for key, value in data.items():
@@ -408,7 +409,7 @@ def _load_file(name: str, path: Path, limit: int | None) -> DatasetLoad:
 def _load_hub(name: str, split: str, limit: int | None) -> DatasetLoad:
     spec = SPECS[name]
     if spec.hub_id is None:
-        raise ValueError(
+        raise UsageError(
             f"dataset {name!r} has no canonical Hugging Face hub copy; download test_freq.json from the "
             f"alexa/Topical-Chat GitHub repository (conversations/) and pass it with --data-path")
     try:
@@ -449,11 +450,11 @@ def load_dataset(name: str, *, path: str | Path | None = None, split: str = "tes
     or ``"auto"`` (a local file when there is one, else the hub when ``datasets`` is installed).
     """
     if name not in NAMES:
-        raise ValueError(f"unknown dataset {name!r}; choose one of: {', '.join(NAMES)}")
+        raise UsageError(f"unknown dataset {name!r}; choose one of: {', '.join(NAMES)}")
     if source not in SOURCES:
-        raise ValueError(f"unknown source {source!r}; choose one of: {', '.join(SOURCES)}")
+        raise UsageError(f"unknown source {source!r}; choose one of: {', '.join(SOURCES)}")
     if limit is not None and limit < 0:
-        raise ValueError(f"limit must be >= 0 (or None for all rows), got {limit}")
+        raise UsageError(f"limit must be >= 0 (or None for all rows), got {limit}")
     if name == "builtin":
         if path is None:
             return _load_file(name, Path(str(resources.files("mechprobe") / "data" / BUILTIN_FILE)), limit)
@@ -461,7 +462,7 @@ def load_dataset(name: str, *, path: str | Path | None = None, split: str = "tes
         if p.is_dir():
             p = p / BUILTIN_FILE
         if not p.is_file():
-            raise FileNotFoundError(f"builtin prompts: no file at {p}; omit --data-path for the bundled set")
+            raise MissingInput(f"builtin prompts: no file at {p}; omit --data-path for the bundled set")
         return _load_file(name, p, limit)
 
     spec = SPECS[name]

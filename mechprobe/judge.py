@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from .errors import MissingInput, UsageError, UserError
 from .io import JsonlStore, dumps_row, read_jsonl, versions, write_json, writer_lock
 from .records import AssistantRecord, LabelRecord, UserTurnRecord
 from .stats import wilson
@@ -77,7 +78,7 @@ class Judge(Protocol):
         ...
 
 
-class JudgeMismatch(RuntimeError):
+class JudgeMismatch(UserError, RuntimeError):
     """A labels file already holds rows from a different judge."""
 
 
@@ -92,7 +93,7 @@ def inputs_from_run(run_dir: str | Path) -> list[JudgeInput]:
     """Join a probe run's user turns with their assistant turns (by ``item_id``)."""
     run_dir = Path(run_dir)
     if not (run_dir / USER_TURNS).exists():
-        raise FileNotFoundError(
+        raise MissingInput(
             f"{run_dir} has no {USER_TURNS}: run the probe stage first "
             f"(`mechprobe probe --out {run_dir}`), or pass the directory that holds it")
     assistants = {r["item_id"]: AssistantRecord.from_dict(r) for r in read_jsonl(run_dir / ASSISTANT, key="item_id")}
@@ -109,7 +110,7 @@ def inputs_from_run(run_dir: str | Path) -> list[JudgeInput]:
                               dataset=u.dataset, decoding=u.decoding, temperature=u.temperature,
                               item_id=u.item_id))
     if missing:
-        raise ValueError(f"{run_dir / USER_TURNS} has user turns for items missing from {ASSISTANT} "
+        raise UsageError(f"{run_dir / USER_TURNS} has user turns for items missing from {ASSISTANT} "
                          f"(e.g. {sorted(set(missing))[:3]}); the run is damaged: re-run the probe stage "
                          f"on {run_dir} to regenerate them")
     return out
@@ -121,7 +122,7 @@ def inputs_from_rows(rows: Iterable[dict[str, Any]]) -> list[JudgeInput]:
     for i, r in enumerate(rows):
         need = [k for k in ("record_id", "prompt", "response", "raw_text") if k not in r]
         if need:
-            raise ValueError(f"row {i} lacks {need}: a self-contained label row needs record_id, prompt, "
+            raise UsageError(f"row {i} lacks {need}: a self-contained label row needs record_id, prompt, "
                              "response and raw_text (the hand-label fixture format)")
         out.append(JudgeInput(record_id=str(r["record_id"]), prompt=r["prompt"], response=r["response"],
                               raw_text=r["raw_text"], text=r.get("text"), messages=_msgs(r.get("messages")),
@@ -163,13 +164,13 @@ def make_judge(spec: str | None = "offline", **opts: Any) -> Judge:
     if spec.startswith("openai:"):
         model = spec.split(":", 1)[1]
         if not model:
-            raise ValueError("--judge openai:MODEL needs a model name, e.g. openai:gpt-4o-mini")
+            raise UsageError("--judge openai:MODEL needs a model name, e.g. openai:gpt-4o-mini")
         from .judge_llm import LLMJudge
 
         allowed = {"base_url", "api_key", "concurrency", "timeout", "max_retries", "cache_dir",
                    "backoff", "max_backoff", "structured", "max_tokens"}
         return LLMJudge(model, **{k: v for k, v in opts.items() if k in allowed})
-    raise ValueError(f"unknown judge {spec!r}: use 'offline', 'offline-lexical' or 'openai:MODEL'")
+    raise UsageError(f"unknown judge {spec!r}: use 'offline', 'offline-lexical' or 'openai:MODEL'")
 
 
 # --------------------------------------------------------------------------- summary
@@ -425,12 +426,10 @@ def run_judge_cli(a: argparse.Namespace) -> int:
         opts = {"base_url": a.base_url, "concurrency": a.concurrency, "timeout": a.timeout,
                 "max_retries": a.max_retries, "api_key": os.environ.get(a.api_key_env) or None}
         opts["cache_dir"] = False if a.no_cache else a.cache_dir
-    from .judge_llm import JudgeFatal
-
     try:
         s = judge_run(a.run_dir, spec, labels_file=a.labels, retry_errors=not a.keep_errors, limit=a.limit,
                       progress=not a.no_progress, **opts)
-    except (JudgeMismatch, JudgeFatal) as e:  # configuration errors with a fix: one line, no traceback
+    except UserError as e:  # configuration errors with a fix (JudgeMismatch, JudgeFatal, ...): one line
         print(f"mechprobe judge: error: {e}", file=sys.stderr)
         return 2
     print(s.table())

@@ -12,7 +12,9 @@ Robustness is the point of this module, because a judge run is thousands of requ
 * a reply that still fails or does not parse becomes ``LabelRecord(label="judge_error",
   genuine=None, error=reason)``: an endpoint problem is never counted as any label;
 * the API key is only handed to the client. It is never part of a cache entry, a record, an error
-  string (server error messages are scrubbed of it) or :meth:`LLMJudge.public_config`.
+  string or :meth:`LLMJudge.public_config`: everything the endpoint sends back (error messages *and*
+  verdict rationales) is scrubbed of the key and of URL credentials before it is stored or shown,
+  and a base URL is only ever shown with its ``user:password@`` redacted (:mod:`mechprobe.redact`).
 
 Auth failures (401/403) and unknown models (404) stop the run instead of writing one error row per
 turn: they are configuration errors with a fix, not per-turn events.
@@ -33,8 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .errors import UsageError, UserError
 from .judge import JudgeInput
 from .records import LabelRecord
+from .redact import Scrubber, redact_url, url_secrets
 from .taxonomy import GENUINE, JUDGE_ERROR, LABELS, TAXONOMY_VERSION, definitions_markdown, is_genuine
 
 PROMPT_VERSION = "prompt-v1"
@@ -197,7 +201,7 @@ def parse_verdict(content: str | None) -> tuple[str, str]:
     return norm, rationale.strip()
 
 
-class JudgeFatal(RuntimeError):
+class JudgeFatal(UserError, RuntimeError):
     """A configuration error (bad key, unknown model): stop instead of writing error rows."""
 
 
@@ -225,7 +229,7 @@ class LLMJudge:
                  structured: bool | str = "auto", max_tokens: int = 300, client: Any = None,
                  sleep: Any = time.sleep):
         if concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+            raise UsageError(f"concurrency must be >= 1, got {concurrency}")
         self.model = model
         self.name = f"openai:{model}@{PROMPT_VERSION}"
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or os.environ.get("MECHPROBE_JUDGE_BASE_URL")
@@ -235,7 +239,10 @@ class LLMJudge:
                 raise JudgeFatal("the LLM judge needs an API key: set OPENAI_API_KEY (or pass --base-url for a "
                                  "local endpoint that needs none), or use --judge offline")
             key = "no-key"  # local servers (vLLM, ollama, llama.cpp) ignore it; the client insists on one
-        self._secret = key
+        # Every string from the endpoint (errors *and* verdict rationales) passes through this before it
+        # is stored or shown: a server may echo the Authorization header (key, or Basic user:password).
+        self._scrub_secrets = Scrubber([key if key != "no-key" else None, *url_secrets(self.base_url)])
+        self._shown_url = redact_url(self.base_url) or "api.openai.com"
         self.concurrency = concurrency
         self.timeout = float(timeout)
         self.max_retries = int(max_retries)
@@ -272,10 +279,9 @@ class LLMJudge:
         with self._lock:
             self.stats[k] += 1
 
-    def _scrub(self, s: str) -> str:
-        if self._secret and len(self._secret) >= 4:
-            s = s.replace(self._secret, "<redacted>")
-        return s[:300]
+    def _scrub(self, s: str, limit: int | None = 300) -> str:
+        """``s`` without the API key or URL credentials (in any form a server echoes), cut to ``limit``."""
+        return self._scrub_secrets(s, limit)
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None and retry_after >= 0:
@@ -323,10 +329,10 @@ class LLMJudge:
                 return _Outcome(JUDGE_ERROR, "", self._scrub(f"http_{e.status_code}: {e.message}"))
             except (openai.AuthenticationError, openai.PermissionDeniedError) as e:
                 raise JudgeFatal(self._scrub(f"the endpoint refused the API key ({e.status_code}): check "
-                                             f"OPENAI_API_KEY / --api-key-env for {self.base_url or 'api.openai.com'}")) from None
+                                             f"OPENAI_API_KEY / --api-key-env for {self._shown_url}")) from None
             except openai.NotFoundError as e:
                 raise JudgeFatal(self._scrub(f"model {self.model!r} or the chat endpoint was not found at "
-                                             f"{self.base_url or 'api.openai.com'} (404: {e.message}); "
+                                             f"{self._shown_url} (404: {e.message}); "
                                              "check --judge openai:MODEL and --base-url")) from None
             except openai.APIStatusError as e:
                 last = self._scrub(f"http_{e.status_code}: {e.message}")
@@ -349,7 +355,7 @@ class LLMJudge:
                     except ParseError as e:
                         # A deterministic (temperature 0) judge would answer the same again: no retry.
                         return _Outcome(JUDGE_ERROR, "", self._scrub(f"unparseable_verdict: {e}"))
-                    return _Outcome(label, why)
+                    return _Outcome(label, self._scrub(why, None))
             if attempt < self.max_retries:
                 self._count("retries")
                 self._sleep(self._delay(attempt, retry_after))
@@ -373,7 +379,7 @@ class LLMJudge:
             if hit is not None and hit.get("label") in LABELS:
                 self._count("cache_hits")
                 return LabelRecord(record_id=inp.record_id, label=hit["label"], genuine=is_genuine(hit["label"]),
-                                   rationale=hit.get("rationale", ""), judge=self.name)
+                                   rationale=self._scrub(hit.get("rationale", ""), None), judge=self.name)
         out = self._request(inp)
         if out.label == JUDGE_ERROR:
             self._count("errors")

@@ -26,7 +26,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from . import chat
-from .errors import UserError
+from .errors import MissingInput, UsageError, UserError
 from .generation import batches_by_length, decode, generate
 from .io import (
     JsonlStore,
@@ -34,7 +34,6 @@ from .io import (
     check_or_write_manifest,
     read_json,
     read_jsonl,
-    sha256_text,
     writer_lock,
 )
 from .models import DEFAULT_MODEL, LoadedModel, load_model
@@ -118,13 +117,13 @@ def decoding_plan(temperatures: list[float], samples: int) -> list[tuple[str, fl
     plan: list[tuple[str, float, int]] = []
     for t in temperatures:
         if not math.isfinite(t) or t < 0:  # NaN passes `t < 0` and `t == 0`: it would become a "sample"
-            raise UserError(f"temperature {t} must be a finite number >= 0; use 0 for greedy")
+            raise UsageError(f"temperature {t} must be a finite number >= 0; use 0 for greedy")
         if t == 0:
             plan.append(("greedy", 0.0, 0))
         else:
             plan.extend(("sample", float(t), k) for k in range(samples))
     if not plan:
-        raise UserError("no decodings requested: pass --temperatures 0 (greedy) and/or values > 0 with "
+        raise UsageError("no decodings requested: pass --temperatures 0 (greedy) and/or values > 0 with "
                         "--samples >= 1")
     return plan
 
@@ -200,7 +199,9 @@ def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
         data_info = {"dataset_source": "items passed to run_probe", "fingerprint": "items passed to run_probe",
                      "n_items": len(items), "n_malformed_rows": 0}
     if not items:
-        raise UserError(f"dataset {cfg.dataset!r} gave no items (limit={cfg.limit}); nothing to probe")
+        raise UsageError(f"dataset {cfg.dataset!r} gave no items (limit={cfg.limit}); nothing to probe")
+    if cfg.engine not in ("hf", "vllm"):
+        raise UsageError(f"unknown engine {cfg.engine!r}: use hf or vllm")
     engine = None
     if lm is None and cfg.engine == "vllm":
         lm, engine = _load_vllm_engine(cfg)
@@ -237,18 +238,20 @@ def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
 
 
 def _load_vllm_engine(cfg: ProbeConfig) -> tuple[LoadedModel, Any]:
-    """vLLM engine + tokenizer; the HF weights are not loaded (they would double GPU memory)."""
-    import torch
-    from transformers import AutoTokenizer
+    """vLLM engine + tokenizer; the HF weights are not loaded (they would double GPU memory).
 
+    The run's identity (name, weight hash, tokenizer with pad token, template) comes from the same
+    functions :func:`~mechprobe.models.load_model` uses, so ``mechprobe cache`` (HF engine) accepts the run.
+    """
+    import torch
+
+    from .models import load_tokenizer, weight_identity
     from .vllm_backend import load_vllm
 
-    tok = AutoTokenizer.from_pretrained(cfg.model)
-    if cfg.chat_template:
-        p = Path(cfg.chat_template)
-        tok.chat_template = p.read_text() if p.exists() else cfg.chat_template
+    tok = load_tokenizer(cfg.model, cfg.chat_template)
     engine = load_vllm(cfg.model)
-    lm = LoadedModel(model=None, tokenizer=tok, name=cfg.model, weight_hash=sha256_text(cfg.model),
+    name, weight_hash = weight_identity(cfg.model)  # after vLLM fetched the weights into the HF cache
+    lm = LoadedModel(model=None, tokenizer=tok, name=name, weight_hash=weight_hash,
                      device=torch.device("cuda"), dtype=torch.bfloat16)
     return lm, engine
 
@@ -362,7 +365,7 @@ def load_run(run_dir: str | Path) -> tuple[list[AssistantRecord], list[UserTurnR
     """Read a probe run's records (for notebooks and later stages)."""
     run_dir = Path(run_dir)
     if not (run_dir / USER_TURNS).exists():
-        raise FileNotFoundError(f"{run_dir} has no {USER_TURNS}: run `python experiments/probe.py --out {run_dir}`")
+        raise MissingInput(f"{run_dir} has no {USER_TURNS}: run `python experiments/probe.py --out {run_dir}`")
     a = [AssistantRecord.from_dict(r) for r in read_jsonl(run_dir / ASSISTANT, key="item_id")]
     u = [UserTurnRecord.from_dict(r) for r in read_jsonl(run_dir / USER_TURNS, key="record_id")]
     return a, u

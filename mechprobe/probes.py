@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .errors import UsageError, UserError
+
 if TYPE_CHECKING:
     from .pipeline import ProbeConfig
 
@@ -49,7 +51,7 @@ CS: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 1.0)
 Folds = list[tuple[np.ndarray, np.ndarray]]
 
 
-class InsufficientPositives(ValueError):
+class InsufficientPositives(UserError, ValueError):
     """Not enough positive examples (or items) for grouped cross-validation to mean anything."""
 
 
@@ -691,7 +693,9 @@ def add_probes_args(p: Any, figures: str = "figures") -> None:
     p.add_argument("--dataset", default=None, help="default: gsm8k when ../shared/data is found, else builtin")
     p.add_argument("--run", default=None, help="run directory (default runs/<model>-<dataset>)")
     p.add_argument("--judge", default="offline", help="offline | openai:MODEL")
-    p.add_argument("--layers", default="all", help="all, or residual indices like 0,6,12 (0 is always added)")
+    p.add_argument("--layers", nargs="+", default="all",
+                   help="all, or residual indices like 0 6 12 (or 0,6,12; 0 is always added): r = input of block r "
+                        "(TransformerLens resid_pre), 0 = embeddings; steering-vectors/repeng/nnsight layer L = our L+1")
     p.add_argument("--relabel", action="store_true",
                    help="labels.jsonl is from another judge (or judge version): move it aside and relabel")
     p.add_argument("--backend", default="hooks", choices=["hooks", "nnsight", "transformer-lens"])
@@ -742,7 +746,7 @@ def load_probe_data(run: Path, layers_arg: str) -> ProbeData:
     layers = sorted(set(layers) | {0}) if 0 in cache.layers else layers  # the embedding control, always
     missing = [la for la in layers if la not in cache.layers]
     if missing:
-        raise ValueError(f"layers {missing} are not in {run}/activations (cached: {cache.layers}); "
+        raise UsageError(f"layers {missing} are not in {run}/activations (cached: {cache.layers}); "
                          "re-cache with --layers all")
     mask = cache.labeled_mask().numpy()
     turns = {r["record_id"]: r for r in read_jsonl(run / "user_turns.jsonl", key="record_id")}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import threading
 import time
 import uuid
@@ -27,6 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from .errors import UsageError
 
 LOOPBACK = ("127.0.0.1", "localhost")
 
@@ -295,7 +298,7 @@ class ChatServer:
     def __init__(self, responder: Responder, *, host: str = "127.0.0.1", port: int = 0,
                  model_name: str = "mechprobe-local"):
         if host not in LOOPBACK:
-            raise ValueError(f"host {host!r}: this server has no authentication and binds to loopback only "
+            raise UsageError(f"host {host!r}: this server has no authentication and binds to loopback only "
                              "(127.0.0.1); put a real reverse proxy in front if you need remote access")
         self.responder = responder
         self.model_name = model_name
@@ -359,14 +362,16 @@ class ChatServer:
         self.stop()
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mechprobe.server",
-                                description="Serve a local chat model as an OpenAI-compatible endpoint on 127.0.0.1.")
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``mechprobe serve`` (also ``python -m mechprobe.server``)."""
     p.add_argument("--model", default=None, help="embedded name, HF id/dir or .gguf (default: the embedded default)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--device", default=None)
-    a = p.parse_args(argv)
+
+
+def run_serve_cli(a: argparse.Namespace) -> int:
+    """Load the model and serve it on loopback until interrupted."""
     from .models import DEFAULT_MODEL, load_model
 
     lm = load_model(a.model or DEFAULT_MODEL, device=a.device)
@@ -376,6 +381,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"serving {lm.name} at {srv.base_url} (Ctrl-C to stop)", flush=True)
     srv.wait()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .cli import main as cli_main
+
+    return cli_main(["serve", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .errors import MissingInput, UsageError
 from .models import get_blocks
 
 POSITIONS = ("boundary", "generated", "boundary+generated", "all")
@@ -159,7 +160,7 @@ class SteeringVector:
         st, side = base.with_name(base.name + ".safetensors"), base.with_name(base.name + ".json")
         for p in (st, side):
             if not p.exists():
-                raise FileNotFoundError(f"steering vector file {p} is missing; SteeringVector.save writes both "
+                raise MissingInput(f"steering vector file {p} is missing; SteeringVector.save writes both "
                                         f"{st.name} and {side.name}")
         info = json.loads(side.read_text())
         v = load_file(str(st))["vector"]
@@ -344,23 +345,23 @@ def _hidden_size(model: nn.Module) -> int | None:
 
 def _check(model: Any, vector: SteeringVector, alpha: float, positions: str) -> tuple[nn.Module, nn.ModuleList]:
     if positions not in POSITIONS:
-        raise ValueError(f"positions={positions!r}: use one of {', '.join(POSITIONS)}")
+        raise UsageError(f"positions={positions!r}: use one of {', '.join(POSITIONS)}")
     if not isinstance(vector, SteeringVector):
         raise TypeError(f"expected a SteeringVector, got {type(vector).__name__}; wrap a tensor with "
                         "SteeringVector(tensor, layer, kind)")
     if not math.isfinite(float(alpha)):
-        raise ValueError(f"alpha must be finite, got {alpha}")
+        raise UsageError(f"alpha must be finite, got {alpha}")
     mod, weight_hash = _unwrap(model)
     blocks = get_blocks(mod)
     if not 0 <= vector.layer <= len(blocks):
-        raise ValueError(f"layer {vector.layer} out of range: residual indices of this model are 0..{len(blocks)}")
+        raise UsageError(f"layer {vector.layer} out of range: residual indices of this model are 0..{len(blocks)}")
     d = _hidden_size(mod)
     if d is not None and d != vector.d_model:
-        raise ValueError(f"vector has {vector.d_model} dims but the model's residual stream has {d}: it was built "
+        raise UsageError(f"vector has {vector.d_model} dims but the model's residual stream has {d}: it was built "
                          f"for another model (weight_hash {vector.metadata.get('weight_hash', 'unknown')})")
     vh = vector.metadata.get("weight_hash")
     if weight_hash and vh and weight_hash != vh:
-        raise ValueError(f"vector was built from model weights {vh[:12]}..., this model is {weight_hash[:12]}...: "
+        raise UsageError(f"vector was built from model weights {vh[:12]}..., this model is {weight_hash[:12]}...: "
                          "rebuild the vector from this model's activations")
     return mod, blocks
 

@@ -17,12 +17,14 @@ import torch
 from mechprobe import chat
 from mechprobe.activations import (
     ActivationCache,
+    CacheCorrupt,
     CacheMismatch,
     add_cache_args,
     cache_run,
     parse_layers,
     resid_name,
     run_cache_cli,
+    shard_entry,
 )
 from mechprobe.io import JsonlStore, write_json
 from mechprobe.models import LoadedModel, tiny_model
@@ -66,6 +68,13 @@ def tiny_run(tmp_path, n_items=4, per_item=3, first_item=0, name="run"):
 
 def write_run_manifest(run, lm: LoadedModel) -> None:
     write_json(run / "manifest.json", {"identity": {**lm.identity(), "config": {}}})
+
+
+def rehash(out) -> None:
+    """Record the current size and sha256 of every shard, as if the cache itself had written them."""
+    man = json.loads((out / "manifest.json").read_text())
+    man["shards"] = [shard_entry(out / sh["file"], sh["file"], sh["start"], sh["end"]) for sh in man["shards"]]
+    (out / "manifest.json").write_text(json.dumps(man))
 
 
 def turns(run) -> list[dict]:
@@ -209,6 +218,9 @@ def test_load_detects_regenerated_run_nan_and_bad_shapes(tmp_path, tiny_tok):
     t = load_file(str(shard))
     t["boundary"][3, 1, 5] = float("nan")
     save_file(t, str(shard))
+    with pytest.raises(CacheCorrupt, match="shard_00000.safetensors"):  # the checksum sees the edit first
+        ActivationCache.load(run)
+    rehash(out)  # as if NaN had been written by the cache itself: the content check must catch it
     with pytest.raises(CacheMismatch, match="NaN"):
         ActivationCache.load(run)
     man = json.loads((out / "manifest.json").read_text())
@@ -325,3 +337,58 @@ def test_real_model_cli_and_float16_roundoff(smol, tmp_path, capsys, monkeypatch
         errs.append(rel(cache.stack()[i], ref))
         assert torch.equal(cache.stack()[i], cache.stack()[i + 1])  # exact: one item's rows are copies
     assert 1e-5 < max(errs) < 1e-3, errs  # fp16 round-off: measured ~3e-4 (docs/activations.md)
+
+
+def test_item9_corrupt_shards_are_named_on_load_and_rebuilt_by_cache(tmp_path, tiny_tok, monkeypatch):
+    """Issue 11 item 9: a truncated, a zeroed and a deleted shard each give a UserError naming the file and
+    the fix on load; ``cache_run`` (what ``mechprobe cache`` runs) rebuilds exactly those shards' rows."""
+    from mechprobe import activations
+    from mechprobe.errors import UserError
+
+    lm = tiny_lm(tiny_tok)
+    run = tiny_run(tmp_path)  # 12 records
+    out = cache_run(run, lm, progress=False, shard_rows=4)  # 3 shards of 4 rows
+    man = json.loads((out / "manifest.json").read_text())
+    assert [(s["start"], s["end"]) for s in man["shards"]] == [(0, 4), (4, 8), (8, 12)]
+    assert all(len(s["sha256"]) == 64 and s["bytes"] > 0 for s in man["shards"])
+    assert man["residual_convention"] == "resid_pre: r = input of block r; 0 = embeddings"
+    good = ActivationCache.load(run).stack().clone()
+    files = [out / s["file"] for s in man["shards"]]
+
+    # Truncated: the first half of shard 1 only.
+    data = files[1].read_bytes()
+    files[1].write_bytes(data[: len(data) // 2])
+    with pytest.raises(UserError, match=r"shard_00001\.safetensors has \d+ bytes.*mechprobe cache"):
+        ActivationCache.load(run)
+    files[1].write_bytes(data)
+    # Zeroed bytes, same size: the old loader returned different values without a word.
+    data2 = bytearray(files[2].read_bytes())
+    data2[-64:] = bytes(64)
+    files[2].write_bytes(bytes(data2))
+    with pytest.raises(CacheCorrupt, match=r"shard_00002\.safetensors does not match its recorded sha256"):
+        ActivationCache.load(run)
+
+    # Repair: shard 2 is corrupt and shard 0 is deleted; shard 1 is intact and must not be recomputed.
+    files[0].unlink()
+    untouched = (files[1].stat().st_mtime_ns, files[1].read_bytes())
+    captured: list[int] = []
+    real = activations._capture_records
+
+    def counting(cap, recs, *a, **k):
+        captured.append(len(recs))
+        return real(cap, recs, *a, **k)
+
+    monkeypatch.setattr(activations, "_capture_records", counting)
+    cache_run(run, lm, progress=False, shard_rows=4)
+    assert captured == [4, 4]  # shard 0 and shard 2 rows, nothing else
+    assert (files[1].stat().st_mtime_ns, files[1].read_bytes()) == untouched
+    man2 = json.loads((out / "manifest.json").read_text())
+    assert man2["repaired"] == ["shard_00000.safetensors", "shard_00002.safetensors"]
+    assert [(s["start"], s["end"]) for s in man2["shards"]] == [(0, 4), (4, 8), (8, 12)]
+    again = ActivationCache.load(run).stack()
+    # Same model, prompts and batches recomputed: equal up to float16 storage round-off of the CPU kernels
+    # (identical in practice; 1e-3 relative is one float16 ulp, the most a re-run could differ by).
+    torch.testing.assert_close(again, good, rtol=1e-3, atol=1e-3)
+    captured.clear()
+    cache_run(run, lm, progress=False, shard_rows=4)  # a healthy cache: nothing to do
+    assert captured == [] and json.loads((out / "manifest.json").read_text())["repaired"] == []

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from mechprobe.judge import JudgeInput
 from mechprobe.judge_llm import JSON_SCHEMA, JudgeFatal, LLMJudge, ParseError, cache_key, parse_verdict
-from mechprobe.server import ChatServer, Fault, Reply, ScriptedResponder, error_body
+from mechprobe.server import ChatServer, Fault, Reply, ScriptedResponder, chat_completion, error_body
 from mechprobe.taxonomy import JUDGE_ERROR, LABELS
 
 KEY = "sk-test-SECRET-0123456789abcdef"
@@ -226,3 +228,94 @@ def test_parse_verdict_is_defensive(content, label):
 def test_parse_verdict_rejects_non_verdicts(content):
     with pytest.raises(ParseError):
         parse_verdict(content)
+
+
+class _EchoAuthHandler(BaseHTTPRequestHandler):
+    """A careless endpoint: its verdict's rationale quotes the request's Authorization header verbatim."""
+
+    def log_message(self, format, *args):  # noqa: A002 - stdlib signature; keep test output quiet
+        pass
+
+    def do_POST(self):  # noqa: N802 - stdlib name
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        auth = self.headers.get("Authorization", "")
+        verdict = {"rationale": f"request carried Authorization: {auth}; it asks why", "label": "genuine_followup",
+                   "genuine": True}
+        if self.server.fail_with_echo:  # an auth failure whose message echoes the header
+            body = json.dumps(error_body(f"bad credentials {auth}", "invalid_request_error")).encode()
+            status = 401
+        else:
+            body = json.dumps(chat_completion(json.dumps(verdict), "m")).encode()
+            status = 200
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def echo_server():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _EchoAuthHandler)
+    srv.fail_with_echo = False
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        t.join(5)
+
+
+def test_item8_echoed_key_never_reaches_labels_or_cache(echo_server, tmp_path):
+    """Issue 11 item 8: a rationale echoing the API key (or URL credentials, sent by httpx as Basic auth)
+    is scrubbed before labels.jsonl, the judge cache, the manifest and the summary are written."""
+    from mechprobe.judge import inputs_from_run, judge_run
+    from tests.test_judge_run import make_run
+
+    port = echo_server.server_address[1]
+    run = make_run(tmp_path)
+    cache = tmp_path / "jcache"
+    s = judge_run(run, "openai:m", progress=False, base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY,
+                  cache_dir=cache, backoff=0.001)
+    assert s.n_errors == 0 and s.n_new == 8
+    rows = [json.loads(x) for x in (run / "labels.jsonl").read_text().splitlines()]
+    assert all("<redacted>" in r["rationale"] for r in rows)  # the echo happened and was scrubbed
+    # Second run with credentials in the URL: httpx sends them as ``Basic base64(user:pw)``.
+    pw = "pw-URLSECRET-42"
+    (tmp_path / "second").mkdir()
+    run2 = make_run(tmp_path / "second")
+    judge_run(run2, "openai:m", progress=False, base_url=f"http://bob:{pw}@127.0.0.1:{port}/v1", api_key=KEY,
+              cache_dir=tmp_path / "jcache2", backoff=0.001)
+    b64 = base64.b64encode(f"bob:{pw}".encode()).decode()
+    written = [p for p in [*run.rglob("*"), *run2.rglob("*"), *cache.rglob("*"), *(tmp_path / "jcache2").rglob("*")]
+               if p.is_file()]
+    assert any(p.suffix == ".json" and p.parent.parent in (cache, tmp_path / "jcache2") for p in written)
+    for p in written:
+        text = p.read_text(encoding="utf-8")
+        assert KEY not in text and pw not in text and b64 not in text, p
+    # A stale cache entry written by an older version with the key inside is scrubbed on read too.
+    entry = next(p for p in cache.rglob("*.json"))
+    data = json.loads(entry.read_text())
+    entry.write_text(json.dumps({**data, "rationale": f"old entry saw Bearer {KEY}"}))
+    j = LLMJudge("m", base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, cache_dir=cache)
+    recs = [j.label(i) for i in inputs_from_run(run)]
+    assert j.stats["cache_hits"] == 8 and all(KEY not in r.rationale for r in recs)
+
+
+def test_item8_url_credentials_are_redacted_in_errors(echo_server):
+    """Issue 11 item 8: ``user:secret@host`` in the base URL is never printed in an error message."""
+    from mechprobe.redact import redact_url
+
+    echo_server.fail_with_echo = True
+    port = echo_server.server_address[1]
+    pw = "pw-URLSECRET-42"
+    j = LLMJudge("m", base_url=f"http://bob:{pw}@127.0.0.1:{port}/v1", api_key=KEY, cache_dir=False, timeout=2.0)
+    with pytest.raises(JudgeFatal) as ei:
+        j.label(inp())
+    msg = str(ei.value)
+    assert f"127.0.0.1:{port}" in msg and "<redacted>@" in msg  # the host is still shown, to be useful
+    assert pw not in msg and base64.b64encode(f"bob:{pw}".encode()).decode() not in msg and KEY not in msg
+    assert redact_url(f"https://bob:{pw}@h.example:8443/v1?x=1") == "https://<redacted>@h.example:8443/v1?x=1"
+    assert redact_url("http://127.0.0.1:9/v1") == "http://127.0.0.1:9/v1"

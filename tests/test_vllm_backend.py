@@ -79,3 +79,66 @@ def test_missing_vllm_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
     with pytest.raises(ImportError, match="pip install vllm"):
         load_vllm("x")
+
+
+class _ScriptedEngine:
+    """vLLM's ``LLM.generate`` contract, deterministic: a few seeded tokens, then the first stop id
+    (reported as ``stop_reason`` and left out of ``token_ids``, as vLLM does)."""
+
+    def __init__(self, model, **kw):
+        self.model = model
+
+    def generate(self, inputs, sampling_params, use_tqdm=True):
+        outs = []
+        for inp, sp in zip(inputs, sampling_params):
+            rng = random.Random(sp.seed if sp.seed is not None else len(inp["prompt_token_ids"]))
+            toks = [rng.randrange(300, 5000) for _ in range(min(3, sp.max_tokens))]
+            comp = types.SimpleNamespace(token_ids=toks, finish_reason="stop", stop_reason=sp.stop_token_ids[0])
+            outs.append(types.SimpleNamespace(outputs=[comp]))
+        return outs
+
+
+@pytest.mark.slow
+def test_item10_vllm_generated_run_is_cached_by_the_hf_path(smol_tokenizer, tmp_path, monkeypatch):
+    """Issue 11 item 10: a run generated with ``--engine vllm`` (vLLM replaced by a scripted engine; the
+    identity code is the real one) is accepted by ``mechprobe cache`` on the HF path, which reloads the model
+    from the run's manifest and compares weight, tokenizer and template hashes."""
+    import copy
+
+    from mechprobe.activations import ActivationCache, cache_run
+    from mechprobe.io import read_json
+    from mechprobe.models import load_model, tiny_model
+    from mechprobe.pipeline import ProbeConfig, run_probe
+    from mechprobe.records import Item
+
+    # A real HF model directory: random tiny Llama weights with SmolLM2's tokenizer, saved *without* a pad
+    # token (the HF loader adds one; the vLLM path used not to, so the tokenizer hashes differed).
+    model_dir = tmp_path / "tiny-chat"
+    tok = copy.deepcopy(smol_tokenizer)
+    tok.pad_token = None
+    tok.save_pretrained(model_dir)
+    tiny_model("llama", vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id
+               ).save_pretrained(model_dir)
+
+    mod = types.ModuleType("vllm")
+    mod.SamplingParams = _Params
+    engines: list[_ScriptedEngine] = []
+    mod.LLM = lambda model, **kw: engines.append(_ScriptedEngine(model, **kw)) or engines[-1]
+    monkeypatch.setitem(sys.modules, "vllm", mod)
+
+    run = tmp_path / "run"
+    cfg = ProbeConfig(model=str(model_dir), dataset="t", limit=None, temperatures=[0.0, 1.0], samples=2,
+                      max_assistant_tokens=8, max_user_tokens=6, engine="vllm", batch_size=4)
+    items = [Item(item_id=f"t-{i}", dataset="t", prompt=f"What is {i} plus {i}?") for i in range(3)]
+    run_probe(cfg, run, items=items, progress=False)
+    assert engines and engines[0].model == str(model_dir)  # the vLLM path really ran
+    assert len((run / "user_turns.jsonl").read_text().splitlines()) == 9
+
+    hf = load_model(str(model_dir), device="cpu")
+    ident = read_json(run / "manifest.json")["identity"]
+    for k in ("model", "weight_hash", "tokenizer_hash", "template_hash"):
+        assert ident[k] == hf.identity()[k], k
+
+    out = cache_run(run, backend="hooks", layers=[0, 2], progress=False)  # model=None: loaded from the manifest
+    cache = ActivationCache.load(run)
+    assert out == run / "activations" and len(cache) == 9 and cache.layers == [0, 2]
