@@ -6,7 +6,7 @@
 
 Runs (or reuses) probe -> judge -> cache, then writes ``<run>/probes/metrics.json``, ``metrics.md``,
 ``directions.safetensors`` + ``directions.json`` (per-layer probe and difference-of-means directions, for
-steering) and ``figures/linear_probe_<run>.png``. Exit code 3 (and ``status: insufficient_positives`` in
+steering) and ``<run>/figures/linear_probe_<run>.png`` (``--figures figures`` publishes into the repo). Exit code 3 (and ``status: insufficient_positives`` in
 metrics.json) when the labels have too few positives for grouped CV: no numbers are reported then.
 The work is done by :func:`mechprobe.probes.run_probes_cli`, so ``mechprobe probes`` can share it.
 """
@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_probes_args(p, figures=str(REPO / "figures"))
+    add_probes_args(p)
     return p
 
 

@@ -4,7 +4,7 @@
     python experiments/steer.py --run runs/smol-gsm8k --layer 12 --alpha 0 1 2 4 8 --positions boundary+generated
 
 Writes ``<run>/steering/alpha_<a>_<kind>.jsonl`` (greedy held-out user turns under steering, judged),
-``results.json`` / ``results.md`` and ``figures/steer_<run>.png``. ``alpha`` multiplies the raw
+``results.json`` / ``results.md`` and ``<run>/figures/steer_<run>.png``. ``alpha`` multiplies the raw
 difference-of-means vector (CAA convention; see docs/steering.md).
 
 An existing ``--run`` is resolved exactly like ``experiments/linear_probe.py`` does it
@@ -33,6 +33,7 @@ from mechprobe.errors import UserError  # noqa: E402
 from mechprobe.io import JsonlStore, read_json, read_jsonl, write_json  # noqa: E402
 from mechprobe.judge import JudgeInput, make_judge  # noqa: E402
 from mechprobe.plots import plot_steering  # noqa: E402
+from mechprobe.probes import figures_dir  # noqa: E402
 from mechprobe.records import AssistantRecord  # noqa: E402
 from mechprobe.stages import Stages, ensure_stages, resolve_run  # noqa: E402
 from mechprobe.steer_eval import SteeredTurn, assistant_accuracy, split_of, steered_user_turns, summarize  # noqa: E402
@@ -59,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-heldout", type=int, default=None, help="cap held-out items (speed)")
     p.add_argument("--no-assistant-check", action="store_true")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--figures", default=str(REPO / "figures"))
+    p.add_argument("--figures", default=None,
+                   help="folder for the figure (default: <run>/figures; --figures figures publishes into the repo)")
     return p
 
 
@@ -230,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                                           "vector_meta": v.meta, "sweep_train": sweep, "heldout": rows,
                                           "assistant_accuracy": acc, "judge": judge.name,
                                           "seconds": round(time.time() - t0, 1)})
-    fig = plot_steering(rows, Path(a.figures) / f"steer_{run.name}.png",
+    fig = plot_steering(rows, figures_dir(a.figures, run) / f"steer_{run.name}.png",
                         f"{cfg.model} · layer {layer} · {a.positions} · {len(heldout)} held-out items")
     print("\n" + table + f"\n\nwrote {out_dir}/results.md, results.json and {fig}")
     return 0

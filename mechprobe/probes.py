@@ -687,7 +687,12 @@ def to_jsonable(obj: Any) -> Any:
 # the figure. Run resolution and building missing stages live in mechprobe.stages (shared with
 # experiments/steer.py). Imports are local so that ``import mechprobe.probes`` stays light and free of cycles.
 
-def add_probes_args(p: Any, figures: str = "figures") -> None:
+def figures_dir(flag: str | None, run: Path) -> Path:
+    """Where a run's figures go: ``--figures`` if given, else ``<run>/figures`` (git-ignored with the run)."""
+    return Path(flag) if flag else Path(run) / "figures"
+
+
+def add_probes_args(p: Any, figures: str | None = None) -> None:
     """Options of ``experiments/linear_probe.py`` (and ``mechprobe probes``)."""
     p.add_argument("--model", default=None, help="default: the run's model, else the embedded default model")
     p.add_argument("--dataset", default=None, help="default: gsm8k when ../shared/data is found, else builtin")
@@ -714,7 +719,9 @@ def add_probes_args(p: Any, figures: str = "figures") -> None:
     g.add_argument("--transfer-datasets", nargs="*", default=[],
                    help="also build runs of these datasets with the same config and report a transfer matrix")
     g.add_argument("--transfer-runs", nargs="*", default=[], help="existing runs (same model) for the transfer matrix")
-    p.add_argument("--figures", default=figures, help="where the figure goes (default: %(default)s)")
+    p.add_argument("--figures", default=figures,
+                   help="folder for the figure (default: <run>/figures, inside the ignored run directory, so a run "
+                        "never dirties the repo; pass --figures figures to publish into the committed folder)")
 
 
 # ----------------------------------------------------------------------------- arrays
@@ -895,7 +902,7 @@ def _analyse(a: argparse.Namespace, run: Path, cfg: ProbeConfig, timings: dict[s
         md += ["", f"## Transfer at layer {best} (rows: trained on; diagonal: grouped CV)", "", transfer_table(tm)]
     (out_dir / "metrics.md").write_text("\n".join(md) + "\n")
     n = report.nested
-    fig = plot_layer_auroc(report, ctrl, Path(a.figures) / f"linear_probe_{run.name}.png",
+    fig = plot_layer_auroc(report, ctrl, figures_dir(a.figures, run) / f"linear_probe_{run.name}.png",
                            f"{cfg.model} · {cfg.dataset} · {len(y)} turns ({int(y.sum())} genuine, "
                            f"{report.counts['items']} items) · judge {judge_name}", confusion=mc)
     print("\n" + "\n".join(md[4:]))

@@ -1,0 +1,27 @@
+"""Running an experiment never writes into the committed ``figures/`` unless asked (git stays clean)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from mechprobe.probes import figures_dir
+
+from .conftest import REPO
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(f"exp_{name}", REPO / "experiments" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_figures_default_to_the_run_directory(tmp_path):
+    run = tmp_path / "runs" / "smol-gsm8k"
+    assert figures_dir(None, run) == run / "figures"
+    assert figures_dir("figures", run) == Path("figures")
+    for name in ("linear_probe", "steer"):
+        a = _script(name).build_parser().parse_args(["--run", str(run)])
+        assert a.figures is None, name  # -> <run>/figures, ignored by git with runs/
+        assert figures_dir(a.figures, run) == run / "figures"
