@@ -416,12 +416,15 @@ def run_judge_cli(a: argparse.Namespace) -> int:
         opts = {"base_url": a.base_url, "concurrency": a.concurrency, "timeout": a.timeout,
                 "max_retries": a.max_retries, "api_key": os.environ.get(a.api_key_env) or None}
         opts["cache_dir"] = False if a.no_cache else a.cache_dir
+    elif spec.startswith("local:"):
+        opts = {"cache_dir": False if a.no_cache else a.cache_dir}
     from .judge_llm import JudgeFatal
+    from .models import ModelLoadError
 
     try:
         s = judge_run(a.run_dir, spec, labels_file=a.labels, retry_errors=not a.keep_errors, limit=a.limit,
                       progress=not a.no_progress, **opts)
-    except (JudgeMismatch, JudgeFatal) as e:  # configuration errors with a fix: one line, no traceback
+    except (JudgeMismatch, JudgeFatal, ModelLoadError) as e:  # configuration errors with a fix: one line
         print(f"mechprobe judge: error: {e}", file=sys.stderr)
         return 2
     print(s.table())

@@ -148,3 +148,15 @@ def test_local_and_served_judge_agree(smol):
     probs = json.loads(reply.choices[0].message.content)["choice_probs"]
     want = local[inputs[0].record_id].probs
     assert max(abs(probs[k] - want[k]) for k in LABELS) < 1e-4
+
+
+def test_judge_cli_with_a_missing_local_model_names_the_fetch_command(tmp_path, monkeypatch, capsys):
+    from mechprobe.judge import main_judge
+
+    monkeypatch.setenv("MECHPROBE_CACHE", str(tmp_path / "cache"))
+    run = make_run(tmp_path)
+    rc = main_judge([str(run), "--judge", "local:qwen2.5-coder-1.5b-instruct", "--no-progress"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "python -m mechprobe.models fetch qwen2.5-coder-1.5b-instruct" in err
+    assert not (run / "labels.jsonl").exists()
