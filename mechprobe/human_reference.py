@@ -60,9 +60,11 @@ def reference_inputs(datasets: Sequence[str] = DATASETS, n: int = 100, *, seed: 
         random.Random(seed).shuffle(order)
         for k, i in enumerate(order):
             iid, prompt, reply, nxt = rows[i]
-            other = rows[order[(k + 1) % len(order)]][3]
-            for kind, text in (("real", nxt), ("swapped", other)):
-                out.append(JudgeInput(record_id=f"{iid}|{kind}", prompt=prompt, response=reply, raw_text=text,
+            other_id, other = rows[order[(k + 1) % len(order)]][0], rows[order[(k + 1) % len(order)]][3]
+            # the partner is part of the swapped id, so a resumed run with another --n (another
+            # pairing) never reuses a label judged on a different text
+            for kind, rid, text in (("real", f"{iid}|real", nxt), ("swapped", f"{iid}|swapped<-{other_id}", other)):
+                out.append(JudgeInput(record_id=rid, prompt=prompt, response=reply, raw_text=text,
                                       dataset=name, decoding=kind, item_id=iid))
     return out
 
@@ -118,6 +120,7 @@ def evaluate(rows: Sequence[dict[str, Any]], dataset: str = "all", n_boot: int =
             n_err += 1
             continue
         iid, kind = r["record_id"].rsplit("|", 1)
+        kind = kind.split("<-", 1)[0]
         pairs.setdefault(iid, {})[kind] = r
     full = [(p["real"], p["swapped"]) for p in pairs.values() if "real" in p and "swapped" in p]
 

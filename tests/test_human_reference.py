@@ -45,7 +45,7 @@ def test_each_next_turn_appears_once_real_and_once_swapped_never_with_its_own_co
     assert Counter(i.dataset for i in inputs) == {"hh_rlhf": 60, "topical_chat": 60}
     for ds in ("hh_rlhf", "topical_chat"):
         real = {i.item_id: i for i in inputs if i.dataset == ds and i.record_id.endswith("|real")}
-        swapped = {i.item_id: i for i in inputs if i.dataset == ds and i.record_id.endswith("|swapped")}
+        swapped = {i.item_id: i for i in inputs if i.dataset == ds and "|swapped<-" in i.record_id}
         assert set(real) == set(swapped) and len(real) == 30
         assert Counter(i.raw_text for i in real.values()) == Counter(i.raw_text for i in swapped.values())
         for iid, s in swapped.items():
@@ -53,3 +53,6 @@ def test_each_next_turn_appears_once_real_and_once_swapped_never_with_its_own_co
         # another conversation's turn (a few short replies like "Yes" may coincide by text)
         assert sum(s.raw_text != real[iid].raw_text for iid, s in swapped.items()) >= 28
     assert reference_inputs(n=30) == inputs  # seeded: the same pairs every time
+    # the partner is in the swapped id: another pairing (another n) gives other ids, not stale reuse
+    other = {i.record_id: i.raw_text for i in reference_inputs(n=31)}
+    assert all(other.get(i.record_id, i.raw_text) == i.raw_text for i in inputs)
