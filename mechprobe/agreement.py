@@ -99,7 +99,7 @@ class LabelSource:
 
 
 def _is_judge_spec(spec: str) -> bool:
-    return spec in ("offline", "offline-lexical", "offline-embed") or spec.startswith("openai:")
+    return spec in ("offline", "offline-lexical", "offline-embed") or spec.startswith(("openai:", "local:"))
 
 
 def load_labels(path: str | Path, split: str | None = None, name: str | None = None) -> LabelSource:
@@ -143,7 +143,9 @@ def judge_source(spec: str, rows: list[dict[str, Any]], *, save: str | Path | No
     store = JsonlStore(save, key="record_id") if save else None
     labels: dict[str, str] = {}
     n_err = 0
-    for rec in judge.label_many(inputs):
+    from tqdm.auto import tqdm
+
+    for rec in tqdm(judge.label_many(inputs), total=len(inputs), desc=f"judge {judge.name}", unit="turn"):
         if store is not None and not store.has(rec.record_id):
             store.append(rec.to_dict())
         if rec.label == JUDGE_ERROR:
@@ -237,9 +239,17 @@ def report_markdown(ag: Agreement, title: str | None = None) -> str:
 
 def add_agreement_args(p: argparse.ArgumentParser) -> None:
     """Arguments of ``mechprobe agreement A B`` (also ``python -m mechprobe.agreement``)."""
-    p.add_argument("a", help="labels.jsonl, run dir, or hand-label fixture (the reference)")
-    p.add_argument("b", help="labels.jsonl, run dir, fixture, or a judge spec (offline, offline-lexical, "
-                             "openai:MODEL) to run on A's rows")
+    p.add_argument("a", nargs="?", help="labels.jsonl, run dir, or hand-label fixture (the reference)")
+    p.add_argument("b", nargs="?", help="labels.jsonl, run dir, fixture, or a judge spec (offline, "
+                                        "offline-lexical, openai:MODEL, local:MODEL) to run on A's rows")
+    p.add_argument("--human-reference", metavar="JUDGE", default=None,
+                   help="instead of A/B: judge real vs swapped next human turns of HH-RLHF and Topical-Chat "
+                        "conversations with JUDGE (see mechprobe.human_reference)")
+    p.add_argument("--n", type=int, default=100, help="--human-reference: conversations per dataset")
+    p.add_argument("--max-chars", type=int, default=1500,
+                   help="--human-reference: skip conversations longer than this (prompt+reply+next turn)")
+    p.add_argument("--dtype", default=None, help="local judge: float32 | bfloat16 (default: bf16 on CPU)")
+    p.add_argument("--few-shot", type=int, default=None, help="local judge: dev-split examples in the prompt")
     p.add_argument("--out", default=None, help="write the markdown report here")
     p.add_argument("--split", default=None, help="only rows of this split (dev|test) of a fixture")
     p.add_argument("--name-a", default=None)
@@ -253,6 +263,19 @@ def add_agreement_args(p: argparse.ArgumentParser) -> None:
 
 def run_agreement_cli(a: argparse.Namespace) -> int:
     """Compare the two sources of parsed arguments ``a`` and print (and optionally write) the report."""
+    local_opts = {"dtype": a.dtype, "few_shot": a.few_shot}
+    if a.human_reference:
+        from .human_reference import run
+
+        text, _ = run(a.human_reference, n=a.n, save=a.save_labels, max_chars=a.max_chars,
+                      **(local_opts if a.human_reference.startswith("local:") else {}))
+        if a.out:
+            Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(a.out).write_text(text, encoding="utf-8")
+        print(text)
+        return 0
+    if a.a is None or a.b is None:
+        raise UsageError("pass two label sources A and B, or --human-reference JUDGE")
     src_a = load_labels(a.a, a.split, a.name_a)
     if _is_judge_spec(a.b):
         if not src_a.rows or "raw_text" not in src_a.rows[0]:
@@ -262,6 +285,8 @@ def run_agreement_cli(a: argparse.Namespace) -> int:
         if a.b.startswith("openai:"):
             opts = {"base_url": a.base_url, "api_key": os.environ.get(a.api_key_env) or None,
                     "concurrency": a.concurrency}
+        elif a.b.startswith("local:"):
+            opts = local_opts
         src_b = judge_source(a.b, src_a.rows, save=a.save_labels, **opts)
         if a.name_b:
             src_b.name = a.name_b

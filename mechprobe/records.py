@@ -131,6 +131,9 @@ class LabelRecord:
     rationale: str
     judge: str  # e.g. "offline-v2" or "openai:gpt-4o-mini@prompt-v1"
     error: str | None = None
+    # Per-label probabilities from judges that score every label (``local:``); what a calibration
+    # plot or a soft-label probe wants. None for judges that only name one label.
+    probs: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

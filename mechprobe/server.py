@@ -5,7 +5,9 @@ Two uses:
 * chat with a local (possibly steered) model through any OpenAI client:
   ``python -m mechprobe.server --model smollm2-135m-instruct --port 8000`` then point the client at
   ``http://127.0.0.1:8000/v1``. The model runs greedy through the tokenizer's chat template; hooks
-  registered on the model (steering) apply to every request;
+  registered on the model (steering) apply to every request. A request whose ``response_format``
+  json_schema has a ``label`` enum (the ``openai:`` judge's) is answered by constrained choice, the
+  same scoring as ``--judge local:``, so the served and in-process judges give the same labels;
 * test the LLM judge over real HTTP: :class:`ScriptedResponder` answers from a function and injects
   faults on demand (429 with ``Retry-After``, 500, a reply slower than the client's timeout, a
   malformed body, a reply that is valid JSON but the wrong schema, a 400 for ``response_format``).
@@ -178,6 +180,9 @@ class HFResponder:
         if not isinstance(msgs, list) or not msgs:
             return Reply(400, error_body("'messages' must be a non-empty list", "invalid_request_error"))
         messages = [{"role": str(m.get("role", "user")), "content": _text_content(m.get("content"))} for m in msgs]
+        choices = _label_enum(body.get("response_format"))
+        if choices:
+            return self._choose(messages, choices)
         limit = body.get("max_completion_tokens") or body.get("max_tokens") or self.max_new_tokens
         limit = max(1, min(int(limit), self.max_new_tokens))
         try:
@@ -195,6 +200,40 @@ class HFResponder:
         _, content = decode(self.tokenizer, gen)
         return Reply(200, body=None, content=content,
                      headers={"X-Mechprobe-Tokens": f"{len(ids)},{len(gen.token_ids)}"})
+
+
+    def _choose(self, messages: list[dict[str, str]], choices: list[str]) -> Reply:
+        """A json_schema with a ``label`` enum: constrained choice, exactly as ``--judge local:``.
+
+        The enum values are scored as continuations of the local judge's answer prefix and the most
+        probable one is returned as ``{"label": ..., "rationale": ""}`` (the per-choice probabilities
+        ride along in ``choice_probs``). No free text is generated, so the reply always validates.
+        """
+        from . import chat
+        from .judge_local import ChoiceScorer, normalise, prompt_ids
+
+        try:
+            _, ids = prompt_ids(self.tokenizer, messages)
+        except chat.ChatTemplateError as e:
+            return Reply(400, error_body(str(e), "invalid_request_error"))
+        with self._lock:
+            scores = ChoiceScorer(self.model, self.tokenizer, choices).score(ids)
+        probs = normalise(scores)
+        best = choices[max(range(len(choices)), key=lambda i: probs[i])]
+        content = json.dumps({"rationale": "", "label": best,
+                              "choice_probs": {c: round(p, 6) for c, p in zip(choices, probs)}})
+        return Reply(200, body=None, content=content, headers={"X-Mechprobe-Tokens": f"{len(ids)},0"})
+
+
+def _label_enum(rf: Any) -> list[str] | None:
+    """The ``label`` property's enum of a ``json_schema`` response_format (the LLM judge's schema)."""
+    try:
+        enum = rf["json_schema"]["schema"]["properties"]["label"]["enum"]
+    except (KeyError, TypeError):
+        return None
+    if isinstance(enum, list) and enum and all(isinstance(e, str) and e for e in enum):
+        return list(enum)
+    return None
 
 
 def _text_content(c: Any) -> str:
