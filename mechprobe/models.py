@@ -230,13 +230,19 @@ def _weights_fingerprint(path: Path) -> str:
     return h.hexdigest()
 
 
+def snapshot_dir(snapshot_name: str, file_sha: str) -> Path:
+    """Where the converted safetensors copy of a GGUF file lives (written on its first load)."""
+    return cache_dir() / "snapshots" / f"{snapshot_name}-{file_sha[:12]}"
+
+
 def _load_gguf(gguf: Path, file_sha: str, snapshot_name: str, dtype: torch.dtype) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    snap = cache_dir() / "snapshots" / f"{snapshot_name}-{file_sha[:12]}"
+    snap = snapshot_dir(snapshot_name, file_sha)
     if (snap / "mechprobe_snapshot.json").exists():
         tok = AutoTokenizer.from_pretrained(snap)
-        model = AutoModelForCausalLM.from_pretrained(snap, dtype=torch.float32)
+        # Load straight into the requested dtype: a bf16 1.5B model then never holds a 6 GB fp32 copy.
+        model = AutoModelForCausalLM.from_pretrained(snap, dtype=dtype)
         return model, tok
     try:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

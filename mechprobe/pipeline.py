@@ -47,7 +47,7 @@ class ProbeConfig:
     batch_size: int = 8
     device: str | None = None
     dtype: str | None = None
-    engine: str = "hf"  # "hf" (exact, hookable) | "vllm" (throughput for sampling on GPUs)
+    engine: str = "hf"  # "hf" (exact, hookable) | "vllm" (GPU sampling) | "llamacpp" (CPU, GGUF weights)
 
     def identity(self) -> dict[str, Any]:
         """What must match to extend an existing run (limit, batch size and device may change)."""
@@ -111,11 +111,15 @@ def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
         data_info = {"dataset_source": "items passed to run_probe", "n_items": len(items), "n_malformed_rows": 0}
     if not items:
         raise ValueError(f"dataset {cfg.dataset!r} gave no items (limit={cfg.limit}); nothing to probe")
-    if cfg.engine not in ("hf", "vllm"):
-        raise ValueError(f"unknown engine {cfg.engine!r}: use hf or vllm")
+    if cfg.engine not in ("hf", "vllm", "llamacpp"):
+        raise ValueError(f"unknown engine {cfg.engine!r}: use hf, vllm or llamacpp")
     engine = None
     if lm is None and cfg.engine == "vllm":
         lm, engine = _load_vllm_engine(cfg)
+    if lm is None and cfg.engine == "llamacpp":
+        from .llamacpp_backend import load_engine
+
+        lm, engine = load_engine(cfg.model, chat_template=cfg.chat_template)
     lm = lm or load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, chat_template=cfg.chat_template)
     tok = lm.tokenizer
     # Fail before any generation when the template cannot host the probe (base models).
@@ -151,6 +155,8 @@ def _load_vllm_engine(cfg: ProbeConfig) -> tuple[LoadedModel, Any]:
 
 
 def _decode_batch(lm: LoadedModel, engine: Any, prompts: list[list[int]], **kw: Any) -> list[Any]:
+    if hasattr(engine, "decode_batch"):  # llamacpp_backend.LlamaCppEngine
+        return engine.decode_batch(prompts, **kw)
     if engine is not None:
         from .vllm_backend import generate_vllm
 
@@ -267,8 +273,9 @@ def add_probe_args(p: Any) -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16", "float16"])
-    p.add_argument("--engine", default="hf", choices=["hf", "vllm"],
-                   help="hf: exact and hookable (default); vllm: GPU throughput for large sampling runs")
+    p.add_argument("--engine", default="hf", choices=["hf", "vllm", "llamacpp"],
+                   help="hf: exact and hookable (default); vllm: GPU throughput for large sampling runs; "
+                        "llamacpp: GGUF models on CPU, several times faster (pip install llama-cpp-python)")
 
 
 def config_from_args(a: Any) -> ProbeConfig:
