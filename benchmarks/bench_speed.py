@@ -9,7 +9,9 @@ GSM8K items in a *fresh process*, so its peak RSS is its own. Options:
 * ``hf-fp32``: the HF engine in float32 (the baseline every ratio is taken against);
 * ``hf-bf16``: the HF engine with ``--dtype bfloat16`` (this CPU has AVX512-BF16);
 * ``llamacpp``: ``--engine llamacpp`` over the same GGUF (needs ``llama-cpp-python``);
-* a suffix ``@N`` sets the batch size (``hf-bf16@16``); the default is ``--batch-size``.
+* a suffix ``@N`` sets the batch size (``hf-bf16@16``); the default is ``--batch-size``;
+* a suffix ``:tN`` sets the threads (``hf-fp32:t1``); default: torch's (all cores) for HF, and
+  :func:`mechprobe.llamacpp_backend.auto_threads` (the idle cores) for llama.cpp.
 
 Also, per model (``--parity``, fp32 and bf16 both in memory, so keep it to models <= 0.5B on a shared
 machine): the relative error of bf16 boundary activations against fp32 at every residual index, and how
@@ -41,18 +43,24 @@ def _child(model: str, option: str, out: str, a: argparse.Namespace) -> dict:
     from mechprobe.io import read_jsonl
     from mechprobe.records import AssistantRecord
 
-    name, _, bs = option.partition("@")
+    name, _, threads = option.partition(":t")
+    name, _, bs = name.partition("@")
     batch = int(bs) if bs else a.batch_size
+    if threads:
+        torch.set_num_threads(int(threads))
+        os.environ["MECHPROBE_THREADS"] = threads
     engine = "llamacpp" if name == "llamacpp" else "hf"
     dtype = {"hf-fp32": "float32", "hf-bf16": "bfloat16", "llamacpp": None}[name]
     cfg = pipeline.ProbeConfig(model=model, dataset=a.dataset, limit=a.items, temperatures=[0.0, 1.0],
                                samples=a.samples, max_assistant_tokens=a.max_assistant_tokens,
                                max_user_tokens=a.max_user_tokens, batch_size=batch, dtype=dtype, engine=engine)
+    n_threads = None
     t0 = time.perf_counter()
     if engine == "llamacpp":
         from mechprobe.llamacpp_backend import load_engine
 
         lm, eng = load_engine(model)
+        n_threads = eng.llm.n_threads if hasattr(eng.llm, "n_threads") else None
     else:
         from mechprobe.models import load_model
 
@@ -71,7 +79,8 @@ def _child(model: str, option: str, out: str, a: argparse.Namespace) -> dict:
     users = list(read_jsonl(outp / pipeline.USER_TURNS))
     a_tok = sum(r.n_tokens for r in asst)
     u_tok = sum(len(r["generated_ids"]) for r in users)
-    return {"model": model, "option": option, "batch": batch, "threads": torch.get_num_threads(),
+    return {"model": model, "option": option, "batch": batch,
+            "threads": n_threads if engine == "llamacpp" else torch.get_num_threads(), "loadavg": os.getloadavg()[0],
             "load_s": load_s, "assistant_s": a_s, "user_s": u_s, "assistant_tokens": a_tok, "user_tokens": u_tok,
             "assistant_tok_s": a_tok / a_s, "user_tok_s": u_tok / u_s, "total_tok_s": (a_tok + u_tok) / (a_s + u_s),
             "assistant_hit_cap": sum(r.stop_reason == "max_tokens" for r in asst), "n_items": len(asst),
@@ -171,7 +180,7 @@ def main() -> int:
                     runs[opt] = d
                 print(f"{m} {opt}: {json.dumps(rows[opt])}", file=sys.stderr, flush=True)
             base = rows.get("hf-fp32", {})
-            for opt, r in rows.items():
+            for r in rows.values():
                 if "error" in r or "error" in base or not base:
                     continue
                 for k in ("assistant_tok_s", "user_tok_s", "total_tok_s"):
@@ -186,15 +195,15 @@ def main() -> int:
 
     print(f"load average at start {results['loadavg_start'][0]:.1f}, at end {results['loadavg_end'][0]:.1f} "
           f"(2 cores; other jobs shared the CPU)\n")
-    print("| model | option | batch | assistant tok/s | user tok/s | all tok/s | ratio to hf-fp32 (all) "
-          "| peak RSS MB | load s | assistant turns at cap |\n|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | option | threads | batch | assistant tok/s | user tok/s | all tok/s | ratio to hf-fp32 (all) "
+          "| peak RSS MB | load s | assistant turns at cap |\n|---|---|---|---|---|---|---|---|---|---|---|")
     for m, e in results["models"].items():
         for opt, r in e["options"].items():
             if "error" in r:
                 print(f"| {Path(m).stem} | {opt} | failed: {r['error'][-120:]!r} |")
                 continue
             ratio = f"{r['total_ratio']:.2f}x" if "total_ratio" in r else "-"
-            print(f"| {Path(m).stem} | {opt} | {r['batch']} | {r['assistant_tok_s']:.1f} | {r['user_tok_s']:.1f} | "
+            print(f"| {Path(m).stem} | {opt} | {r['threads']} | {r['batch']} | {r['assistant_tok_s']:.1f} | {r['user_tok_s']:.1f} | "
                   f"{r['total_tok_s']:.1f} | {ratio} | {r['peak_rss_mb']:.0f} | {r['load_s']:.1f} | "
                   f"{r['assistant_hit_cap']}/{r['n_items']} |")
     for m, e in results["models"].items():

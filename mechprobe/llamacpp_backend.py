@@ -30,6 +30,7 @@ under heavy CPU contention; not part of ``scripts/setup.sh``).
 
 from __future__ import annotations
 
+import atexit
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -89,6 +90,23 @@ def load_tokenizer(gguf: Path, weight_hash: str, snapshot_name: str) -> tuple[An
     return tok, gen_cfg
 
 
+def auto_threads() -> int:
+    """Threads to use: ``$MECHPROBE_THREADS``, else the cores not already busy (1-minute load average).
+
+    Why not always every core: llama.cpp's threads spin-wait for each other at every op, so on a shared
+    CPU a second thread that keeps getting descheduled stalls the first. Measured on the 2-core machine
+    with a load average of ~12: 1 thread decoded SmolLM2 at 78-81 tokens/s, 2 threads at 2-15 tokens/s.
+    """
+    if os.environ.get("MECHPROBE_THREADS"):
+        return max(1, int(os.environ["MECHPROBE_THREADS"]))
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return n
+    return max(1, min(n, int(n - load + 0.5)))
+
+
 def load_llamacpp(gguf: str | Path, *, n_ctx: int = 4096, n_threads: int | None = None, **kwargs: Any) -> Any:
     """A ``llama_cpp.Llama`` over ``gguf``; a clear error naming the install command when it is missing."""
     try:
@@ -96,9 +114,12 @@ def load_llamacpp(gguf: str | Path, *, n_ctx: int = 4096, n_threads: int | None 
     except ImportError as e:
         raise UserError(f"the llamacpp engine needs llama-cpp-python: run `{INSTALL}` (a source build, several "
                         "minutes), or use --engine hf") from e
-    threads = n_threads or torch.get_num_threads() or os.cpu_count() or 1
-    return llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                           n_batch=512, verbose=False, **kwargs)
+    threads = n_threads or auto_threads()
+    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                          n_batch=512, verbose=False, **kwargs)
+    # Free it before interpreter teardown: llama_cpp's __del__ at exit calls into an unloaded library.
+    atexit.register(llm.close)
+    return llm
 
 
 class LlamaCppEngine:
@@ -112,7 +133,8 @@ class LlamaCppEngine:
         return generate_llamacpp(self.llm, prompts, **kw)
 
 
-def load_engine(model: str, chat_template: str | None = None, n_ctx: int = 4096) -> tuple[Any, LlamaCppEngine]:
+def load_engine(model: str, chat_template: str | None = None, n_ctx: int = 4096,
+                n_threads: int | None = None) -> tuple[Any, LlamaCppEngine]:
     """(LoadedModel with tokenizer and no weights, engine) for ``--engine llamacpp``."""
     from .models import EMBEDDED, LoadedModel
 
@@ -122,7 +144,7 @@ def load_engine(model: str, chat_template: str | None = None, n_ctx: int = 4096)
     if chat_template:
         p = Path(chat_template)
         tok.chat_template = p.read_text() if p.exists() else chat_template
-    engine = LlamaCppEngine(load_llamacpp(gguf, n_ctx=n_ctx))
+    engine = LlamaCppEngine(load_llamacpp(gguf, n_ctx=n_ctx, n_threads=n_threads))
     # A weightless stand-in: chat.stop_token_ids reads the EOS ids from model.generation_config.
     stub = SimpleNamespace(generation_config=gen_cfg)
     lm = LoadedModel(model=stub, tokenizer=tok, name=name, weight_hash=weight_hash, device=torch.device("cpu"),
