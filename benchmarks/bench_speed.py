@@ -6,12 +6,12 @@
 Every (model, option) runs the probe's real assistant and user stages (``mechprobe.pipeline``) on the same
 GSM8K items in a *fresh process*, so its peak RSS is its own. Options:
 
-* ``hf-fp32``: the HF engine in float32 (the baseline every ratio is taken against);
+* ``hf-fp32``: the HF engine in float32 (list it first: the first option is the baseline of every ratio);
 * ``hf-bf16``: the HF engine with ``--dtype bfloat16`` (this CPU has AVX512-BF16);
 * ``llamacpp``: ``--engine llamacpp`` over the same GGUF (needs ``llama-cpp-python``);
 * a suffix ``@N`` sets the batch size (``hf-bf16@16``); the default is ``--batch-size``;
-* a suffix ``:tN`` sets the threads (``hf-fp32:t1``); default: torch's (all cores) for HF, and
-  :func:`mechprobe.llamacpp_backend.auto_threads` (the idle cores) for llama.cpp.
+* a suffix ``:tN`` sets the threads (``hf-fp32:t1``); default: :func:`mechprobe.models.cpu_threads`
+  (the idle cores, or ``$MECHPROBE_THREADS``) for both engines.
 
 Also, per model (``--parity``, fp32 and bf16 both in memory, so keep it to models <= 0.5B on a shared
 machine): the relative error of bf16 boundary activations against fp32 at every residual index, and how
@@ -95,7 +95,7 @@ def _parity(model: str, runs: dict[str, str]) -> dict:
     from mechprobe.io import read_jsonl
     from mechprobe.models import load_model
 
-    base = runs["hf-fp32"]
+    base = next(d for k, d in runs.items() if k.startswith("hf-fp32"))
     recs = [r for r in read_jsonl(Path(base) / "user_turns.jsonl") if r["decoding"] == "greedy"]
     lm = load_model(model, dtype="float32")
     layers = list(range(lm.n_layers + 1))
@@ -179,14 +179,14 @@ def main() -> int:
                 if "error" not in rows[opt]:
                     runs[opt] = d
                 print(f"{m} {opt}: {json.dumps(rows[opt])}", file=sys.stderr, flush=True)
-            base = rows.get("hf-fp32", {})
+            base = rows.get(a.configs[0], {})  # the first option is the baseline of every ratio
             for r in rows.values():
                 if "error" in r or "error" in base or not base:
                     continue
                 for k in ("assistant_tok_s", "user_tok_s", "total_tok_s"):
                     r[k.replace("tok_s", "ratio")] = r[k] / base[k]
             entry = {"options": rows}
-            if a.parity and "hf-fp32" in runs:
+            if a.parity and any(k.startswith("hf-fp32") for k in runs):
                 entry["parity"] = sub(["--parity-child", m, json.dumps(runs)])
             results["models"][m] = entry
     results["loadavg_end"] = os.getloadavg()
@@ -195,7 +195,7 @@ def main() -> int:
 
     print(f"load average at start {results['loadavg_start'][0]:.1f}, at end {results['loadavg_end'][0]:.1f} "
           f"(2 cores; other jobs shared the CPU)\n")
-    print("| model | option | threads | batch | assistant tok/s | user tok/s | all tok/s | ratio to hf-fp32 (all) "
+    print(f"| model | option | threads | batch | assistant tok/s | user tok/s | all tok/s | ratio to {a.configs[0]} (all) "
           "| peak RSS MB | load s | assistant turns at cap |\n|---|---|---|---|---|---|---|---|---|---|---|")
     for m, e in results["models"].items():
         for opt, r in e["options"].items():

@@ -31,7 +31,6 @@ under heavy CPU contention; not part of ``scripts/setup.sh``).
 from __future__ import annotations
 
 import atexit
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -42,6 +41,7 @@ import torch
 from .errors import UserError
 from .generation import Generation
 from .io import sha256_file
+from .models import cpu_threads
 
 INSTALL = "pip install llama-cpp-python==0.3.36"
 
@@ -90,23 +90,6 @@ def load_tokenizer(gguf: Path, weight_hash: str, snapshot_name: str) -> tuple[An
     return tok, gen_cfg
 
 
-def auto_threads() -> int:
-    """Threads to use: ``$MECHPROBE_THREADS``, else the cores not already busy (1-minute load average).
-
-    Why not always every core: llama.cpp's threads spin-wait for each other at every op, so on a shared
-    CPU a second thread that keeps getting descheduled stalls the first. Measured on the 2-core machine
-    with a load average of ~12: 1 thread decoded SmolLM2 at 78-81 tokens/s, 2 threads at 2-15 tokens/s.
-    """
-    if os.environ.get("MECHPROBE_THREADS"):
-        return max(1, int(os.environ["MECHPROBE_THREADS"]))
-    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        return n
-    return max(1, min(n, int(n - load + 0.5)))
-
-
 def load_llamacpp(gguf: str | Path, *, n_ctx: int = 4096, n_threads: int | None = None, **kwargs: Any) -> Any:
     """A ``llama_cpp.Llama`` over ``gguf``; a clear error naming the install command when it is missing."""
     try:
@@ -114,7 +97,7 @@ def load_llamacpp(gguf: str | Path, *, n_ctx: int = 4096, n_threads: int | None 
     except ImportError as e:
         raise UserError(f"the llamacpp engine needs llama-cpp-python: run `{INSTALL}` (a source build, several "
                         "minutes), or use --engine hf") from e
-    threads = n_threads or auto_threads()
+    threads = n_threads or cpu_threads()
     llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
                           n_batch=512, verbose=False, **kwargs)
     # Free it before interpreter teardown: llama_cpp's __del__ at exit calls into an unloaded library.
