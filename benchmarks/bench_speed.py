@@ -135,6 +135,33 @@ def _parity(model: str, runs: dict[str, str]) -> dict:
             "bf16_cos_min": cos.min().item(), "n_rows": len(prompts), "greedy_agreement_vs_hf_fp32": agree}
 
 
+def _prefill(model: str, a: argparse.Namespace) -> dict:
+    """Prefill of probe-sized prompts with the LM head on every position (before) vs the last only (now)."""
+    import torch
+
+    from mechprobe import chat, pipeline
+    from mechprobe.generation import left_pad
+    from mechprobe.models import load_model
+
+    lm = load_model(model, dtype="bfloat16")
+    cfg = pipeline.ProbeConfig(model=model, dataset=a.dataset, limit=a.items)
+    items, _ = pipeline.load_items(cfg)
+    answer = " ".join(["Step: multiply the numbers, then add the remainder to get the total."] * 12)
+    prompts = [chat.build_probe_prompt(lm.tokenizer, it.prompt, answer).input_ids for it in items]
+    ids, mask, pos = left_pad(prompts, lm.tokenizer.pad_token_id, lm.device)
+    out: dict = {"model": model, "rows": len(prompts), "prompt_tokens": int(mask.sum()), "threads": torch.get_num_threads()}
+    with torch.inference_mode():
+        for keep in (0, 1, 0, 1):
+            t = time.perf_counter()
+            logits = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=keep).logits
+            dt = time.perf_counter() - t
+            key = "all_positions" if keep == 0 else "last_position"
+            out[key + "_s"] = min(dt, out.get(key + "_s", float("inf")))
+            out[key + "_logits_mb"] = logits.numel() * logits.element_size() / 2**20
+    out["speedup"] = out["all_positions_s"] / out["last_position_s"]
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["smollm2-135m-instruct"])
@@ -149,7 +176,12 @@ def main() -> int:
     p.add_argument("--out", default=str(HERE / "results" / "speed.json"))
     p.add_argument("--child", nargs=3, metavar=("MODEL", "OPTION", "DIR"), help=argparse.SUPPRESS)
     p.add_argument("--parity-child", nargs=2, metavar=("MODEL", "RUNS_JSON"), help=argparse.SUPPRESS)
+    p.add_argument("--prefill", action="store_true", help="only time prefill: LM head on all vs last position")
     a = p.parse_args()
+    if a.prefill:
+        for m in a.models:
+            print(json.dumps(_prefill(m, a)))
+        return 0
     if a.child:
         print("RESULT " + json.dumps(_child(*a.child, a)))
         return 0
@@ -174,7 +206,7 @@ def main() -> int:
         for m in a.models:
             rows, runs = {}, {}
             for opt in a.configs:
-                d = str(Path(tmp) / f"{Path(m).stem}-{opt}")
+                d = str(Path(tmp) / f"{Path(m).name.removesuffix('.gguf')}-{opt}")
                 rows[opt] = sub(["--child", m, opt, d])
                 if "error" not in rows[opt]:
                     runs[opt] = d
@@ -200,15 +232,15 @@ def main() -> int:
     for m, e in results["models"].items():
         for opt, r in e["options"].items():
             if "error" in r:
-                print(f"| {Path(m).stem} | {opt} | failed: {r['error'][-120:]!r} |")
+                print(f"| {Path(m).name.removesuffix('.gguf')} | {opt} | failed: {r['error'][-120:]!r} |")
                 continue
             ratio = f"{r['total_ratio']:.2f}x" if "total_ratio" in r else "-"
-            print(f"| {Path(m).stem} | {opt} | {r['threads']} | {r['batch']} | {r['assistant_tok_s']:.1f} | {r['user_tok_s']:.1f} | "
+            print(f"| {Path(m).name.removesuffix('.gguf')} | {opt} | {r['threads']} | {r['batch']} | {r['assistant_tok_s']:.1f} | {r['user_tok_s']:.1f} | "
                   f"{r['total_tok_s']:.1f} | {ratio} | {r['peak_rss_mb']:.0f} | {r['load_s']:.1f} | "
                   f"{r['assistant_hit_cap']}/{r['n_items']} |")
     for m, e in results["models"].items():
         if "parity" in e:
-            print(f"\n{Path(m).stem} parity: {json.dumps(e['parity'])}")
+            print(f"\n{Path(m).name.removesuffix('.gguf')} parity: {json.dumps(e['parity'])}")
     print(f"\nwrote {a.out}")
     return 0
 
