@@ -253,15 +253,41 @@ def snapshot_dir(snapshot_name: str, file_sha: str) -> Path:
     return cache_dir() / "snapshots" / f"{snapshot_name}-{file_sha[:12]}"
 
 
+def _load_low_precision(snap: Path, dtype: torch.dtype) -> Any:
+    """A bf16/fp16 model from a same-dtype copy of the fp32 snapshot, written on the first such load.
+
+    Why a copy: converting from the memory-mapped fp32 file keeps all of it resident while the bf16 weights
+    are built (peak RSS 10.6 GB for the 1.5B model in bf16); the bf16 copy is half the bytes to map.
+    """
+    from transformers import AutoModelForCausalLM
+
+    low = snap.with_name(f"{snap.name}-{str(dtype).replace('torch.', '')}")
+    if (low / "mechprobe_snapshot.json").exists():
+        return AutoModelForCausalLM.from_pretrained(low, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(snap, dtype=dtype)
+    try:
+        tmp = low.with_name(low.name + ".tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        model.save_pretrained(tmp)
+        shutil.copy(snap / "mechprobe_snapshot.json", tmp / "mechprobe_snapshot.json")
+        if low.exists():
+            shutil.rmtree(low)
+        os.replace(tmp, low)
+    except Exception as e:  # noqa: BLE001 - a failed cache write must not fail the load
+        print(f"mechprobe: could not cache a {dtype} snapshot at {low} ({e})", file=sys.stderr)
+    return model
+
+
 def _load_gguf(gguf: Path, file_sha: str, snapshot_name: str, dtype: torch.dtype) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     snap = snapshot_dir(snapshot_name, file_sha)
     if (snap / "mechprobe_snapshot.json").exists():
         tok = AutoTokenizer.from_pretrained(snap)
-        # Load straight into the requested dtype: a bf16 1.5B model then never holds a 6 GB fp32 copy.
-        model = AutoModelForCausalLM.from_pretrained(snap, dtype=dtype)
-        return model, tok
+        if dtype != torch.float32:
+            return _load_low_precision(snap, dtype), tok
+        return AutoModelForCausalLM.from_pretrained(snap, dtype=torch.float32), tok
     try:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
