@@ -113,10 +113,9 @@ def generate(
     step_ids, step_pos = ids, pos
     rows = list(range(b))  # original row index of each batch position (rows leave when drop_finished)
     for step in range(max_new_tokens):
-        # logits_to_keep=1: only the last position's logits are used; the LM head over every prompt position
-        # (151k-word vocabularies) would cost prefill time and a [batch, prompt, vocab] tensor.
+        # Not logits_to_keep=1: measured 2x *slower* prefill in bf16 on CPU (benchmarks/bench_speed.py --prefill).
         out = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
-                    past_key_values=cache, use_cache=True, logits_to_keep=1)
+                    past_key_values=cache, use_cache=True)
         logits = out.logits[:, -1, :].float()
         cache = out.past_key_values
         if step == 0 and share:  # expand the unique prompts' prefill to one row per requested prompt
