@@ -73,6 +73,7 @@ def generate(
     pad_id: int = 0,
     top_p: float = 1.0,
     share_prefill: bool = True,
+    drop_finished: bool = True,
 ) -> list[Generation]:
     """Decode a batch of prompts; temperature 0 is greedy (argmax), >0 samples with the row's seed.
 
@@ -83,6 +84,10 @@ def generate(
     than the whole user turn's decoding. The copied rows are the same numbers the duplicate rows would
     have computed, so outputs do not change (tested token for token); steering and capture hooks see
     a prefill of the unique prompts, still ending at the boundary in every row.
+
+    ``drop_finished``: a row that has hit its stop token leaves the batch (its KV rows are dropped), so the
+    remaining steps compute only the rows still decoding. Every row keeps its own positions, mask and
+    RNG, so outputs do not change (tested token for token against ``drop_finished=False``).
     """
     from transformers import DynamicCache
 
@@ -104,10 +109,11 @@ def generate(
     cache = DynamicCache()
     out_tokens: list[list[int]] = [[] for _ in range(b)]
     reasons: list[str | None] = [None] * b
-    stop_tensor = torch.tensor(sorted(stop_ids), dtype=torch.long, device=dev) if stop_ids else None
 
     step_ids, step_pos = ids, pos
+    rows = list(range(b))  # original row index of each batch position (rows leave when drop_finished)
     for step in range(max_new_tokens):
+        # Not logits_to_keep=1: measured 2x *slower* prefill in bf16 on CPU (benchmarks/bench_speed.py --prefill).
         out = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
                     past_key_values=cache, use_cache=True)
         logits = out.logits[:, -1, :].float()
@@ -117,27 +123,33 @@ def generate(
             cache.reorder_cache(idx)
             logits, mask, step_pos = logits[idx], mask[idx], step_pos[idx]
         nxt = logits.argmax(-1)
-        for i in range(b):
+        for j, i in enumerate(rows):
             if temps[i] > 0 and reasons[i] is None:
-                probs = torch.softmax(logits[i] / temp_t[i], dim=-1)
+                probs = torch.softmax(logits[j] / temp_t[i], dim=-1)
                 if top_p < 1.0:
                     probs = _top_p(probs, top_p)
-                nxt[i] = torch.multinomial(probs, 1, generator=gens[i])[0]
-        nxt_list = nxt.tolist()
-        for i, t in enumerate(nxt_list):
+                nxt[j] = torch.multinomial(probs, 1, generator=gens[i])[0]
+        for j, t in enumerate(nxt.tolist()):
+            i = rows[j]
             if reasons[i] is None:
                 out_tokens[i].append(t)
                 if t in stop_ids:
                     reasons[i] = stop_ids[t]
-        if all(r is not None for r in reasons):
+        keep = [j for j, i in enumerate(rows) if reasons[i] is None]
+        if not keep:
             break
-        # Finished rows keep decoding a harmless token; their outputs are discarded.
-        if stop_tensor is not None:
-            nxt = torch.where(torch.tensor([r is not None for r in reasons], device=dev),
-                              torch.full_like(nxt, pad_id), nxt)
+        if len(keep) < len(rows):
+            if drop_finished:
+                kidx = torch.tensor(keep, device=dev)
+                cache.reorder_cache(kidx)
+                nxt, mask, step_pos = nxt[kidx], mask[kidx], step_pos[kidx]
+                rows = [rows[j] for j in keep]
+            else:  # finished rows keep decoding a harmless token; their outputs are discarded
+                done = torch.tensor([reasons[i] is not None for i in rows], device=dev)
+                nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
         step_ids = nxt[:, None]
         step_pos = step_pos[:, -1:] + 1
-        mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=dev)], dim=1)
+        mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=dev)], dim=1)
     return [Generation(token_ids=out_tokens[i], stop_reason=reasons[i] or "max_tokens") for i in range(b)]
 
 

@@ -46,6 +46,9 @@ USER_TURNS = "user_turns.jsonl"
 SKIPPED = "skipped_rows.jsonl"
 
 
+ENGINES = ("hf", "vllm", "llamacpp")
+
+
 @dataclass
 class ProbeConfig:
     """Everything that determines a probe run's outputs (and goes into its manifest)."""
@@ -64,7 +67,7 @@ class ProbeConfig:
     batch_size: int = 8
     device: str | None = None
     dtype: str | None = None
-    engine: str = "hf"  # "hf" (exact, hookable) | "vllm" (throughput for sampling on GPUs)
+    engine: str = "hf"  # "hf" (exact, hookable) | "vllm" (GPU sampling) | "llamacpp" (CPU, GGUF weights)
 
     def identity(self) -> dict[str, Any]:
         """What must match to extend an existing run (limit, batch size and device may change)."""
@@ -100,8 +103,8 @@ class ProbeConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 bad.append(f"{name} must be an integer >= 1, got {v!r}")
-        if self.engine not in ("hf", "vllm"):
-            bad.append(f"unknown engine {self.engine!r}: use hf or vllm")
+        if self.engine not in ENGINES:
+            bad.append(f"unknown engine {self.engine!r}: use {', '.join(ENGINES)}")
         if bad:
             raise UserError("invalid probe configuration: " + "; ".join(bad))
 
@@ -200,11 +203,15 @@ def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
                      "n_items": len(items), "n_malformed_rows": 0}
     if not items:
         raise UsageError(f"dataset {cfg.dataset!r} gave no items (limit={cfg.limit}); nothing to probe")
-    if cfg.engine not in ("hf", "vllm"):
-        raise UsageError(f"unknown engine {cfg.engine!r}: use hf or vllm")
+    if cfg.engine not in ENGINES:
+        raise UsageError(f"unknown engine {cfg.engine!r}: use {', '.join(ENGINES)}")
     engine = None
     if lm is None and cfg.engine == "vllm":
         lm, engine = _load_vllm_engine(cfg)
+    if lm is None and cfg.engine == "llamacpp":
+        from .llamacpp_backend import load_engine
+
+        lm, engine = load_engine(cfg.model, chat_template=cfg.chat_template)
     lm = lm or load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, chat_template=cfg.chat_template)
     tok = lm.tokenizer
     # Fail before any generation when the template cannot host the probe (base models).
@@ -257,6 +264,8 @@ def _load_vllm_engine(cfg: ProbeConfig) -> tuple[LoadedModel, Any]:
 
 
 def _decode_batch(lm: LoadedModel, engine: Any, prompts: list[list[int]], **kw: Any) -> list[Any]:
+    if hasattr(engine, "decode_batch"):  # llamacpp_backend.LlamaCppEngine
+        return engine.decode_batch(prompts, **kw)
     if engine is not None:
         from .vllm_backend import generate_vllm
 
@@ -404,8 +413,9 @@ def add_probe_args(p: Any) -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16", "float16"])
-    p.add_argument("--engine", default="hf", choices=["hf", "vllm"],
-                   help="hf: exact and hookable (default); vllm: GPU throughput for large sampling runs")
+    p.add_argument("--engine", default="hf", choices=list(ENGINES),
+                   help="hf: exact and hookable (default); vllm: GPU throughput for large sampling runs; "
+                        "llamacpp: GGUF models on CPU, several times faster (pip install llama-cpp-python)")
 
 
 def config_from_args(a: Any) -> ProbeConfig:

@@ -136,3 +136,53 @@ def test_real_model_shared_prefill_equals_separate_prefill(smol):
     shared = generate(smol.model, rows, share_prefill=True, **kw)
     plain = generate(smol.model, rows, share_prefill=False, **kw)
     assert [s.token_ids for s in shared] == [p.token_ids for p in plain]
+
+
+def _mixed_stop(free: list[list[int]]) -> int:
+    """A token that ends some rows early and others later or never (so rows leave the batch at different steps)."""
+    for row in free:
+        for t in row[1:]:
+            ends = {r.index(t) if t in r else None for r in free}
+            if len(ends) >= 2 and any(e is not None and e < len(row) - 2 for e in ends):
+                return t
+    raise AssertionError("no token ends the rows at different steps")
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_dropping_finished_rows_changes_no_token(arch):
+    """Finished rows leave the batch (fewer rows per decode step) and every row's tokens stay the same."""
+    model = tiny_model(arch)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(1, 128, (n,), generator=g).tolist() for n in (4, 9, 6, 12)]
+    rows, temps, seeds = _plan_batch(prompts, k=1)
+    free = generate(model, rows, stop_ids={}, max_new_tokens=12, temperatures=temps, seeds=seeds, pad_id=0)
+    stop = _mixed_stop([f.token_ids for f in free])
+    kw = dict(stop_ids={stop: "end_of_turn"}, max_new_tokens=12, temperatures=temps, seeds=seeds, pad_id=0)
+    seen: list[int] = []
+    h = model.model.layers[0].register_forward_hook(lambda m, i, o: seen.append(i[0].shape[0]))
+    try:
+        dropped = generate(model, rows, drop_finished=True, **kw)
+    finally:
+        h.remove()
+    kept = generate(model, rows, drop_finished=False, **kw)
+    assert [(d.token_ids, d.stop_reason) for d in dropped] == [(k.token_ids, k.stop_reason) for k in kept]
+    assert len({len(d.token_ids) for d in dropped}) > 1  # rows ended at different steps
+    decode_sizes = seen[1:]  # seen[0] is the prefill of the unique prompts
+    assert max(decode_sizes) <= len(rows) and decode_sizes[-1] < len(rows)  # rows left the batch
+    assert decode_sizes == sorted(decode_sizes, reverse=True)
+
+
+@pytest.mark.slow
+def test_real_model_dropping_finished_rows_changes_no_token(smol):
+    tok = smol.tokenizer
+    prompts = [chat.build_probe_prompt(tok, q, a).input_ids
+               for q, a in [("What is 7*8?", "7*8 = 56."), ("Name a fruit.", "An apple."),
+                            ("Hi", "Hello! How can I help you today?")]]
+    rows, temps, seeds = _plan_batch(prompts, k=2)
+    stops = chat.stop_token_ids(tok, smol.model)
+    kw = dict(stop_ids=stops, max_new_tokens=40, temperatures=temps, seeds=seeds, pad_id=tok.pad_token_id)
+    dropped = generate(smol.model, rows, drop_finished=True, **kw)
+    kept = generate(smol.model, rows, drop_finished=False, **kw)
+    assert [(d.token_ids, d.stop_reason) for d in dropped] == [(k.token_ids, k.stop_reason) for k in kept]
+    lengths = {len(d.token_ids) for d in dropped if d.stop_reason == "end_of_turn"}
+    assert lengths and len(lengths | {40}) > 1  # some rows did stop early, at different steps than others

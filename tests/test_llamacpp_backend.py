@@ -1,0 +1,147 @@
+"""The llama.cpp engine's guarantees on the real embedded model (skipped when llama-cpp-python is missing).
+
+What is checked against the HF engine: the run identity and stop ids are the same; prompts are fed as the
+HF tokenizer's ids; generation stops at the template's end-of-turn with the stop token kept raw; sampled rows
+are reproducible from their seed alone; greedy agrees with HF greedy on the first tokens (not bit-exact:
+llama.cpp multiplies Q4 weights with 8-bit-quantised activations, HF the dequantised weights in fp32).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from mechprobe import chat
+from mechprobe.errors import UserError
+from mechprobe.generation import generate
+
+CONVS = [("What is 7*8?", "7*8 = 56."), ("Name a fruit.", "An apple."),
+         ("Hi", "Hello! How can I help you today?"),
+         ("Give me a tip for sleeping better.", "Keep a regular schedule and avoid screens before bed.")]
+
+
+def test_hf_ids_and_dirs_are_refused_with_the_fix():
+    from mechprobe.llamacpp_backend import resolve_gguf
+
+    with pytest.raises(UserError, match="--engine hf"):
+        resolve_gguf("Qwen/Qwen2.5-0.5B-Instruct")
+    with pytest.raises(UserError, match="does not exist"):
+        resolve_gguf("/nonexistent/model.gguf")
+
+
+def test_missing_llama_cpp_names_the_install_command(monkeypatch):
+    from mechprobe.llamacpp_backend import load_llamacpp
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # makes `import llama_cpp` raise ImportError
+    with pytest.raises(UserError, match="pip install llama-cpp-python"):
+        load_llamacpp("model.gguf")
+
+
+@pytest.fixture(scope="module")
+def lc(smol):
+    pytest.importorskip("llama_cpp")
+    from mechprobe.llamacpp_backend import load_engine
+
+    return load_engine("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="module")
+def probe_prompts(smol):
+    return [chat.build_probe_prompt(smol.tokenizer, q, a).input_ids for q, a in CONVS]
+
+
+@pytest.mark.slow
+def test_identity_and_stop_ids_equal_the_hf_path(smol, lc):
+    lm, _ = lc
+    assert lm.identity() == smol.identity()  # so `mechprobe cache` accepts a llamacpp run with the HF model
+    assert chat.stop_token_ids(lm.tokenizer, lm.model) == chat.stop_token_ids(smol.tokenizer, smol.model)
+    assert chat.assistant_stop_token_ids(lm.tokenizer, lm.model) == \
+        chat.assistant_stop_token_ids(smol.tokenizer, smol.model)
+
+
+@pytest.mark.slow
+def test_prompts_are_fed_as_token_ids(smol, lc, probe_prompts):
+    lm, eng = lc
+    stops = chat.stop_token_ids(smol.tokenizer, smol.model)
+    for p in probe_prompts[:2]:
+        eng.decode_batch([p], stop_ids=stops, max_new_tokens=4, temperatures=0.0, pad_id=0)
+        # The context llama.cpp decoded starts with exactly the HF tokenizer's ids (BOS and specials included).
+        assert [int(x) for x in eng.llm._input_ids[: len(p)]] == p
+
+
+@pytest.mark.slow
+def test_stops_at_end_of_turn_and_keeps_special_tokens_raw(smol, lc, probe_prompts):
+    lm, eng = lc
+    tok = smol.tokenizer
+    stops = chat.stop_token_ids(tok, smol.model)
+    eot = [i for i, r in stops.items() if r == "end_of_turn"]
+    gens = eng.decode_batch(probe_prompts, stop_ids=stops, max_new_tokens=64,
+                            temperatures=[1.0] * len(probe_prompts), seeds=[1, 2, 3, 4], pad_id=0)
+    ended = [g for g in gens if g.stop_reason == "end_of_turn"]
+    assert ended, [g.stop_reason for g in gens]
+    for g in gens:
+        assert not any(t in stops for t in g.token_ids[:-1])  # stopped at the first stop id
+        if g.stop_reason == "end_of_turn":
+            assert g.token_ids[-1] in eot
+            assert tok.decode(g.token_ids, skip_special_tokens=False).endswith(tok.decode([g.token_ids[-1]]))
+            assert tok.decode([g.token_ids[-1]]) == "<|im_end|>"
+        else:
+            assert len(g.token_ids) == 64
+
+
+@pytest.mark.slow
+def test_sampled_rows_are_reproducible_from_their_seed_alone(smol, lc, probe_prompts):
+    _, eng = lc
+    stops = chat.stop_token_ids(smol.tokenizer, smol.model)
+    kw = dict(stop_ids=stops, max_new_tokens=24, pad_id=0)
+    rows = [probe_prompts[0], probe_prompts[1], probe_prompts[0]]
+    a = eng.decode_batch(rows, temperatures=[1.0, 1.0, 1.0], seeds=[7, 8, 9], **kw)
+    # Same row, alone and after other work (another KV state): same tokens.
+    eng.decode_batch([probe_prompts[3]], temperatures=0.0, **kw)
+    b = eng.decode_batch([probe_prompts[0]], temperatures=1.0, seeds=[9], **kw)[0]
+    assert b.token_ids == a[2].token_ids
+    c = eng.decode_batch([probe_prompts[0]], temperatures=1.0, seeds=[7], **kw)[0]
+    assert c.token_ids == a[0].token_ids
+    assert a[0].token_ids != a[2].token_ids  # the seed matters (same prompt, different seeds)
+    with pytest.raises(ValueError, match="seed"):
+        eng.decode_batch([probe_prompts[0]], temperatures=1.0, **kw)
+
+
+@pytest.mark.slow
+def test_greedy_agrees_with_hf_greedy_on_the_first_tokens(smol, lc, probe_prompts):
+    """Not bit-exact (Q4 x Q8 dot products vs fp32): the first N greedy tokens must agree; N stated below."""
+    _, eng = lc
+    tok = smol.tokenizer
+    stops = chat.stop_token_ids(tok, smol.model)
+    prompts = probe_prompts + [chat.build_assistant_prompt(tok, q) for q, _ in CONVS]
+    # Measured: the common greedy prefix with HF was 12..32 tokens (of 32) on these 8 prompts; later tokens
+    # may flip where two logits nearly tie. 8 leaves margin and still fails on any prompt or id mismatch.
+    n = 8
+    ours = eng.decode_batch(prompts, stop_ids=stops, max_new_tokens=n, temperatures=0.0, pad_id=0)
+    hf = generate(smol.model, prompts, stop_ids=stops, max_new_tokens=n, pad_id=tok.pad_token_id)
+    assert [g.token_ids for g in ours] == [g.token_ids for g in hf]
+
+
+@pytest.mark.slow
+def test_llamacpp_run_is_cached_by_the_hf_path(smol, tmp_path):
+    pytest.importorskip("llama_cpp")
+    from mechprobe.activations import ActivationCache, cache_run
+    from mechprobe.io import read_jsonl
+    from mechprobe.pipeline import ProbeConfig, run_probe
+
+    cfg = ProbeConfig(model="smollm2-135m-instruct", dataset="builtin", limit=2, temperatures=[0.0, 1.0], samples=2,
+                      max_assistant_tokens=24, max_user_tokens=12, engine="llamacpp")
+    run_probe(cfg, tmp_path, progress=False)
+    recs = list(read_jsonl(tmp_path / "user_turns.jsonl"))
+    assert len(recs) == 2 * 3
+    by_item: dict[str, list[dict]] = {}
+    for r in recs:
+        by_item.setdefault(r["item_id"], []).append(r)
+    asst = {r["item_id"]: r for r in read_jsonl(tmp_path / "assistant.jsonl")}
+    for item, rs in by_item.items():
+        a = asst[item]
+        want = chat.build_probe_prompt(smol.tokenizer, a["prompt"], a["response"]).input_ids
+        assert all(r["prompt_ids"] == want for r in rs)  # the HF tokenizer's ids, one prompt per item
+    out = cache_run(tmp_path, smol, progress=False, layers=[0, 5])  # identity check passes with the HF model
+    assert len(ActivationCache.load(out)) == len(recs)
