@@ -216,8 +216,8 @@ class HFResponder:
             _, ids = prompt_ids(self.tokenizer, messages)
         except chat.ChatTemplateError as e:
             return Reply(400, error_body(str(e), "invalid_request_error"))
-        with self._lock:
-            scores = ChoiceScorer(self.model, self.tokenizer, choices).score(ids)
+        scores = self._executor().submit(
+            lambda: ChoiceScorer(self.model, self.tokenizer, choices).score(ids)).result()
         probs = normalise(scores)
         best = choices[max(range(len(choices)), key=lambda i: probs[i])]
         content = json.dumps({"rationale": "", "label": best,
