@@ -69,11 +69,15 @@ def _child(model: str, option: str, out: str, a: argparse.Namespace) -> dict:
     items, _ = pipeline.load_items(cfg)
     outp = Path(out)
     outp.mkdir(parents=True, exist_ok=True)
+    from mechprobe.io import JsonlStore
+
+    skipped = JsonlStore(outp / "skipped_rows.jsonl", key="item_id")
     t = time.perf_counter()
-    pipeline._assistant_stage(cfg, lm, items, outp, False, eng)
+    pipeline._assistant_stage(cfg, lm, pipeline._assistant_jobs(cfg, lm, items, outp), outp, False, eng, skipped)
     a_s = time.perf_counter() - t
     t = time.perf_counter()
-    pipeline._user_stage(cfg, lm, items, pipeline.decoding_plan(cfg.temperatures, cfg.samples), outp, False, eng)
+    pipeline._user_stage(cfg, lm, items, pipeline.decoding_plan(cfg.temperatures, cfg.samples), outp, False, eng,
+                         skipped)
     u_s = time.perf_counter() - t
     asst = [AssistantRecord.from_dict(r) for r in read_jsonl(outp / pipeline.ASSISTANT)]
     users = list(read_jsonl(outp / pipeline.USER_TURNS))

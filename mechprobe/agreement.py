@@ -99,7 +99,7 @@ class LabelSource:
 
 
 def _is_judge_spec(spec: str) -> bool:
-    return spec in ("offline", "offline-lexical", "offline-embed") or spec.startswith(("openai:", "local:"))
+    return spec in ("offline", "offline-lexical", "offline-embed") or spec.startswith(("openai:", "local:", "hybrid:"))
 
 
 def load_labels(path: str | Path, split: str | None = None, name: str | None = None) -> LabelSource:
@@ -241,7 +241,7 @@ def add_agreement_args(p: argparse.ArgumentParser) -> None:
     """Arguments of ``mechprobe agreement A B`` (also ``python -m mechprobe.agreement``)."""
     p.add_argument("a", nargs="?", help="labels.jsonl, run dir, or hand-label fixture (the reference)")
     p.add_argument("b", nargs="?", help="labels.jsonl, run dir, fixture, or a judge spec (offline, "
-                                        "offline-lexical, openai:MODEL, local:MODEL) to run on A's rows")
+                                        "offline-lexical, openai:MODEL, local:MODEL, hybrid:MODEL) to run on A's rows")
     p.add_argument("--human-reference", metavar="JUDGE", default=None,
                    help="instead of A/B: judge real vs swapped next human turns of HH-RLHF and Topical-Chat "
                         "conversations with JUDGE (see mechprobe.human_reference)")
@@ -250,6 +250,8 @@ def add_agreement_args(p: argparse.ArgumentParser) -> None:
                    help="--human-reference: skip conversations longer than this (prompt+reply+next turn)")
     p.add_argument("--dtype", default=None, help="local judge: float32 | bfloat16 (default: bf16 on CPU)")
     p.add_argument("--few-shot", type=int, default=None, help="local judge: dev-split examples in the prompt")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="hybrid judge: grounding-PMI threshold (default: the one chosen on the dev split)")
     p.add_argument("--out", default=None, help="write the markdown report here")
     p.add_argument("--split", default=None, help="only rows of this split (dev|test) of a fixture")
     p.add_argument("--name-a", default=None)
@@ -264,11 +266,16 @@ def add_agreement_args(p: argparse.ArgumentParser) -> None:
 def run_agreement_cli(a: argparse.Namespace) -> int:
     """Compare the two sources of parsed arguments ``a`` and print (and optionally write) the report."""
     local_opts = {"dtype": a.dtype, "few_shot": a.few_shot}
+    hybrid_opts = {"dtype": a.dtype, "threshold": a.threshold}
+
+    def opts_for(spec: str) -> dict[str, Any]:
+        return local_opts if spec.startswith("local:") else hybrid_opts if spec.startswith("hybrid:") else {}
+
     if a.human_reference:
         from .human_reference import run
 
         text, _ = run(a.human_reference, n=a.n, save=a.save_labels, max_chars=a.max_chars,
-                      **(local_opts if a.human_reference.startswith("local:") else {}))
+                      **opts_for(a.human_reference))
         if a.out:
             Path(a.out).parent.mkdir(parents=True, exist_ok=True)
             Path(a.out).write_text(text, encoding="utf-8")
@@ -285,8 +292,8 @@ def run_agreement_cli(a: argparse.Namespace) -> int:
         if a.b.startswith("openai:"):
             opts = {"base_url": a.base_url, "api_key": os.environ.get(a.api_key_env) or None,
                     "concurrency": a.concurrency}
-        elif a.b.startswith("local:"):
-            opts = local_opts
+        else:
+            opts = opts_for(a.b)
         src_b = judge_source(a.b, src_a.rows, save=a.save_labels, **opts)
         if a.name_b:
             src_b.name = a.name_b

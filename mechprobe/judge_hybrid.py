@@ -1,0 +1,184 @@
+"""The hybrid judge: the offline rules for form, a local model's likelihood ratio for grounding.
+
+``--judge hybrid:MODEL`` (an embedded name such as ``qwen2.5-coder-1.5b-instruct``, a HF directory
+or a ``.gguf``). Why this split: measured on the hand labels, the offline rules agree with the
+labellers on the *form* of a turn (empty, word salad, an opened assistant header, a restated
+query) but not on *grounding*, the one property the label is about; and a 1.5B model asked to apply
+the taxonomy (``local:``) or narrow yes/no questions answers at chance or says yes to everything
+(``docs/judge_agreement.md``). What a small model does measure well is likelihood. So:
+
+* the offline judge labels every turn; its form labels (empty, degenerate, identity, meta,
+  restatement, assistant continuation) stand;
+* a turn it calls ``genuine_followup``, ``generic_followup`` or ``new_query`` (or ungrounded
+  filler) is a *candidate*: the model scores the turn's own text as the next user message twice,
+  after the real conversation and after the same query with a contentless answer
+  (:data:`NULL_RESPONSE`). The mean per-token log-ratio is the **grounding PMI**: how much the
+  assistant's actual answer makes this turn more likely. A reaction to the answer needs the answer;
+  a new problem, a drift or a generic "thanks" does not;
+* candidate → ``genuine_followup`` when the PMI is at least :attr:`HybridJudge.threshold` (chosen on
+  the dev split of the hand labels, never test), otherwise the offline label, with an offline
+  ``genuine_followup`` demoted to ``new_query`` (ungrounded by the model's measure).
+
+Cost: only candidates run the model; per turn two forwards over the turn's tokens, with each item's
+two conversation prefixes computed once for all its turns (KV reuse by token-id prefix). ``probs``
+in ``labels.jsonl`` hold ``genuine_followup`` = sigmoid((PMI - threshold) / scale) for candidates and 0
+for form labels (an AUROC or a calibration plot reads it) and ``pmi`` itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .judge import JudgeInput
+from .judge_local import DEFAULT_LOCAL_MODEL, ChoiceScorer, _cache_of, _crop
+from .records import LabelRecord
+from .taxonomy import GENUINE, is_genuine
+
+HYBRID_VERSION = "hybrid-v1"
+NULL_RESPONSE = "Sure, I can help with that."
+CANDIDATES = frozenset({GENUINE, "generic_followup", "new_query"})
+# Chosen on the dev split of tests/fixtures/hand_labels.jsonl (docs/judge_agreement.md); test untouched.
+DEFAULT_THRESHOLD = 0.25
+SCALE = 0.1  # log-ratio units per logit of the reported P(genuine); only shapes probs, not labels
+
+
+@torch.inference_mode()
+def turn_logprob(store: ChoiceScorer, tokenizer: Any, conv: list[dict[str, str]], turn: str,
+                 slot: str) -> tuple[float, int]:
+    """(summed log-probability, token count) of ``turn`` as the next *user* message after ``conv``.
+
+    The prefix (conversation + the template's own user header) is kept under ``slot`` so the item's
+    other turns reuse it; the turn's tokens are those of the whole rendering after the header
+    (tokenised in context, so a merge across the boundary cannot shift them).
+    """
+    from . import chat
+
+    pre_text = chat.render(tokenizer, conv) + chat.user_header(tokenizer)
+    full = pre_text + turn
+    ids, _ = chat.tokenize_rendered(tokenizer, full)
+    pre = chat._cut_at(tokenizer, full, len(pre_text))
+    if len(ids) <= len(pre):
+        return 0.0, 0
+    store.remember(slot, pre)
+    n, kv = store._best(ids)
+    n = min(n, len(pre) - 1)
+    if kv is not None:
+        kv = _crop(kv, n)
+    x = torch.tensor([ids[n:]], device=next(store.model.parameters()).device)
+    out = store.model(input_ids=x, past_key_values=_cache_of(kv) if kv is not None and n > 0 else None,
+                      use_cache=True)
+    logp = torch.log_softmax(out.logits[0].float(), -1)
+    idx = torch.arange(len(pre) - 1 - n, len(ids) - 1 - n)
+    tgt = torch.tensor(ids[len(pre):])
+    store.stats["turn_tokens"] += len(ids) - n
+    return float(logp[idx, tgt].sum()), len(ids) - len(pre)
+
+
+def grounding_pmi(store: ChoiceScorer, tokenizer: Any, inp: JudgeInput, text: str) -> float:
+    """Mean per-token log p(turn | query, real answer) - log p(turn | query, contentless answer)."""
+    conv = inp.conversation()
+    lp_real, n = turn_logprob(store, tokenizer, conv, text, "real")
+    null = conv[:-1] + [{"role": "assistant", "content": NULL_RESPONSE}]
+    lp_null, _ = turn_logprob(store, tokenizer, null, text, "null")
+    return (lp_real - lp_null) / max(n, 1)
+
+
+class HybridJudge:
+    """Offline form rules + a local model's grounding PMI (see the module docstring)."""
+
+    def __init__(self, model: str = DEFAULT_LOCAL_MODEL, *, dtype: str | torch.dtype | None = None,
+                 device: str | None = None, threshold: float | None = None,
+                 cache_dir: str | Path | bool | None = None, loaded: Any = None, embed: bool | None = None):
+        from .judge_llm import JudgeCache, default_cache_dir
+        from .judge_offline import OfflineJudge
+
+        if loaded is None:
+            from .models import default_device, load_model
+
+            dev = torch.device(device) if device else default_device()
+            loaded = load_model(model, device=dev, dtype=dtype or torch.bfloat16)
+        self.lm = loaded
+        self.model_name = loaded.name
+        self.offline = OfflineJudge(embed=embed)
+        self.threshold = DEFAULT_THRESHOLD if threshold is None else float(threshold)
+        if not math.isfinite(self.threshold):
+            raise ValueError(f"threshold must be a finite number, got {threshold!r}")
+        tag = "" if threshold is None else f"+t{self.threshold:g}"
+        self.name = f"hybrid:{self.model_name}@{HYBRID_VERSION}+{self.offline.name}{tag}"
+        self.store = ChoiceScorer(loaded.model, loaded.tokenizer, ["x"])  # its KV prefix store
+        if cache_dir is False:
+            self.cache: Any = None
+        else:
+            self.cache = JudgeCache(default_cache_dir() if cache_dir in (None, True) else Path(str(cache_dir)))
+        self.stats = {"judged": 0, "model_runs": 0, "cache_hits": 0, "seconds": 0.0}
+
+    def public_config(self) -> dict[str, Any]:
+        return {"model": self.model_name, "weight_hash": self.lm.weight_hash, "dtype": str(self.lm.dtype),
+                "version": HYBRID_VERSION, "offline": self.offline.name, "null_response": NULL_RESPONSE,
+                "threshold": self.threshold, "cache": str(self.cache.root) if self.cache else None}
+
+    def _key(self, inp: JudgeInput, text: str) -> str:
+        # Keyed on what the PMI depends on (not the threshold): a re-tuned threshold reuses every forward.
+        payload = {"pmi": HYBRID_VERSION, "model": self.model_name, "weights": self.lm.weight_hash,
+                   "dtype": str(self.lm.dtype), "null": NULL_RESPONSE, "conversation": inp.conversation(),
+                   "turn": text}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+    def pmi(self, inp: JudgeInput, text: str) -> float:
+        if self.cache is not None:
+            hit = self.cache.get(self._key(inp, text))
+            if hit is not None and isinstance(hit.get("pmi"), (int, float)):
+                self.stats["cache_hits"] += 1
+                return float(hit["pmi"])
+        t0 = time.perf_counter()
+        v = grounding_pmi(self.store, self.lm.tokenizer, inp, text)
+        self.stats["seconds"] += time.perf_counter() - t0
+        self.stats["model_runs"] += 1
+        if self.cache is not None:
+            self.cache.put(self._key(inp, text), {"pmi": v})
+        return v
+
+    def decide(self, offline: LabelRecord, pmi: float | None) -> tuple[str, float]:
+        """(label, P(genuine)) from the offline verdict and the PMI (None: not a candidate)."""
+        if pmi is None:
+            return offline.label, 0.0
+        p = 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, (pmi - self.threshold) / SCALE))))
+        if pmi >= self.threshold:
+            return GENUINE, p
+        return ("new_query" if offline.label == GENUINE else offline.label), p
+
+    def label_many(self, inputs: Sequence[JudgeInput]) -> Iterator[LabelRecord]:
+        """Offline verdicts first (fast), then candidates grouped by conversation, yielded as judged."""
+        from .judge_offline import split_roles
+
+        offline = {r.record_id: r for r in self.offline.label_many(list(inputs))}
+        order: dict[str, list[JudgeInput]] = {}
+        for inp in inputs:
+            order.setdefault(json.dumps(inp.conversation(), sort_keys=True, ensure_ascii=False), []).append(inp)
+        for group in order.values():
+            for inp in group:
+                off = offline[inp.record_id]
+                text = split_roles(inp.raw_text)[0].text
+                cand = (off.label in CANDIDATES or off.rationale.startswith("R10a")) and bool(text.strip())
+                pmi = self.pmi(inp, text) if cand else None
+                label, p = self.decide(off, pmi)
+                why = f"offline {off.label} ({off.rationale.split(':', 1)[0]})"
+                if pmi is not None:
+                    why += f"; grounding PMI {pmi:+.3f} vs threshold {self.threshold:g}"
+                self.stats["judged"] += 1
+                probs = {GENUINE: round(p, 6)} | ({"pmi": round(pmi, 6)} if pmi is not None else {})
+                yield LabelRecord(record_id=inp.record_id, label=label, genuine=is_genuine(label), rationale=why,
+                                  judge=self.name, probs=probs)
+            for slot in ("real", "null"):
+                self.store.forget(slot)
+
+    def label(self, inp: JudgeInput) -> LabelRecord:
+        return next(self.label_many([inp]))

@@ -1,0 +1,92 @@
+"""The hybrid judge (``--judge hybrid:MODEL``): offline form rules + a local model's grounding PMI."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mechprobe import chat
+from mechprobe.io import read_jsonl
+from mechprobe.judge import JudgeInput, inputs_from_rows, make_judge
+from mechprobe.judge_hybrid import CANDIDATES, NULL_RESPONSE, HybridJudge, turn_logprob
+from mechprobe.judge_local import ChoiceScorer
+from mechprobe.records import LabelRecord
+from mechprobe.taxonomy import GENUINE, LABELS
+from tests.conftest import REPO, requires_smollm2
+
+FIXTURE = REPO / "tests" / "fixtures" / "hand_labels.jsonl"
+
+
+def test_make_judge_hybrid_needs_a_model():
+    with pytest.raises(ValueError, match="hybrid:MODEL needs a model"):
+        make_judge("hybrid:")
+
+
+def _off(label: str) -> LabelRecord:
+    return LabelRecord(record_id="r", label=label, genuine=label == GENUINE, rationale="R10: x", judge="offline")
+
+
+@requires_smollm2
+@pytest.mark.slow
+def test_decide_keeps_form_labels_and_thresholds_grounding(smol):
+    j = HybridJudge(loaded=smol, cache_dir=False, threshold=0.3)
+    assert j.decide(_off("prompt_restatement"), None) == ("prompt_restatement", 0.0)
+    lab, p = j.decide(_off("new_query"), 0.5)
+    assert lab == GENUINE and p > 0.5
+    lab, p = j.decide(_off(GENUINE), 0.1)
+    assert lab == "new_query" and p < 0.5  # the offline rule's genuine is demoted when the model sees no grounding
+    lab, _ = j.decide(_off("generic_followup"), 0.0)
+    assert lab == "generic_followup"
+    assert "+t0.3" in j.name  # a non-default threshold is part of the judge's name (labels never mix)
+    with pytest.raises(ValueError, match="finite"):
+        HybridJudge(loaded=smol, cache_dir=False, threshold=float("nan"))
+
+
+@requires_smollm2
+@pytest.mark.slow
+def test_turn_logprob_with_reused_prefix_equals_one_full_forward(smol):
+    """KV reuse is an optimisation only: same log-probability as scoring the whole sequence at once."""
+    tok, model = smol.tokenizer, smol.model
+    conv = [{"role": "user", "content": "What is 12 times 7?"},
+            {"role": "assistant", "content": "12 times 7 is 84, because 10*7=70 and 2*7=14."}]
+    turns = ["Why did you split 12 into 10 and 2?", "Thanks! What about 13 times 7?"]
+    store = ChoiceScorer(model, tok, ["x"])
+    for turn in turns:  # the second turn reuses the first one's conversation prefix
+        got, n = turn_logprob(store, tok, conv, turn, "real")
+        pre_text = chat.render(tok, conv) + chat.user_header(tok)
+        ids, _ = chat.tokenize_rendered(tok, pre_text + turn)
+        pre = chat._cut_at(tok, pre_text + turn, len(pre_text))
+        with torch.inference_mode():
+            logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+        want = sum(float(logp[k - 1, ids[k]]) for k in range(len(pre), len(ids)))
+        assert n == len(ids) - len(pre) > 3
+        # fp32, same weights, KV from an earlier forward vs one forward: only summation order differs
+        assert math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-3)
+    assert store.stats["turn_tokens"] < 2 * (len(ids))  # the second turn did not recompute the conversation
+
+
+@requires_smollm2
+@pytest.mark.slow
+def test_hybrid_labels_are_valid_and_grounded_turns_score_higher(smol, tmp_path):
+    """Every row gets a taxonomy label; a reaction to the answer's own content has a higher PMI than a
+    new unrelated query on the same conversation (a grounding judge must at least see that)."""
+    rows = [r for r in read_jsonl(FIXTURE) if r["split"] == "dev"][:9]
+    j = HybridJudge(loaded=smol, cache_dir=tmp_path / "cache")
+    recs = list(j.label_many(inputs_from_rows(rows)))
+    assert [r.record_id for r in recs] == [r["record_id"] for r in rows]
+    for r in recs:
+        assert r.label in LABELS and r.genuine == (r.label == GENUINE)
+        assert 0.0 <= r.probs[GENUINE] <= 1.0
+        assert ("pmi" in r.probs) == ("PMI" in r.rationale)
+    runs = j.stats["model_runs"]
+    again = list(HybridJudge(loaded=smol, cache_dir=tmp_path / "cache").label_many(inputs_from_rows(rows)))
+    assert [r.to_dict() for r in again] == [r.to_dict() for r in recs] and runs > 0  # cached PMIs, same verdicts
+    base = JudgeInput(record_id="x", prompt="How do I boil an egg?",
+                      response="Put the egg in boiling water for nine minutes, then cool it in ice water.",
+                      raw_text="")
+    grounded = j.pmi(base, "Why nine minutes and not ten?")
+    unrelated = j.pmi(base, "Write a poem about the ocean.")
+    assert grounded > unrelated
+    assert NULL_RESPONSE not in base.response and GENUINE in CANDIDATES
