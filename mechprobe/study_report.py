@@ -37,6 +37,9 @@ DECOUPLED_BAND = 0.10  # "decoupled": correct vs wrong items differ by less than
 FAMILY_TVD = 0.10  # "profiles differ": total variation distance between label distributions above 0.10
 ALPHA = 0.05
 MIN_GROUP = 3  # items per group below which a comparison is inconclusive by rule
+# Paired items below which a bootstrap decides nothing: with a handful of items the resampled CI collapses
+# onto the observed value (3 items all at 0 give [0, 0]) and would "decide" from noise.
+MIN_PAIRED = 10
 
 
 @dataclass
@@ -259,6 +262,7 @@ class ModelAggregate:
     model: str
     greedy: Rate
     lift: tuple[float, float, float, float]  # sampled(T_REF) - greedy per item: diff, lo, hi, p
+    n_lift_items: int
     paired: list[PairedResult]
     coupling: tuple[float, float, float]  # rate(correct items) - rate(wrong items): diff, lo, hi
     n_correct: int
@@ -341,7 +345,8 @@ def aggregate_model(data: StudyData, model: str) -> ModelAggregate:
                         theirs.setdefault(f"{o}|{k}", []).append(t)
         tv = tvd_bootstrap(mine, theirs)
     all_turns = [t for _, t in full]
-    return ModelAggregate(model, rate(greedy(all_turns)), lift, paired, coupling, len(correct), len(wrong), tv, others)
+    return ModelAggregate(model, rate(greedy(all_turns)), lift, len(items), paired, coupling, len(correct), len(wrong),
+                          tv, others)
 
 
 @dataclass(frozen=True)
@@ -367,12 +372,15 @@ def decide_greedy_zero(r: Rate) -> Verdict:
     return Verdict("inconclusive", ev)
 
 
-def decide_lift(lift: tuple[float, float, float, float]) -> Verdict:
-    """held: paired-bootstrap CI of (sampled - greedy) above 0; refuted: its upper bound below MIN_LIFT."""
+def decide_lift(lift: tuple[float, float, float, float], n_items: int) -> Verdict:
+    """held: paired-bootstrap CI of (sampled - greedy) above 0; refuted: its upper bound below MIN_LIFT;
+    inconclusive below MIN_PAIRED items."""
     d, lo, hi, _ = lift
     if _nan(d, lo, hi):
         return Verdict("inconclusive", "no item with both greedy and sampled turns")
-    ev = f"sampled − greedy {d:+.1%} [{lo:+.1%}, {hi:+.1%}]"
+    ev = f"sampled − greedy {d:+.1%} [{lo:+.1%}, {hi:+.1%}], {n_items} items"
+    if n_items < MIN_PAIRED:
+        return Verdict("inconclusive", ev + f" (< {MIN_PAIRED})")
     if lo > 0:
         return Verdict("held", ev)
     if hi < MIN_LIFT:
@@ -382,18 +390,23 @@ def decide_lift(lift: tuple[float, float, float, float]) -> Verdict:
 
 def decide_move(paired: list[PairedResult]) -> Verdict:
     """held: any variant's McNemar or bootstrap p below ALPHA / (2 x variants) (Bonferroni);
-    refuted: none is, and every variant's sampled-rate change CI lies within +-MOVE_BAND."""
+    refuted: none is, and every variant's sampled-rate change CI lies within +-MOVE_BAND. Bootstrap results
+    count only with at least MIN_PAIRED items (the exact McNemar test is valid at any n)."""
     if not paired:
         return Verdict("inconclusive", "no perturbation runs")
     m = 2 * len(paired)
     alpha = ALPHA / m
-    sig = [p for p in paired if p.p_mcnemar < alpha or (p.p_boot == p.p_boot and p.p_boot < alpha)]
+
+    def boot_ok(p: PairedResult) -> bool:
+        return not _nan(p.diff, p.p_boot) and p.n_items >= MIN_PAIRED
+
+    sig = [p for p in paired if p.p_mcnemar < alpha or (boot_ok(p) and p.p_boot < alpha)]
     ev = "; ".join(f"{p.variant} {p.diff:+.1%} [{p.ci[0]:+.1%}, {p.ci[1]:+.1%}] p={p.p_boot:.3g}, McNemar p={p.p_mcnemar:.3g}"
                    if not _nan(p.diff) else f"{p.variant}: McNemar p={p.p_mcnemar:.3g}" for p in paired)
     ev += f" (threshold p < {alpha:.3g})"
     if sig:
         return Verdict("held", ev)
-    if all(not _nan(p.diff) and -MOVE_BAND <= p.ci[0] and p.ci[1] <= MOVE_BAND for p in paired):
+    if all(boot_ok(p) and -MOVE_BAND <= p.ci[0] and p.ci[1] <= MOVE_BAND for p in paired):
         return Verdict("refuted", ev)
     return Verdict("inconclusive", ev)
 
@@ -427,7 +440,7 @@ def decide_family(tv: tuple[float, float, float] | None, others: list[str]) -> V
 
 CLAIMS = (
     ("greedy follow-up rate ≈ 0", lambda a: decide_greedy_zero(a.greedy)),
-    ("sampling lifts it", lambda a: decide_lift(a.lift)),
+    ("sampling lifts it", lambda a: decide_lift(a.lift, a.n_lift_items)),
     ("the perturbations move it", lambda a: decide_move(a.paired)),
     ("accuracy and awareness are decoupled", lambda a: decide_decoupled(a.coupling, a.n_correct, a.n_wrong)),
     ("failure profiles differ by family", lambda a: decide_family(a.tvd, a.other_family)),
@@ -436,6 +449,7 @@ CLAIMS = (
 RULES = f"""Decision rules (`mechprobe/study_report.py`, `decide_*`), all at 95%:
 - *greedy ≈ 0*: held if the Wilson upper bound of the greedy rate is ≤ {GREEDY_ZERO:.0%}; refuted if its lower bound is > {GREEDY_ZERO:.0%}.
 - *sampling lifts it*: paired bootstrap over items of (rate at T={T_REF:g} − greedy rate); held if the CI is above 0; refuted if its upper bound is < {MIN_LIFT:.0%}.
+- A bootstrap over fewer than {MIN_PAIRED} items decides nothing (its CI collapses onto the observed value); the exact McNemar test counts at any size.
 - *the perturbations move it*: held if any variant's exact McNemar (greedy) or paired-bootstrap (T={T_REF:g}) p-value is below {ALPHA} / (2 × number of variants) (Bonferroni); refuted if none is and every variant's change CI lies within ±{MOVE_BAND:.0%}.
 - *decoupled*: rate at T={T_REF:g} on items answered correctly minus on items answered wrongly (bootstrap over items); refuted if the CI excludes 0; held if it lies within ±{DECOUPLED_BAND:.0%}; inconclusive with fewer than {MIN_GROUP} items in a group.
 - *profiles differ by family*: total variation distance between the model's label distribution and the other family's models' (common datasets, bootstrap over items); held if the CI is above {FAMILY_TVD}; refuted if below.

@@ -75,8 +75,9 @@ def test_aggregates_from_synthetic_runs(tmp_path):
     assert swap.b == swap.c == 0 and swap.p_mcnemar == 1.0
     assert swap.diff == pytest.approx(-1.0) and swap.p_boot == 0.0
     assert a.tvd is not None and a.other_family == ["smollm2-135m-instruct"]
+    assert a.n_lift_items == 12 and swap.n_items == 12
     assert sr.decide_move(a.paired).verdict == "held"
-    assert sr.decide_lift(a.lift).verdict == "held"
+    assert sr.decide_lift(a.lift, a.n_lift_items).verdict == "held"
 
 
 def test_decision_rules_on_synthetic_aggregates():
@@ -84,19 +85,22 @@ def test_decision_rules_on_synthetic_aggregates():
     assert sr.decide_greedy_zero(Rate(40, 100)).verdict == "refuted"
     assert sr.decide_greedy_zero(Rate(0, 5)).verdict == "inconclusive"  # Wilson upper bound 43%
     assert sr.decide_greedy_zero(Rate(0, 0)) == Verdict("inconclusive", "no judged greedy turns")
-    assert sr.decide_lift((0.2, 0.1, 0.3, 0.0)).verdict == "held"
-    assert sr.decide_lift((0.0, -0.01, 0.01, 1.0)).verdict == "refuted"
-    assert sr.decide_lift((0.05, -0.02, 0.12, 0.3)).verdict == "inconclusive"
+    assert sr.decide_lift((0.2, 0.1, 0.3, 0.0), 20).verdict == "held"
+    assert sr.decide_lift((0.0, -0.01, 0.01, 1.0), 20).verdict == "refuted"
+    assert sr.decide_lift((0.0, 0.0, 0.0, 1.0), 3).verdict == "inconclusive"  # 3 items: degenerate bootstrap
+    assert sr.decide_lift((0.05, -0.02, 0.12, 0.3), 20).verdict == "inconclusive"
     nan = float("nan")
-    assert sr.decide_lift((nan, nan, nan, nan)).verdict == "inconclusive"
+    assert sr.decide_lift((nan, nan, nan, nan), 0).verdict == "inconclusive"
 
-    def pr(p_mc, diff, lo, hi, p_boot):
-        return sr.PairedResult("swap", Rate(0, 10), Rate(0, 10), 0, 0, p_mc, Rate(5, 20), Rate(5, 20), diff,
-                               (lo, hi), p_boot, 10)
+    def pr(p_mc, diff, lo, hi, p_boot, n=10):
+        return sr.PairedResult("swap", Rate(0, n), Rate(0, n), 0, 0, p_mc, Rate(5, 20), Rate(5, 20), diff,
+                               (lo, hi), p_boot, n)
 
     assert sr.decide_move([pr(0.001, 0.0, -0.01, 0.01, 0.9)]).verdict == "held"  # McNemar below 0.05/2
     assert sr.decide_move([pr(0.04, 0.0, -0.01, 0.01, 0.9)]).verdict == "refuted"  # 0.04 > 0.025; CI inside ±5
     assert sr.decide_move([pr(0.5, 0.1, -0.1, 0.3, 0.2)]).verdict == "inconclusive"
+    assert sr.decide_move([pr(1.0, -0.5, -0.5, -0.5, 0.0, n=4)]).verdict == "inconclusive"  # bootstrap on 4 items
+    assert sr.decide_move([pr(1.0, 0.0, 0.0, 0.0, 1.0, n=4)]).verdict == "inconclusive"
     assert sr.decide_move([]).verdict == "inconclusive"
     assert sr.decide_decoupled((0.01, -0.05, 0.06), 10, 10).verdict == "held"
     assert sr.decide_decoupled((0.3, 0.1, 0.5), 10, 10).verdict == "refuted"
