@@ -661,12 +661,11 @@ def write_figures(data: StudyData, out_dir: Path, prefix: str = "study_") -> dic
     # 3
     fig, ax = plt.subplots(figsize=(7, 4))
     models = data.models()
+    names = ["full", *sorted({v for _, _, v in data.variants})]  # one x position per variant for every model
     for j, m in enumerate(models):
-        a = aggregate_model(data, m)
-        names = ["full", *[p.variant for p in a.paired]]
         rs = [rate(sampled([t for d in data.datasets(m) for t in data.full[(m, d)].turns]))]
-        rs += [rate(sampled([t for (mm, _, v), rd in sorted(data.variants.items()) if mm == m and v == p.variant
-                             for t in rd.turns])) for p in a.paired]
+        rs += [rate(sampled([t for (mm, _, v), rd in sorted(data.variants.items()) if mm == m and v == name
+                             for t in rd.turns])) for name in names[1:]]
         w = 0.8 / max(1, len(models))
         ax.bar([i + w * j for i in range(len(names))], [r.p if r.n else 0 for r in rs], w, label=m,
                yerr=list(zip(*[_err(r) for r in rs])), capsize=2)
