@@ -164,6 +164,30 @@ def build_probe_prompt(
                        text=tokenizer.decode(ids), header_text=user_header(tokenizer))
 
 
+def build_headed_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> ProbePrompt:
+    """``messages`` (no assistant turn at the end, possibly none at all) followed by the user-role header.
+
+    For the perturbation controls of the study (:mod:`mechprobe.perturb`): ``no_response`` is the query
+    followed directly by the user header, ``no_conversation`` is the header after nothing but the system
+    prompt the template adds itself. Same sentinel cut as :func:`build_probe_prompt`, so the header is the
+    template's own. Templates that insist on alternating roles refuse two user turns in a row: that is a
+    :class:`ChatTemplateError` naming the variant's cause, not a guessed rendering.
+    """
+    try:
+        full = render(tokenizer, list(messages) + [{"role": "user", "content": SENTINEL}])
+    except ChatTemplateError as e:
+        raise ChatTemplateError(f"cannot put a user header right after {'the query' if messages else 'nothing'}: "
+                                f"{e}") from e
+    if full.count(SENTINEL) != 1:
+        raise ChatTemplateError("the chat template rendered the user message more than once")
+    ids = _cut_at(tokenizer, full, full.index(SENTINEL))
+    if not ids:
+        raise ChatTemplateError("the probe prompt tokenised to nothing")
+    end = len(ids) - 1
+    return ProbePrompt(input_ids=ids, boundary_index=end, assistant_span=(end, end), text=tokenizer.decode(ids),
+                       header_text=user_header(tokenizer))
+
+
 def build_assistant_prompt(tokenizer: Any, prompt: str, *, system: str | None = None,
                            history: list[dict[str, str]] | None = None) -> list[int]:
     """Token ids for generating the assistant turn (template with ``add_generation_prompt=True``)."""

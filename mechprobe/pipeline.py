@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,12 +187,13 @@ def _merged_limit(out: Path, limit: int | None) -> int | None:
 
 
 def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
-              progress: bool = True, items: list[Item] | None = None) -> Path:
+              progress: bool = True, items: list[Item] | None = None, engine: Any = None) -> Path:
     """Build or extend the probe run in ``out``. Safe to re-run after a crash: done rows are skipped.
 
     ``items`` bypasses the dataset loader (your own prompts from a notebook); ``cfg.dataset`` then
     only names them. Nothing is written to ``out`` until the config, the data, the model and its
-    template have all been checked.
+    template have all been checked. ``lm`` and ``engine`` (from :func:`load_generator`) let a caller
+    that probes several datasets load the model once.
     """
     out = Path(out)
     cfg.validate()
@@ -205,14 +208,8 @@ def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
         raise UsageError(f"dataset {cfg.dataset!r} gave no items (limit={cfg.limit}); nothing to probe")
     if cfg.engine not in ENGINES:
         raise UsageError(f"unknown engine {cfg.engine!r}: use {', '.join(ENGINES)}")
-    engine = None
-    if lm is None and cfg.engine == "vllm":
-        lm, engine = _load_vllm_engine(cfg)
-    if lm is None and cfg.engine == "llamacpp":
-        from .llamacpp_backend import load_engine
-
-        lm, engine = load_engine(cfg.model, chat_template=cfg.chat_template)
-    lm = lm or load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, chat_template=cfg.chat_template)
+    if lm is None:
+        lm, engine = load_generator(cfg)
     tok = lm.tokenizer
     # Fail before any generation when the template cannot host the probe (base models).
     chat.user_header(tok)
@@ -232,7 +229,7 @@ def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
         skipped = JsonlStore(out / SKIPPED, key="item_id")
         n_skip0 = len(skipped)
         n_a = _assistant_stage(cfg, lm, a_jobs, out, progress, engine, skipped)
-        n_u = _user_stage(cfg, lm, items, plan, out, progress, engine, skipped)
+        n_u = _user_stage(cfg, lm, {it.item_id for it in items}, plan, out, progress, engine, skipped)
         n_skip = len(skipped)
         if n_skip > n_skip0:
             log.warning("%d row(s) skipped as too long for the model's context; see %s", n_skip - n_skip0,
@@ -242,6 +239,17 @@ def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
                                                              "seconds": round(time.time() - t0, 1)},
                                                 "skipped_rows": {"file": SKIPPED, "n": n_skip}})
     return out
+
+
+def load_generator(cfg: ProbeConfig) -> tuple[LoadedModel, Any]:
+    """(model, engine) for ``cfg.engine``: engine None means the HF path generates with ``model``."""
+    if cfg.engine == "vllm":
+        return _load_vllm_engine(cfg)
+    if cfg.engine == "llamacpp":
+        from .llamacpp_backend import load_engine
+
+        return load_engine(cfg.model, chat_template=cfg.chat_template)
+    return load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, chat_template=cfg.chat_template), None
 
 
 def _load_vllm_engine(cfg: ProbeConfig) -> tuple[LoadedModel, Any]:
@@ -330,19 +338,28 @@ def _assistant_stage(cfg: ProbeConfig, lm: LoadedModel, jobs: list[tuple[Item, l
     return len(todo)
 
 
-def _user_stage(cfg: ProbeConfig, lm: LoadedModel, items: list[Item], plan: list[tuple[str, float, int]],
-                out: Path, progress: bool, engine: Any, skipped: JsonlStore) -> int:
+def _user_stage(cfg: ProbeConfig, lm: LoadedModel, wanted: set[str], plan: list[tuple[str, float, int]],
+                out: Path, progress: bool, engine: Any, skipped: JsonlStore, *,
+                prompt_for: Callable[[AssistantRecord], chat.ProbePrompt] | None = None,
+                variant: str = "full") -> int:
+    """User turns for the assistant records in ``out`` whose item is in ``wanted``.
+
+    ``prompt_for`` builds the probe prompt of a record (default: conversation + user header); the
+    study's perturbations pass their own and tag rows with ``variant`` (also part of the record id).
+    """
     tok = lm.tokenizer
-    wanted = {it.item_id for it in items}
     assistants = [AssistantRecord.from_dict(r) for r in read_jsonl(out / ASSISTANT, key="item_id")]
     assistants = [a for a in assistants if a.item_id in wanted]
     store = JsonlStore(out / USER_TURNS, key="record_id")
     stops = chat.stop_token_ids(tok, lm.model)
     ctx = context_length(lm)
+    if prompt_for is None:
+        def prompt_for(a: AssistantRecord) -> chat.ProbePrompt:
+            return chat.build_probe_prompt(tok, a.prompt, a.response, system=cfg.system, history=a.messages or None)
     jobs: list[tuple[AssistantRecord, chat.ProbePrompt, str, float, int, str]] = []
     for a in assistants:
-        pp = chat.build_probe_prompt(tok, a.prompt, a.response, system=cfg.system, history=a.messages or None)
-        rids = [(d, t, k, make_record_id(a.item_id, d, t, k)) for d, t, k in plan]
+        pp = prompt_for(a)
+        rids = [(d, t, k, make_record_id(a.item_id, d, t, k, variant)) for d, t, k in plan]
         if all(store.has(rid) for *_, rid in rids):
             continue
         if _too_long(skipped, a.item_id, "user", len(pp.input_ids), cfg.max_user_tokens, ctx):
@@ -363,11 +380,73 @@ def _user_stage(cfg: ProbeConfig, lm: LoadedModel, items: list[Item], plan: list
                                  temperature=temp, sample_index=k, seed=seed, raw_text=raw, text=text,
                                  stop_reason=g.stop_reason, prompt_ids=list(pp.input_ids),
                                  boundary_index=pp.boundary_index, assistant_span=pp.assistant_span,
-                                 generated_ids=g.token_ids)
+                                 generated_ids=g.token_ids, variant=variant)
             store.append(rec.to_dict())
             bar.update(1)
     bar.close()
     return len(jobs)
+
+
+VARIANTS_DIR = "variants"
+
+
+def variant_dir(run: str | Path, variant: str) -> Path:
+    return Path(run) / VARIANTS_DIR / variant
+
+
+def run_variant(cfg: ProbeConfig, run: str | Path, variant: str, plan: list[tuple[str, float, int]], *,
+                lm: LoadedModel, engine: Any = None, progress: bool = True) -> Path:
+    """User turns of one perturbation (:mod:`mechprobe.perturb`) of a finished probe run, resumably.
+
+    Writes ``RUN/variants/VARIANT/``: ``assistant.jsonl`` holds the conversations as the model sees them
+    (derived from ``RUN/assistant.jsonl``, never regenerated), ``user_turns.jsonl`` their user turns
+    (``variant`` set, record ids ``...|VARIANT``), and a manifest pinning the parent run's identity, the
+    variant and its decoding plan. So the judge stage runs on the directory unchanged and sees exactly
+    what the model saw. A conversation already written that differs from the one computed now (a swap
+    partner changes when the item set grows) is refused rather than mixed.
+    """
+    from .perturb import check_variants, variant_prompt, variant_records
+
+    check_variants([variant])
+    run = Path(run)
+    if not (run / "manifest.json").exists():
+        raise MissingInput(f"{run} has no manifest.json: run the probe stage before its perturbations")
+    parent = read_json(run / "manifest.json")
+    mine = {**lm.identity(), "config": cfg.identity()}
+    diff = [k for k in mine if parent["identity"].get(k) != json.loads(json.dumps(mine[k], default=str))]
+    if diff:
+        raise UserError(f"{run} was probed with another {', '.join(diff)} than this command: its perturbations "
+                        f"must use the run's own model and config")
+    records = [AssistantRecord.from_dict(r) for r in read_jsonl(run / ASSISTANT, key="item_id")]
+    if not records:
+        raise MissingInput(f"{run / ASSISTANT} has no assistant turns to perturb")
+    tok = lm.tokenizer
+    perturbed = variant_records(tok, records, variant, seed=cfg.seed)
+    out = variant_dir(run, variant)
+    identity = {"parent": parent["identity"], "variant": variant, "plan": [list(p) for p in plan]}
+    check_manifest(out, identity)
+    have = {r["item_id"]: r for r in read_jsonl(out / ASSISTANT, key="item_id")}
+    for v in perturbed:
+        old = have.get(v.item_id)
+        if old is not None and (old["prompt"], old["response"]) != (v.prompt, v.response):
+            raise UserError(f"{out / ASSISTANT} holds item {v.item_id!r} with another {variant} conversation than "
+                            f"the one computed now (the item set of {run} changed?). Delete {out} to rebuild it")
+    out.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as locks:
+        for name in (ASSISTANT, USER_TURNS):
+            locks.enter_context(writer_lock(out / name))
+        check_or_write_manifest(out, identity, {"stage": "variant", "variant": variant, "parent_run": str(run)})
+        store = JsonlStore(out / ASSISTANT, key="item_id")
+        for v in perturbed:
+            if not store.has(v.item_id):
+                store.append(v.to_dict())
+        t0 = time.time()
+        n = _user_stage(cfg, lm, {v.item_id for v in perturbed}, plan, out, progress, engine,
+                        JsonlStore(out / SKIPPED, key="item_id"), variant=variant,
+                        prompt_for=lambda v: variant_prompt(tok, v, variant, system=cfg.system))
+        check_or_write_manifest(out, identity, {"last_run": {"new_user_rows": n,
+                                                             "seconds": round(time.time() - t0, 1)}})
+    return out
 
 
 def load_run(run_dir: str | Path) -> tuple[list[AssistantRecord], list[UserTurnRecord]]:

@@ -20,3 +20,76 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     centre = (p + z * z / (2 * n)) / den
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
     return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value from the two discordant counts of a paired 2x2 table.
+
+    ``b`` = pairs positive only under condition A, ``c`` = positive only under B. Under H0 each discordant
+    pair is a fair coin, so p = P(Binomial(b+c, 1/2) as or more extreme than min(b, c)), doubled and capped
+    at 1. Exact rather than the chi-square approximation: the study's per-model tables have a handful of
+    discordant items, where the approximation is badly off. No discordant pairs: p = 1 (no evidence).
+    """
+    if b < 0 or c < 0:
+        raise ValueError(f"mcnemar_exact needs counts >= 0, got b={b}, c={c}")
+    n = b + c
+    if n == 0:
+        return 1.0
+    k = min(b, c)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2.0 ** n
+    return min(1.0, 2.0 * tail)
+
+
+def paired_bootstrap(a_k: list[int], a_n: list[int], b_k: list[int], b_n: list[int], n_boot: int = 2000,
+                     seed: int = 0) -> tuple[float, float, float, float]:
+    """Difference of pooled rates ``sum(b_k)/sum(b_n) - sum(a_k)/sum(a_n)`` with a 95% percentile CI and a
+    two-sided bootstrap p-value, resampling *items* (index i of every list is one item under A and B).
+
+    Why items: the k samples of one item share its prompt and answer, so they are not independent; an item
+    and its perturbed variant are a pair. Resampling items keeps both. Deterministic for a given ``seed``.
+    Returns (diff, ci_low, ci_high, p); NaNs when there is no item with turns under both conditions.
+    """
+    import random
+
+    m = len(a_k)
+    if not (len(a_n) == len(b_k) == len(b_n) == m):
+        raise ValueError("paired_bootstrap: the four lists must have one entry per item")
+    idx = [i for i in range(m) if a_n[i] > 0 and b_n[i] > 0]
+    nan = float("nan")
+    if not idx:
+        return nan, nan, nan, nan
+
+    def diff(sel: list[int]) -> float:
+        return sum(b_k[i] for i in sel) / sum(b_n[i] for i in sel) - sum(a_k[i] for i in sel) / sum(a_n[i] for i in sel)
+
+    d = diff(idx)
+    rng = random.Random(seed)
+    boots = sorted(diff([idx[rng.randrange(len(idx))] for _ in idx]) for _ in range(n_boot))
+    lo = boots[int(0.025 * (n_boot - 1))]
+    hi = boots[int(round(0.975 * (n_boot - 1)))]
+    le = sum(x <= 0 for x in boots) / n_boot
+    ge = sum(x >= 0 for x in boots) / n_boot
+    p = min(1.0, 2.0 * min(le, ge))
+    return d, lo, hi, p
+
+
+def bootstrap_diff(a: list[tuple[int, int]], b: list[tuple[int, int]], n_boot: int = 2000,
+                   seed: int = 0) -> tuple[float, float, float]:
+    """Pooled rate of group ``b`` minus group ``a`` (each a list of per-item ``(k, n)``), 95% percentile CI,
+    resampling items within each group independently (two unpaired groups of items, e.g. items the model
+    answered correctly vs wrongly). NaNs when a group has no turns. Deterministic for a given ``seed``."""
+    import random
+
+    a = [x for x in a if x[1] > 0]
+    b = [x for x in b if x[1] > 0]
+    nan = float("nan")
+    if not a or not b:
+        return nan, nan, nan
+
+    def rate(xs: list[tuple[int, int]]) -> float:
+        return sum(k for k, _ in xs) / sum(n for _, n in xs)
+
+    rng = random.Random(seed)
+    boots = sorted(rate([b[rng.randrange(len(b))] for _ in b]) - rate([a[rng.randrange(len(a))] for _ in a])
+                   for _ in range(n_boot))
+    return rate(b) - rate(a), boots[int(0.025 * (n_boot - 1))], boots[int(round(0.975 * (n_boot - 1)))]

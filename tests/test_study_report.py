@@ -1,0 +1,128 @@
+"""The study report as a pure function of run directories (synthetic runs written to tmp_path), the claims
+table's decision rules on synthetic aggregates, and skipping models whose weights are not fetched."""
+
+from __future__ import annotations
+
+import pytest
+
+from mechprobe import study_report as sr
+from mechprobe.stats import paired_bootstrap
+from mechprobe.study import StudyConfig, main, run_study
+from mechprobe.study_report import Rate, Verdict
+
+from .study_helpers import write_synthetic_run
+
+G = "genuine_followup"
+N = "new_query"
+D = "empty_or_degenerate"
+
+
+def _items(n: int, greedy: str, sample: list[str], score_every: int = 2, prefix: str = "gsm8k") -> dict:
+    return {f"{prefix}-{i:04d}": {"score": float(i % score_every == 0), "stop": "max_tokens" if i == 0 else "end_of_turn",
+                                  "turns": [("greedy", 0.0, greedy, "end_of_turn")]
+                                  + [("sample", 1.0, lab, "end_of_turn") for lab in sample]
+                                  + [("sample", 1.3, D, "max_tokens")]}
+            for i in range(n)}
+
+
+def make_root(root):
+    for model, greedy_lab, samples in (("smollm2-135m-instruct", N, [G, N]), ("qwen2.5-coder-0.5b-instruct", N, [G, G])):
+        for ds in ("gsm8k", "hh_rlhf"):
+            run = write_synthetic_run(root / model / ds, ds, _items(6, greedy_lab, samples, prefix=ds), model=model,
+                                      config={"engine": "hf", "max_assistant_tokens": 64, "max_user_tokens": 16,
+                                              "samples": 2})
+            write_synthetic_run(run / "variants" / "swap", ds, _items(6, N, [N, N], prefix=ds), variant="swap",
+                                model=model)
+            (run / sr.STAGES).write_text('{"id": "probe#0", "stage": "probe", "seconds": 12.5, "new_rows": 30}\n')
+    write_synthetic_run(root / sr.HUMAN_DIR / "hh_rlhf", "hh_rlhf",
+                        {f"hh_rlhf-{i:04d}": {"score": None, "turns": [("human", 0.0, G if i % 2 else N, "end_of_turn")]}
+                         for i in range(6)}, variant="human")
+    (root / sr.PLAN).write_text('{"profile": "quick", "judge": "offline", "unavailable": '
+                                '{"qwen2.5-coder-1.5b-instruct": "not fetched yet"}}\n')
+
+
+def test_report_is_deterministic_and_complete(tmp_path):
+    root = tmp_path / "runs"
+    make_root(root)
+    args = ["--report-only", "--quick", "--root", str(root), "--report-dir", str(tmp_path / "rep"),
+            "--figures-dir", str(tmp_path / "fig")]
+    assert main(args) == 0
+    first = (tmp_path / "rep" / "README.md").read_text()
+    assert main(args) == 0
+    assert (tmp_path / "rep" / "README.md").read_text() == first
+    for k in ("accuracy", "temperature", "perturbations", "profiles", "human"):
+        assert (tmp_path / "fig" / f"study_{k}.png").stat().st_size > 1000
+        assert f"](../fig/study_{k}.png)" in first
+    assert "`offline-test`" in first  # the judge that made the labels is named
+    assert "qwen2.5-coder-1.5b-instruct skipped**: not fetched yet" in first
+    assert first.count("*Per model") == 1 and "## 6. Claims" in first
+    # numbers come from the runs: smollm2's T=1 rate is 6/12 = 50%, qwen's 12/12 = 100%
+    assert "| smollm2-135m-instruct | gsm8k | 6 | 50.0% [" in first
+    assert "| 50.0% [" in first and "| 100.0% [" in first
+    assert "answers at cap" in first and "16.7% [" in first  # 1 of 6 answers hit the cap
+    assert "12 s" in first  # stage time summed from study_stages.jsonl
+
+
+def test_aggregates_from_synthetic_runs(tmp_path):
+    root = tmp_path / "runs"
+    make_root(root)
+    data = sr.collect(root, "labels_offline.jsonl")
+    a = sr.aggregate_model(data, "qwen2.5-coder-0.5b-instruct")
+    assert a.greedy == Rate(0, 12)
+    assert a.lift[0] == pytest.approx(1.0)  # greedy 0/12 items genuine, every sample genuine
+    (swap,) = a.paired
+    assert swap.variant == "swap" and swap.sampled_full == Rate(24, 24) and swap.sampled_variant == Rate(0, 24)
+    assert swap.b == swap.c == 0 and swap.p_mcnemar == 1.0
+    assert swap.diff == pytest.approx(-1.0) and swap.p_boot == 0.0
+    assert a.tvd is not None and a.other_family == ["smollm2-135m-instruct"]
+    assert a.n_lift_items == 12 and swap.n_items == 12
+    assert sr.decide_move(a.paired).verdict == "held"
+    assert sr.decide_lift(a.lift, a.n_lift_items).verdict == "held"
+
+
+def test_decision_rules_on_synthetic_aggregates():
+    assert sr.decide_greedy_zero(Rate(0, 100)).verdict == "held"
+    assert sr.decide_greedy_zero(Rate(40, 100)).verdict == "refuted"
+    assert sr.decide_greedy_zero(Rate(0, 5)).verdict == "inconclusive"  # Wilson upper bound 43%
+    assert sr.decide_greedy_zero(Rate(0, 0)) == Verdict("inconclusive", "no judged greedy turns")
+    assert sr.decide_lift((0.2, 0.1, 0.3, 0.0), 20).verdict == "held"
+    assert sr.decide_lift((0.0, -0.01, 0.01, 1.0), 20).verdict == "refuted"
+    assert sr.decide_lift((0.0, 0.0, 0.0, 1.0), 3).verdict == "inconclusive"  # 3 items: degenerate bootstrap
+    assert sr.decide_lift((0.05, -0.02, 0.12, 0.3), 20).verdict == "inconclusive"
+    nan = float("nan")
+    assert sr.decide_lift((nan, nan, nan, nan), 0).verdict == "inconclusive"
+
+    def pr(p_mc, diff, lo, hi, p_boot, n=10):
+        return sr.PairedResult("swap", Rate(0, n), Rate(0, n), 0, 0, p_mc, Rate(5, 20), Rate(5, 20), diff,
+                               (lo, hi), p_boot, n)
+
+    assert sr.decide_move([pr(0.001, 0.0, -0.01, 0.01, 0.9)]).verdict == "held"  # McNemar below 0.05/2
+    assert sr.decide_move([pr(0.04, 0.0, -0.01, 0.01, 0.9)]).verdict == "refuted"  # 0.04 > 0.025; CI inside ±5
+    assert sr.decide_move([pr(0.5, 0.1, -0.1, 0.3, 0.2)]).verdict == "inconclusive"
+    assert sr.decide_move([pr(1.0, -0.5, -0.5, -0.5, 0.0, n=4)]).verdict == "inconclusive"  # bootstrap on 4 items
+    assert sr.decide_move([pr(1.0, 0.0, 0.0, 0.0, 1.0, n=4)]).verdict == "inconclusive"
+    assert sr.decide_move([]).verdict == "inconclusive"
+    assert sr.decide_decoupled((0.01, -0.05, 0.06), 10, 10).verdict == "held"
+    assert sr.decide_decoupled((0.3, 0.1, 0.5), 10, 10).verdict == "refuted"
+    assert sr.decide_decoupled((0.0, -0.3, 0.3), 10, 10).verdict == "inconclusive"
+    assert sr.decide_decoupled((0.01, -0.05, 0.06), 2, 10).verdict == "inconclusive"  # too few correct items
+    assert sr.decide_family((0.4, 0.2, 0.6), ["q"]).verdict == "held"
+    assert sr.decide_family((0.04, 0.01, 0.08), ["q"]).verdict == "refuted"
+    assert sr.decide_family(None, []).verdict == "inconclusive"
+
+
+def test_lift_is_paired_over_items():
+    # 10 items: greedy 0/1 each, samples 1/2 each -> lift exactly +50 points, and the CI is degenerate at it
+    d, lo, hi, p = paired_bootstrap([0] * 10, [1] * 10, [1] * 10, [2] * 10, n_boot=200)
+    assert (d, lo, hi, p) == (pytest.approx(0.5), pytest.approx(0.5), pytest.approx(0.5), 0.0)
+
+
+def test_unfetched_model_is_skipped_with_a_line_not_a_crash(tmp_path, monkeypatch):
+    monkeypatch.setenv("MECHPROBE_CACHE", str(tmp_path / "empty-cache"))
+    sc = StudyConfig(models=["qwen2.5-coder-1.5b-instruct"], datasets=["gsm8k"], profile="quick",
+                     root=str(tmp_path / "runs"), report_dir=str(tmp_path / "rep"), figures_dir=str(tmp_path / "fig"),
+                     progress=False)
+    out = run_study(sc)
+    text = out.read_text()
+    assert "**qwen2.5-coder-1.5b-instruct skipped**" in text and "models fetch" in text
+    assert "No runs yet" in text
