@@ -44,6 +44,55 @@ from .io import sha256_file
 from .models import cpu_threads
 
 INSTALL = "pip install llama-cpp-python==0.3.36"
+# A build that crashes in decode on CPUs whose AMX tiles the (virtual) machine does not grant: rebuild without AMX.
+REBUILD = ('CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON '
+           '-DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" '
+           'pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python==0.3.36')
+
+_SMOKE = """
+import sys, llama_cpp
+llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=64, n_threads=1, n_batch=16, verbose=False)
+for _ in llm.generate([int(sys.argv[2])] * 4, temp=0.0, reset=True):
+    break
+print("ok")
+"""
+
+
+class LlamaCppBroken(UserError, RuntimeError):
+    """The installed llama-cpp-python crashes when it decodes (e.g. an AMX build on a VM without AMX)."""
+
+
+def smoke_check(gguf: str | Path, token_id: int = 1, timeout: float = 300.0) -> None:
+    """Decode a few tokens in a child process; raise :class:`LlamaCppBroken` if it dies.
+
+    Why a child: a llama.cpp build compiled for CPU features that the machine reports but does not grant
+    (AMX tiles inside some VMs) segfaults inside ``llama_decode``, which would kill the whole probe run
+    (or test session) with no Python error. The verdict is remembered per (library file, GGUF) in the
+    mechprobe cache, so the check costs a few seconds once.
+    """
+    import hashlib
+    import subprocess
+    import sys
+
+    import llama_cpp  # type: ignore[import-not-found]
+
+    from .models import cache_dir
+
+    lib = Path(llama_cpp.__file__).parent
+    libs = sorted(str(p) + str(p.stat().st_size) + str(p.stat().st_mtime_ns) for p in lib.rglob("*.so*"))
+    key = hashlib.sha256(("\n".join(libs) + str(gguf)).encode()).hexdigest()[:16]
+    mark = cache_dir() / "llamacpp_ok" / key
+    if mark.exists():
+        return
+    r = subprocess.run([sys.executable, "-c", _SMOKE, str(gguf), str(token_id)], capture_output=True, text=True,
+                       timeout=timeout)
+    if r.returncode != 0 or "ok" not in r.stdout:
+        how = f"killed by signal {-r.returncode}" if r.returncode < 0 else f"exit {r.returncode}"
+        raise LlamaCppBroken(f"llama-cpp-python crashes when decoding on this machine ({how}); a build with AMX "
+                             f"enabled does this on VMs that do not grant AMX tiles. Rebuild without AMX: {REBUILD} "
+                             "(or use --engine hf)")
+    mark.parent.mkdir(parents=True, exist_ok=True)
+    mark.write_text("ok\n")
 
 
 def resolve_gguf(model: str) -> tuple[Path, str, str]:
@@ -97,6 +146,7 @@ def load_llamacpp(gguf: str | Path, *, n_ctx: int = 4096, n_threads: int | None 
     except ImportError as e:
         raise UserError(f"the llamacpp engine needs llama-cpp-python: run `{INSTALL}` (a source build, several "
                         "minutes), or use --engine hf") from e
+    smoke_check(gguf)
     threads = n_threads or cpu_threads()
     llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
                           n_batch=512, verbose=False, **kwargs)
