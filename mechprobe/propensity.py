@@ -201,10 +201,22 @@ def _percentile_ci(point: float, vals: np.ndarray) -> Metric:
     return Metric(float(point), float(lo), float(hi))
 
 
+def score_rho_rows(y: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Spearman rho of scores ``s`` against targets ``y``, row by row, with one convention added: a
+    *constant score* (no ranking at all, e.g. a probe on the embedding layer, which is one token at the
+    boundary) has rho 0, as an uninformative predictor should, where plain Spearman is undefined. A
+    constant *target* stays NaN (nothing to rank)."""
+    y, s = np.atleast_2d(y), np.atleast_2d(s)
+    r = spearman_rows(y, s)
+    flat_s = np.ptp(s, axis=-1) <= 1e-12 * np.maximum(1.0, np.abs(s).max(-1))
+    return np.where(flat_s & (np.ptp(y, axis=-1) > 0), 0.0, r)
+
+
 def rho_metric(y: np.ndarray, s: np.ndarray, idx: np.ndarray) -> Metric:
-    """Spearman rho of score ``s`` against target ``y`` with an item-bootstrap 95% CI over draws ``idx``."""
+    """Spearman rho of score ``s`` against target ``y`` with an item-bootstrap 95% CI over draws ``idx``
+    (see :func:`score_rho_rows` for the constant-score convention)."""
     y, s = np.asarray(y, float), np.asarray(s, float)
-    return _percentile_ci(spearman(y, s), spearman_rows(y[idx], s[idx]))
+    return _percentile_ci(float(score_rho_rows(y, s)[0]), score_rho_rows(y[idx], s[idx]))
 
 
 def auroc_metric(y: np.ndarray, s: np.ndarray, idx: np.ndarray) -> Metric | None:
@@ -393,7 +405,7 @@ def random_direction_band(x: np.ndarray, y: np.ndarray, folds: Folds, n_dirs: in
     """Spearman rho of projections on ``n_dirs`` random directions (sign per training fold): mean and
     2.5/97.5 percentiles over directions (not a bootstrap)."""
     s = signed_scores(x @ random_directions(x.shape[1], n_dirs, seed), y, folds)
-    vals = spearman_rows(np.broadcast_to(y, (n_dirs, len(y))), s.T)
+    vals = score_rho_rows(np.broadcast_to(y, (n_dirs, len(y))), s.T)
     vals = vals[np.isfinite(vals)]
     if not len(vals):
         return Metric(float("nan"), float("nan"), float("nan"))

@@ -230,3 +230,38 @@ def test_cost_summary_ratio_and_missing_parts():
     assert c["ratio"] == pytest.approx(8.8 / 0.2)
     c2 = cost_summary(None, {"forward_seconds": 2.0, "forward_prompts": 10}, None, k=8)
     assert c2["ratio"] is None and "user-turn generation" in c2["missing"]
+
+
+def _probes_args(*argv):
+    import argparse
+
+    from mechprobe.probes import add_probes_args
+
+    p = argparse.ArgumentParser()
+    add_probes_args(p)
+    return p.parse_args(list(argv))
+
+
+@pytest.mark.parametrize("flags, needle", [(["--datasets", "nope"], "--datasets"),
+                                           (["--datasets", "gsm8k", "--run", "RUN"], "drop --run"),
+                                           (["--datasets", "gsm8k", "gsm8k"], "twice"),
+                                           (["--min-samples", "1"], "--min-samples"),
+                                           (["--propensity-temperature", "0"], "--propensity-temperature")])
+def test_invalid_propensity_flags_rejected_before_any_stage(tmp_path, flags, needle):
+    from mechprobe.probes import run_probes_cli
+
+    run = tmp_path / "run"
+    flags = [str(run) if f == "RUN" else f for f in flags]
+    with pytest.raises(UserError, match=needle):
+        run_probes_cli(_probes_args(*flags))
+    assert not run.exists()
+
+
+def test_constant_score_has_rho_zero_not_nan():
+    from mechprobe.propensity import bootstrap_indices, rho_metric
+
+    y = np.array([0.0, 0.25, 0.5, 0.75, 1.0])
+    m = rho_metric(y, np.full(5, 3.0), bootstrap_indices(5, 50, 0))
+    assert m.value == 0.0 and m.lo == 0.0 and m.hi == 0.0
+    assert rho_metric(y, y, bootstrap_indices(5, 50, 0)).value == pytest.approx(1.0)
+    assert np.isnan(spearman(np.ones(5), y))  # the plain statistic stays undefined
