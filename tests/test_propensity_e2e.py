@@ -69,3 +69,40 @@ def test_propensity_script_on_tiny_real_run(smol, tmp_path):
     assert res["cost"][0]["ratio"] is not None and res["cost"][0]["ratio"] > 0
     assert (run / "probes" / "propensity.md").read_text().count("split-half ceiling") >= 1
     assert (figs / f"propensity_{run.name}.png").stat().st_size > 10_000
+
+
+def test_datasets_pool_runs_and_transfer(smol, tmp_path, monkeypatch):
+    """``--datasets gsm8k mt_bench``: one run per dataset at runs/<model>-<dataset> (built here, labels
+    written by the test), pooled probes with a transfer matrix, outputs in runs/<model>-gsm8k+mt_bench."""
+    from .conftest import shared_data_dir
+
+    data = shared_data_dir()
+    if data is None:
+        pytest.skip("needs ../shared/data (gsm8k, mt_bench)")
+    monkeypatch.setenv("MECHPROBE_DATA_DIR", str(data))
+    name = make_judge("offline").name
+    flags = dict(limit=6, temperatures=[0.0, 1.0], samples=8, max_assistant_tokens=16, max_user_tokens=6,
+                 batch_size=16)
+    for ds in ("gsm8k", "mt_bench"):
+        run = tmp_path / "runs" / f"smollm2-135m-instruct-{ds}"
+        run_probe(ProbeConfig(dataset=ds, **flags), run, lm=smol, progress=False)
+        items = sorted({r["item_id"] for r in read_jsonl(run / "assistant.jsonl")})
+        st = JsonlStore(run / "labels.jsonl", key="record_id")
+        for r in read_jsonl(run / "user_turns.jsonl"):
+            i = items.index(r["item_id"])
+            g = r["decoding"] == "sample" and r["sample_index"] <= i
+            st.append(LabelRecord(record_id=r["record_id"], label="genuine_followup" if g else "new_query",
+                                  genuine=g, rationale="test label", judge=name).to_dict())
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MECHPROBE_DATA_DIR": str(data)}
+    p = subprocess.run([sys.executable, str(REPO / "experiments" / "linear_probe.py"), "--datasets", "gsm8k",
+                        "mt_bench", "--layers", "0,15,30", "--folds", "2", "--n-boot", "50", "--no-shuffled"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = tmp_path / "runs" / "smollm2-135m-instruct-gsm8k+mt_bench"
+    res = json.loads((out / "probes" / "propensity.json").read_text())
+    assert res["targets"]["datasets"] == {"gsm8k": 6, "mt_bench": 6}
+    tm = res["transfer"]
+    assert tm["train_rows"] == ["gsm8k", "mt_bench"] and len(tm["cells"]) == 2
+    assert all(c["rho"] is not None and math.isfinite(c["rho"]["value"]) for row in tm["cells"] for c in row)
+    assert len(res["cost"]) == 2
+    assert (out / "figures" / f"propensity_{out.name}.png").exists()
