@@ -76,8 +76,8 @@ def _child(model: str, option: str, out: str, a: argparse.Namespace) -> dict:
     pipeline._assistant_stage(cfg, lm, pipeline._assistant_jobs(cfg, lm, items, outp), outp, False, eng, skipped)
     a_s = time.perf_counter() - t
     t = time.perf_counter()
-    pipeline._user_stage(cfg, lm, items, pipeline.decoding_plan(cfg.temperatures, cfg.samples), outp, False, eng,
-                         skipped)
+    pipeline._user_stage(cfg, lm, {it.item_id for it in items}, pipeline.decoding_plan(cfg.temperatures, cfg.samples),
+                         outp, False, eng, skipped)
     u_s = time.perf_counter() - t
     asst = [AssistantRecord.from_dict(r) for r in read_jsonl(outp / pipeline.ASSISTANT)]
     users = list(read_jsonl(outp / pipeline.USER_TURNS))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -446,8 +447,16 @@ def cache_run(
     todo = sum(meta["shards"][i]["end"] - meta["shards"][i]["start"] for i in broken) + len(recs) - start
     bar = tqdm(total=todo, desc=f"cache ({backend})", disable=not progress, unit="turn")
 
+    # Cumulative forward-pass time per unique prompt, for the propensity probe's cost comparison
+    # (one forward to the boundary vs sampling and judging k turns). Wall time, so it includes padding.
+    timing = meta.setdefault("timing", {"forward_seconds": 0.0, "forward_prompts": 0, "rows": 0})
+
     def write_shard(fname: str, a: int, b: int) -> dict[str, Any]:
+        t = time.perf_counter()
         rows = _capture_records(cap, recs[a:b], positions, layer_list, lm.d_model, batch_size, bar)
+        timing["forward_seconds"] = round(timing["forward_seconds"] + time.perf_counter() - t, 3)
+        timing["forward_prompts"] += _n_unique_prompts(recs[a:b])
+        timing["rows"] += b - a
         for p, x in rows.items():
             _check_storable(x, p, dtype)
         return _save_shard(out, fname, {p: rows[p].to(store).contiguous() for p in positions}, a, b, layer_list)
@@ -509,6 +518,15 @@ def _check_storable(x: torch.Tensor, position: str, dtype: str) -> None:
                          "(65504): cache with --dtype bfloat16 or float32")
 
 
+def _prompt_key(r: UserTurnRecord) -> tuple[int, ...]:
+    """Records with the same key share one forward pass (greedy and sampled turns of one item)."""
+    return (r.boundary_index, *r.assistant_span, *r.prompt_ids)
+
+
+def _n_unique_prompts(recs: list[UserTurnRecord]) -> int:
+    return len({_prompt_key(r) for r in recs})
+
+
 def _capture_records(cap: Backend, recs: list[UserTurnRecord], positions: list[str], layers: list[int],
                      d_model: int, batch_size: int, bar: Any) -> dict[str, torch.Tensor]:
     """Capture one shard: each unique prompt runs once, sorted by length to limit padding."""
@@ -516,7 +534,7 @@ def _capture_records(cap: Backend, recs: list[UserTurnRecord], positions: list[s
     order: list[int] = []
     prompts: list[UserTurnRecord] = []
     for r in recs:
-        key = (r.boundary_index, *r.assistant_span, *r.prompt_ids)
+        key = _prompt_key(r)
         if key not in uniq:
             uniq[key] = len(prompts)
             prompts.append(r)

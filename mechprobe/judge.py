@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from .errors import MissingInput, UsageError, UserError
-from .io import JsonlStore, dumps_row, read_jsonl, versions, write_json, writer_lock
+from .io import JsonlStore, dumps_row, read_json, read_jsonl, versions, write_json, writer_lock
 from .records import AssistantRecord, LabelRecord, UserTurnRecord
 from .stats import wilson
 from .taxonomy import GENUINE, JUDGE_ERROR, LABELS, TAXONOMY_VERSION
@@ -405,10 +405,18 @@ def _judge_run(run_dir: str | Path, judge: str | Judge | None = "offline", *, la
                                labels_path=str(path), n_new=n_new, n_skipped=n_skipped, seconds=time.time() - t0)
     stem = _stem(labels_file)
     (run_dir / f"{stem}_summary.md").write_text(summary.table() + "\n", encoding="utf-8")
+    # Cumulative judging time over commands that judged rows (a resumed or reused run adds, not overwrites):
+    # the propensity probe's cost comparison reads seconds per judged turn from it.
+    man_path = run_dir / f"{stem}_manifest.json"
+    old_man = read_json(man_path) if man_path.exists() else {}
+    timing = dict(old_man.get("timing", {})) if old_man.get("judge") == j.name else {}
+    if n_new:
+        timing = {"seconds": round(timing.get("seconds", 0.0) + time.time() - t0, 3),
+                  "rows": int(timing.get("rows", 0)) + n_new}
     manifest = {"stage": "judge", "judge": j.name, "labels_file": labels_file, "taxonomy": TAXONOMY_VERSION,
                 "summary": {k: v for k, v in summary.to_dict().items() if k != "groups"},
-                "judge_config": getattr(j, "public_config", lambda: {})(), "versions": versions()}
-    write_json(run_dir / f"{stem}_manifest.json", manifest)
+                "judge_config": getattr(j, "public_config", lambda: {})(), "versions": versions(), "timing": timing}
+    write_json(man_path, manifest)
     return summary
 
 

@@ -229,7 +229,11 @@ def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
         skipped = JsonlStore(out / SKIPPED, key="item_id")
         n_skip0 = len(skipped)
         n_a = _assistant_stage(cfg, lm, a_jobs, out, progress, engine, skipped)
+        t_u = time.time()
         n_u = _user_stage(cfg, lm, {it.item_id for it in items}, plan, out, progress, engine, skipped)
+        timing = _add_timing(read_json(out / "manifest.json").get("timing"),
+                             assistant_seconds=t_u - t0, assistant_rows=n_a, user_seconds=time.time() - t_u,
+                             user_rows=n_u)
         n_skip = len(skipped)
         if n_skip > n_skip0:
             log.warning("%d row(s) skipped as too long for the model's context; see %s", n_skip - n_skip0,
@@ -237,7 +241,20 @@ def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
         check_or_write_manifest(out, identity, {"last_run": {"new_assistant_rows": n_a, "new_user_rows": n_u,
                                                              "new_skipped_rows": n_skip - n_skip0,
                                                              "seconds": round(time.time() - t0, 1)},
-                                                "skipped_rows": {"file": SKIPPED, "n": n_skip}})
+                                                "skipped_rows": {"file": SKIPPED, "n": n_skip},
+                                                "timing": timing})
+    return out
+
+
+def _add_timing(old: dict[str, Any] | None, **new: float) -> dict[str, Any]:
+    """Cumulative seconds and row counts over every command that added rows to the run.
+
+    Kept so a later analysis can say what generating one user turn cost (the propensity probe compares
+    it with one forward pass to the boundary); a resumed run adds its share rather than overwriting.
+    """
+    out = dict(old or {})
+    for k, v in new.items():
+        out[k] = round(out.get(k, 0) + v, 3) if k.endswith("seconds") else int(out.get(k, 0) + v)
     return out
 
 

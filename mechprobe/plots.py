@@ -111,3 +111,54 @@ def plot_steering(rows: Sequence[dict[str, Any]], out: str | Path, title: str) -
     fig.savefig(out, dpi=130)
     plt.close(fig)
     return out
+
+
+def plot_propensity(report: Any, ctrl: dict[str, Any], out: str | Path, title: str) -> Path:
+    """Spearman rho (ridge probe vs held-out item propensity) by residual index, with its ceiling and nulls.
+
+    Reading guide: the curve (95% item-bootstrap band) must clear the shuffled band at the same layer and
+    the best-of-layers shuffled band (the null for picking the best layer), and the text-only line, to
+    say the state predicts more than the text; the split-half ceiling (dashed, with its CI) is the most
+    any predictor of a k-sample propensity could reach.
+    """
+    import numpy as np
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    res = report.per_layer
+    layers = [r.layer for r in res]
+    fig, ax = plt.subplots(figsize=(9, 6))
+
+    def band(attr: str, color: str, name: str, ls: str = "-", marker: str | None = "o", alpha: float = 0.2) -> None:
+        ms = [getattr(r, attr) for r in res]
+        if any(m is None for m in ms):
+            return
+        ax.plot(layers, [m.value for m in ms], color=color, ls=ls, marker=marker, ms=3, label=name)
+        ax.fill_between(layers, [m.lo for m in ms], [m.hi for m in ms], color=color, alpha=alpha, lw=0)
+
+    band("rho", "C0", "ridge probe (Spearman rho vs held-out propensity)")
+    band("shuffled_rho", "C3", "probe, propensities shuffled between items", ls="--", marker=None, alpha=0.08)
+    band("random_dir_rho", "C7", "random directions (95% over directions)", ls=":", marker=None, alpha=0.25)
+    for key, color, ls, name in (("split_half_ceiling", "k", "--", "split-half ceiling"),
+                                 ("shuffled_max", "C3", ":", "shuffled, best of all layers"),
+                                 ("text_ridge", "C2", "-.", "text-only ridge"),
+                                 ("response_length", "C5", ":", "response length")):
+        m = ctrl.get(key)
+        if m is not None and np.isfinite(m.value):
+            ax.axhline(m.value, color=color, ls=ls, lw=1.2, label=f"{name} {m.value:.2f} [{m.lo:.2f}, {m.hi:.2f}]")
+            if key in ("split_half_ceiling", "shuffled_max") and np.isfinite(m.lo):
+                ax.axhspan(m.lo, m.hi, color=color, alpha=0.07)
+    n = report.nested["rho"]
+    if np.isfinite(n.value):
+        ax.errorbar([layers[-1] + 0.6], [n.value], yerr=[[n.value - n.lo], [n.hi - n.value]], fmt="D", color="C0",
+                    capsize=3, label=f"nested layer choice {n.fmt()}")
+    ax.axhline(0.0, color="k", lw=0.5)
+    ax.set_xlabel("residual index (0 = embeddings, r = after block r)")
+    ax.set_ylabel("Spearman rho, item-level CV (95% CI, item bootstrap)")
+    ax.set_title(title, fontsize=9)
+    ax.set_ylim(-1.0, 1.0)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
+    fig.tight_layout()
+    fig.savefig(out, dpi=130, bbox_inches="tight")
+    plt.close(fig)
+    return out

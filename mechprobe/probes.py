@@ -696,6 +696,19 @@ def add_probes_args(p: Any, figures: str | None = None) -> None:
     """Options of ``experiments/linear_probe.py`` (and ``mechprobe probes``)."""
     p.add_argument("--model", default=None, help="default: the run's model, else the embedded default model")
     p.add_argument("--dataset", default=None, help="default: gsm8k when ../shared/data is found, else builtin")
+    p.add_argument("--datasets", nargs="+", default=[],
+                   help="several datasets: one run each (runs/<model>-<dataset>), propensity probes on the pooled "
+                        "items with dataset-stratified folds and a transfer matrix across them (turn target: the "
+                        "first is probed, the rest become --transfer-datasets)")
+    p.add_argument("--target", default="auto", choices=["auto", "propensity", "turn"],
+                   help="propensity: one row per item, target = fraction of its samples at "
+                        "--propensity-temperature judged genuine (the boundary state is shared by all samples of "
+                        "an item, so this is what it can predict); turn: one row per user turn. auto (default): "
+                        "propensity when the run has >= 8 samples at that temperature, else turn")
+    p.add_argument("--propensity-temperature", type=float, default=1.0,
+                   help="temperature whose samples define the propensity (default 1.0)")
+    p.add_argument("--min-samples", type=int, default=2,
+                   help="propensity target: drop items with fewer judged samples than this (judge errors skipped)")
     p.add_argument("--run", default=None, help="run directory (default runs/<model>-<dataset>)")
     p.add_argument("--judge", default="offline", help="offline | openai:MODEL")
     p.add_argument("--layers", nargs="+", default="all",
@@ -823,6 +836,20 @@ def validate_probes_args(a: argparse.Namespace) -> None:
     unknown = [d for d in a.transfer_datasets if d not in NAMES]
     if unknown:
         bad.append(f"--transfer-datasets {unknown} unknown; choose from {', '.join(NAMES)}")
+    datasets = list(getattr(a, "datasets", None) or [])
+    unknown = [d for d in datasets if d not in NAMES]
+    if unknown:
+        bad.append(f"--datasets {unknown} unknown; choose from {', '.join(NAMES)}")
+    if len(set(datasets)) != len(datasets):
+        bad.append(f"--datasets {datasets} names a dataset twice")
+    if datasets and (a.run or a.dataset):
+        bad.append("--datasets builds one run per dataset (runs/<model>-<dataset>): drop --run/--dataset, or pass "
+                   "one --run with --transfer-runs")
+    if getattr(a, "min_samples", 2) < 2:
+        bad.append(f"--min-samples must be >= 2 (a propensity from one sample is a coin flip), got {a.min_samples}")
+    t = getattr(a, "propensity_temperature", 1.0)
+    if not (isinstance(t, int | float) and t > 0 and t == t and t != float("inf")):
+        bad.append(f"--propensity-temperature must be a finite number > 0, got {t}")
     if bad:
         from .errors import UserError
 
@@ -835,7 +862,22 @@ def run_probes_cli(a: Any) -> int:
 
     t0 = time.time()
     validate_probes_args(a)
-    run, cfg = resolve_run(a.run, a.model, a.dataset, **{k: getattr(a, k) for k in PASSTHROUGH})
+    datasets = list(getattr(a, "datasets", None) or [])
+    over = {k: getattr(a, k) for k in PASSTHROUGH}
+    resolved = [resolve_run(a.run, a.model, ds, **over) for ds in (datasets or [a.dataset])]
+    from .propensity import choose_target
+
+    picks = [choose_target(getattr(a, "target", "turn"), c.samples, c.temperatures,
+                           getattr(a, "propensity_temperature", 1.0)) for _, c in resolved]
+    target, why = next((p for p in picks if p[0] == "turn"), picks[0])  # every run must support propensity
+    print(f"target: {target} ({why})")
+    if target == "propensity":
+        return _propensity(a, resolved, why, t0)
+    if len(resolved) > 1:
+        a.transfer_datasets = [*a.transfer_datasets, *[c.dataset for _, c in resolved[1:]]]
+        print(f"turn target with several datasets: probing {resolved[0][1].dataset}, transfer to "
+              f"{a.transfer_datasets}")
+    run, cfg = resolved[0]
     timings, judge_name = ensure_stages(run, cfg, a.judge, a.backend, a.relabel)
 
     t_an = time.time()
@@ -845,6 +887,42 @@ def run_probes_cli(a: Any) -> int:
 
     with threadpool_limits(limits=1):
         return _analyse(a, run, cfg, timings, judge_name, t0, t_an)
+
+
+def _propensity(a: argparse.Namespace, resolved: list[tuple[Path, ProbeConfig]], why: str, t0: float) -> int:
+    """Build or reuse every run's stages, then the item-level propensity probes on the pooled items.
+
+    One run: outputs in ``<run>/probes/``. Several (``--datasets``): in ``<parent>/<model>-<a>+<b>/probes/``
+    (not a run directory: it holds only the pooled analysis). ``--transfer-runs``/``--transfer-datasets``
+    join the transfer matrix only, not the pooled headline.
+    """
+    from threadpoolctl import threadpool_limits
+
+    from .pipeline import default_run_dir
+    from .propensity import run_propensity
+    from .stages import ensure_stages
+
+    timings: dict[str, Any] = {}
+    judges = []
+    for run, cfg in resolved:
+        t, j = ensure_stages(run, cfg, a.judge, a.backend, a.relabel)
+        timings[run.name] = t
+        judges.append(j)
+    run0, cfg0 = resolved[0]
+    extra = [Path(r) for r in a.transfer_runs]
+    for ds in a.transfer_datasets:
+        cfg_b = dataclasses.replace(cfg0, dataset=ds, data_path=None)
+        run_b = run0.parent / default_run_dir(cfg_b).name
+        ensure_stages(run_b, cfg_b, a.judge, a.backend, a.relabel)
+        extra.append(run_b)
+    if len(resolved) == 1:
+        base = run0
+    else:
+        base = run0.parent / f"{Path(cfg0.model).name.replace('.gguf', '')}-{'+'.join(c.dataset for _, c in resolved)}"
+    fig = figures_dir(a.figures, base) / f"propensity_{base.name}.png"
+    with threadpool_limits(limits=1):
+        return run_propensity(a, [r for r, _ in resolved], cfg0.model, why, timings, "+".join(sorted(set(judges))),
+                              extra, base / "probes", fig, t0)
 
 
 def _analyse(a: argparse.Namespace, run: Path, cfg: ProbeConfig, timings: dict[str, float], judge_name: str,
