@@ -294,6 +294,25 @@ def masked_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tenso
     return torch.nn.functional.cross_entropy(lg, tg, ignore_index=IGNORE, reduction="mean"), n
 
 
+def batch_loss(model: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """:func:`masked_loss` with LM-head logits computed only where some row has a target next token.
+
+    Why: the user turn is ~20 of ~100-250 positions, and the LM head (vocab 49k for SmolLM2) over every
+    position is a large share of the step's compute and a [batch, len, vocab] fp32 tensor; transformers'
+    ``logits_to_keep`` (an index tensor) restricts it to the union of target positions across the batch.
+    Same value as the full computation (the other positions carry no loss).
+    """
+    labels = batch["labels"]
+    nxt = (labels[:, 1:] != IGNORE).any(0)
+    keep = torch.nonzero(nxt).flatten()
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                   logits_to_keep=keep).logits
+    tg = labels[:, keep + 1].reshape(-1)
+    n = int((tg != IGNORE).sum())
+    lg = logits.reshape(-1, logits.shape[-1]).float()
+    return torch.nn.functional.cross_entropy(lg, tg, ignore_index=IGNORE, reduction="mean"), n
+
+
 def lora_model(model: torch.nn.Module, cfg: TrainConfig) -> Any:
     """Wrap a HF causal LM with a fresh LoRA adapter (seeded: LoRA's A matrices are random-initialised)."""
     try:
@@ -444,8 +463,7 @@ def train_lora(model: torch.nn.Module, examples: Sequence[TrainExample], cfg: Tr
         idx = batch_indices(n, cfg.seed, cfg.batch_size, position)
         batch = collate([examples[i] for i in idx], pad_id)
         ts = time.time()
-        logits = pm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        loss, n_tgt = masked_loss(logits, batch["labels"])
+        loss, n_tgt = batch_loss(pm, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)

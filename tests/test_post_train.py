@@ -116,6 +116,18 @@ def test_masked_loss_ignores_unlabelled_positions():
     assert n == 2 and torch.allclose(loss, ref, rtol=1e-6)
 
 
+def test_batch_loss_equals_full_logits_loss():
+    model = tiny_model("llama", seed=2)
+    batch = pt.collate(_toy_examples(5), pad_id=0)
+    with torch.no_grad():
+        full, n_full = pt.masked_loss(model(input_ids=batch["input_ids"],
+                                            attention_mask=batch["attention_mask"]).logits, batch["labels"])
+        part, n_part = pt.batch_loss(model, batch)
+    # Same logits at the kept positions (one LM-head matmul on fewer rows): fp32 noise only.
+    assert n_full == n_part > 0
+    torch.testing.assert_close(part, full, rtol=1e-5, atol=1e-6)
+
+
 def test_merged_model_reproduces_adapter_logits(tmp_path):
     cfg = pt.TrainConfig(steps=3, batch_size=4, lr=5e-2, checkpoint_every=10, lora_dropout=0.0)
     model = tiny_model("llama", seed=1)
