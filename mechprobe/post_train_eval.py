@@ -294,7 +294,7 @@ def report_markdown(summary: dict[str, Any], train_info: dict[str, Any], shifts:
     if train_info:
         lines += ["## Training", ""]
         for k in ("train_conversations", "heldout_conversations", "train_examples", "skipped", "steps_done",
-                  "resumed_from", "seconds", "tokens_per_s", "first_loss", "last_loss_mean10", "heldout_loss"):
+                  "resumed_from", "seconds", "seconds_per_step", "tokens_per_s", "first_loss", "last_loss_mean10", "heldout_loss"):
             if k in train_info:
                 lines.append(f"- {k}: {train_info[k]}")
         lines.append("")
@@ -486,8 +486,13 @@ def run_cli(a: Any) -> int:
               f"({len(held)} held out); skipped {built.skipped}")
         pm, res = pt.train_lora(lm.model, built.examples, cfg, out, pad_id=pad)
         log = pt.read_train_log(out)
+        # From the whole log, not this session: a resumed (or already finished) run still reports the
+        # throughput of all its steps.
+        secs = sum(r["seconds"] for r in log)
         info.update({"steps_done": res.steps_done, "resumed_from": res.resumed_from,
-                     "seconds": round(res.seconds, 1), "tokens_per_s": round(res.tokens_per_s, 1),
+                     "seconds": round(secs, 1),
+                     "tokens_per_s": round(sum(r["tokens"] for r in log) / secs, 1) if secs else None,
+                     "seconds_per_step": round(secs / len(log), 2) if log else None,
                      "first_loss": log[0]["loss"] if log else None,
                      "last_loss_mean10": round(float(np.mean([r["loss"] for r in log[-10:]])), 4) if log else None})
         if held_ex:

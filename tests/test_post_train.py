@@ -215,3 +215,32 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
     p = _run(script, killed)
     assert p.returncode != 0 and "another config" in p.stderr
     assert json.loads((clean / "train_config.json").read_text())["lr"] == 2e-2
+
+
+@pytest.mark.slow
+def test_real_merged_dir_loads_with_identity(tmp_path):
+    """SmolLM2 + 2 LoRA steps on real conversations: the merged dir is a mechprobe model of its own."""
+    if not _has_smollm2():
+        pytest.skip("embedded model missing")
+    from mechprobe.models import load_model
+
+    base = load_model("smollm2-135m-instruct", device="cpu", dtype=torch.float32)
+    base_id = base.identity()
+    convs = [pt.Conversation("x:1", "x", CONV, NEXT), pt.Conversation("x:2", "x", CONV, "Thanks, that works!")]
+    built = pt.build_examples(base.tokenizer, convs, 256)
+    cfg = pt.TrainConfig(steps=2, batch_size=2, lr=1e-2, checkpoint_every=5, lora_dropout=0.0)
+    pm, _ = pt.train_lora(base.model, built.examples, cfg, tmp_path / "t", pad_id=base.tokenizer.pad_token_id,
+                          progress=False)
+    x = torch.tensor([built.examples[0].input_ids])
+    with torch.no_grad():
+        ref = pm(input_ids=x).logits
+    pt.save_merged(pt.merge_adapter(pm), base.tokenizer, tmp_path / "merged", {"test": True})
+    lm = load_model(str(tmp_path / "merged"), device="cpu", dtype=torch.float32)
+    got_id = lm.identity()
+    assert got_id["template_hash"] == base_id["template_hash"]
+    assert got_id["tokenizer_hash"] == base_id["tokenizer_hash"]
+    assert got_id["weight_hash"] != base_id["weight_hash"] and len(got_id["weight_hash"]) == 64
+    with torch.no_grad():
+        got = lm.model(input_ids=x).logits
+    # Folding B@A into W reorders fp32 sums only; eager vs the adapter's default attention adds ~1e-6.
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
