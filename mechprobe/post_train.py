@@ -227,8 +227,8 @@ def build_examples(tokenizer: Any, convs: Sequence[Conversation], max_len: int, 
 class TrainConfig:
     """What determines the adapter (recorded in ``train_config.json``; a resume must match it)."""
 
-    steps: int = 200
-    batch_size: int = 4
+    steps: int = 180
+    batch_size: int = 8
     lr: float = 3e-4
     warmup_steps: int = 10
     weight_decay: float = 0.0
