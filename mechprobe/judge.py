@@ -187,7 +187,7 @@ def make_judge(spec: str | None = "offline", **opts: Any) -> Judge:
                              "hybrid:qwen2.5-coder-1.5b-instruct), a HF model directory or a .gguf file")
         from .judge_hybrid import HybridJudge
 
-        allowed = {"dtype", "device", "threshold", "cache_dir", "loaded", "embed"}
+        allowed = {"dtype", "device", "threshold", "veto", "cache_dir", "loaded", "embed"}
         return HybridJudge(model, **{k: v for k, v in opts.items() if k in allowed})
     raise UsageError(f"unknown judge {spec!r}: use 'offline', 'offline-lexical', 'openai:MODEL', 'local:MODEL' "
                      "or 'hybrid:MODEL'")

@@ -15,9 +15,13 @@ the taxonomy (``local:``) or narrow yes/no questions answers at chance or says y
   (:data:`NULL_RESPONSE`). The mean per-token log-ratio is the **grounding PMI**: how much the
   assistant's actual answer makes this turn more likely. A reaction to the answer needs the answer;
   a new problem, a drift or a generic "thanks" does not;
-* candidate → ``genuine_followup`` when the PMI is at least :attr:`HybridJudge.threshold` (chosen on
-  the dev split of the hand labels, never test), otherwise the offline label, with an offline
-  ``genuine_followup`` demoted to ``new_query`` (ungrounded by the model's measure).
+* candidate → ``genuine_followup`` when the PMI is at least :attr:`HybridJudge.threshold` (the model
+  alone finds it grounded), or when the offline rules call it genuine and the PMI is at least
+  :attr:`HybridJudge.veto` (the model does not contradict them). An offline ``genuine_followup`` below
+  the veto becomes ``new_query`` (a new problem that merely reuses a number of the answer: the offline
+  rules' main error on held-out turns); other candidates keep their offline label. Both numbers were
+  chosen on the dev split of the hand labels (a 7 x 7 grid, mean binary κ against both labellers),
+  never on test.
 
 Cost: only candidates run the model; per turn two forwards over the turn's tokens, with each item's
 two conversation prefixes computed once for all its turns (KV reuse by token-id prefix). ``probs``
@@ -46,7 +50,8 @@ HYBRID_VERSION = "hybrid-v1"
 NULL_RESPONSE = "Sure, I can help with that."
 CANDIDATES = frozenset({GENUINE, "generic_followup", "new_query"})
 # Chosen on the dev split of tests/fixtures/hand_labels.jsonl (docs/judge_agreement.md); test untouched.
-DEFAULT_THRESHOLD = 0.25
+DEFAULT_THRESHOLD = 0.3
+DEFAULT_VETO = 0.0
 SCALE = 0.1  # log-ratio units per logit of the reported P(genuine); only shapes probs, not labels
 
 
@@ -95,7 +100,7 @@ class HybridJudge:
     """Offline form rules + a local model's grounding PMI (see the module docstring)."""
 
     def __init__(self, model: str = DEFAULT_LOCAL_MODEL, *, dtype: str | torch.dtype | None = None,
-                 device: str | None = None, threshold: float | None = None,
+                 device: str | None = None, threshold: float | None = None, veto: float | None = None,
                  cache_dir: str | Path | bool | None = None, loaded: Any = None, embed: bool | None = None):
         from .judge_llm import JudgeCache, default_cache_dir
         from .judge_offline import OfflineJudge
@@ -109,9 +114,10 @@ class HybridJudge:
         self.model_name = loaded.name
         self.offline = OfflineJudge(embed=embed)
         self.threshold = DEFAULT_THRESHOLD if threshold is None else float(threshold)
-        if not math.isfinite(self.threshold):
-            raise ValueError(f"threshold must be a finite number, got {threshold!r}")
-        tag = "" if threshold is None else f"+t{self.threshold:g}"
+        self.veto = DEFAULT_VETO if veto is None else float(veto)
+        if not (math.isfinite(self.threshold) and math.isfinite(self.veto)):
+            raise ValueError(f"threshold and veto must be finite numbers, got {threshold!r}, {veto!r}")
+        tag = ("" if threshold is None else f"+t{self.threshold:g}") + ("" if veto is None else f"+v{self.veto:g}")
         self.name = f"hybrid:{self.model_name}@{HYBRID_VERSION}+{self.offline.name}{tag}"
         self.store = ChoiceScorer(loaded.model, loaded.tokenizer, ["x"])  # its KV prefix store
         if cache_dir is False:
@@ -123,7 +129,7 @@ class HybridJudge:
     def public_config(self) -> dict[str, Any]:
         return {"model": self.model_name, "weight_hash": self.lm.weight_hash, "dtype": str(self.lm.dtype),
                 "version": HYBRID_VERSION, "offline": self.offline.name, "null_response": NULL_RESPONSE,
-                "threshold": self.threshold, "cache": str(self.cache.root) if self.cache else None}
+                "threshold": self.threshold, "veto": self.veto, "cache": str(self.cache.root) if self.cache else None}
 
     def _key(self, inp: JudgeInput, text: str) -> str:
         # Keyed on what the PMI depends on (not the threshold): a re-tuned threshold reuses every forward.
@@ -151,8 +157,8 @@ class HybridJudge:
         if pmi is None:
             return offline.label, 0.0
         p = 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, (pmi - self.threshold) / SCALE))))
-        if pmi >= self.threshold:
-            return GENUINE, p
+        if pmi >= self.threshold or (offline.label == GENUINE and pmi >= self.veto):
+            return GENUINE, max(p, 0.5)
         return ("new_query" if offline.label == GENUINE else offline.label), p
 
     def label_many(self, inputs: Sequence[JudgeInput]) -> Iterator[LabelRecord]:
@@ -172,7 +178,7 @@ class HybridJudge:
                 label, p = self.decide(off, pmi)
                 why = f"offline {off.label} ({off.rationale.split(':', 1)[0]})"
                 if pmi is not None:
-                    why += f"; grounding PMI {pmi:+.3f} vs threshold {self.threshold:g}"
+                    why += f"; grounding PMI {pmi:+.3f} (threshold {self.threshold:g}, veto {self.veto:g})"
                 self.stats["judged"] += 1
                 probs = {GENUINE: round(p, 6)} | ({"pmi": round(pmi, 6)} if pmi is not None else {})
                 yield LabelRecord(record_id=inp.record_id, label=label, genuine=is_genuine(label), rationale=why,

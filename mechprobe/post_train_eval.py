@@ -14,7 +14,6 @@ per layer with an item-bootstrap CI, in units of the base model's class gap at t
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,23 +24,7 @@ import numpy as np
 import torch
 
 from .io import read_json, read_jsonl, write_json
-from .stats import wilson
-
-
-def mcnemar_exact(b: int, c: int) -> float:
-    """Two-sided exact McNemar p-value from the discordant counts (binomial(b + c, 1/2) test).
-
-    ``b``: pairs positive only in the first arm, ``c``: only in the second. With no discordant pair there
-    is no evidence of a difference: p = 1.
-    """
-    if b < 0 or c < 0:
-        raise ValueError(f"discordant counts must be >= 0, got {b}, {c}")
-    n = b + c
-    if n == 0:
-        return 1.0
-    k = min(b, c)
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
-    return min(1.0, 2 * tail)
+from .stats import mcnemar_exact, wilson
 
 
 def labels_of(run: Path) -> dict[str, dict[str, Any]]:

@@ -36,12 +36,16 @@ def test_decide_keeps_form_labels_and_thresholds_grounding(smol):
     lab, p = j.decide(_off("new_query"), 0.5)
     assert lab == GENUINE and p > 0.5
     lab, p = j.decide(_off(GENUINE), 0.1)
-    assert lab == "new_query" and p < 0.5  # the offline rule's genuine is demoted when the model sees no grounding
+    assert lab == GENUINE and p >= 0.5  # offline genuine, and the model does not contradict it (PMI >= veto 0)
+    lab, p = j.decide(_off(GENUINE), -0.1)
+    assert lab == "new_query" and p < 0.5  # the offline rule's genuine is demoted when the answer does not help
     lab, _ = j.decide(_off("generic_followup"), 0.0)
     assert lab == "generic_followup"
     assert "+t0.3" in j.name  # a non-default threshold is part of the judge's name (labels never mix)
     with pytest.raises(ValueError, match="finite"):
         HybridJudge(loaded=smol, cache_dir=False, threshold=float("nan"))
+    with pytest.raises(ValueError, match="finite"):
+        HybridJudge(loaded=smol, cache_dir=False, veto=float("inf"))
 
 
 @requires_smollm2
