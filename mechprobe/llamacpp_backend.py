@@ -25,7 +25,8 @@ Consecutive rows that share a prompt prefix (the greedy row and the k samples of
 each other by the pipeline) reuse llama.cpp's KV cache for that prefix instead of prefilling it again.
 
 Install: ``pip install llama-cpp-python==0.3.36`` (a source build: several minutes of compile, ~22 min
-under heavy CPU contention; not part of ``scripts/setup.sh``).
+under heavy CPU contention; not part of ``scripts/setup.sh``). On CPUs with AMX that a VM does not grant,
+the native build segfaults in decode: :func:`smoke_check` turns that into an error naming :data:`REBUILD`.
 """
 
 from __future__ import annotations
