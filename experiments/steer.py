@@ -48,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", default=None, help="default: the run's dataset, else the main job's")
     p.add_argument("--run", default=None, help="run directory (default runs/<model>-<dataset>)")
     p.add_argument("--judge", default="offline")
+    p.add_argument("--engine", default=None, choices=["hf", "llamacpp", "vllm"],
+                   help="engine for the probe stage when the run must be built (steering itself runs on HF)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="HF weights dtype when the run must be built (default: the run's own)")
     p.add_argument("--layer", type=int, default=None, help="residual index; default: chosen on train items")
     p.add_argument("--candidate-layers", type=int, nargs="+", default=None,
                    help="layers swept on train items (default: top probe layers, else L/3, L/2, 2L/3)")
@@ -117,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     t0 = time.time()
     validate_args(a)
-    run, cfg = resolve_run(a.run, a.model, a.dataset)
+    run, cfg = resolve_run(a.run, a.model, a.dataset, engine=a.engine, dtype=a.dtype)
     st = Stages(run, cfg)
     ensure_stages(run, cfg, a.judge, stages=st)
     if a.max_user_tokens is None:

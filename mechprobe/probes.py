@@ -724,6 +724,10 @@ def add_probes_args(p: Any, figures: str | None = None) -> None:
     g.add_argument("--max-assistant-tokens", type=int, default=None)
     g.add_argument("--max-user-tokens", type=int, default=None)
     g.add_argument("--batch-size", type=int, default=None)
+    g.add_argument("--engine", default=None, choices=["hf", "llamacpp", "vllm"],
+                   help="generation engine (default hf; llamacpp = CPU over the GGUF, see docs/cpu_speed.md)")
+    g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="HF weights dtype for generation and caching (default: fp32 on CPU, bf16 on CUDA)")
     g = p.add_argument_group("analysis")
     g.add_argument("--folds", type=int, default=5)
     g.add_argument("--n-boot", type=int, default=1000, help="item-bootstrap draws for the 95%% CIs")

@@ -59,7 +59,13 @@ class Stages:
         return out
 
     def probe(self) -> Path:
-        """Generate (or finish generating) assistant and user turns."""
+        """Generate (or finish generating) assistant and user turns.
+
+        With ``cfg.engine`` other than ``hf`` (llama.cpp on CPU, vLLM on GPU) the probe stage loads its own
+        generator; the hookable HF model is loaded only when a later stage (cache, steering) needs it.
+        """
+        if self.cfg.engine != "hf":
+            return self._timed("probe", lambda: run_probe(self.cfg, self.run_dir))
         return self._timed("probe", lambda: run_probe(self.cfg, self.run_dir, lm=self.model()))
 
     def labels(self, judge: str = "offline", **opts: Any) -> Any:
@@ -88,7 +94,8 @@ def probe_config(model: str, dataset: str | None, **overrides: Any) -> ProbeConf
 
 
 # Probe-stage options a user may pass through; None means "the run's own value / the main job's default".
-PASSTHROUGH = ("limit", "samples", "temperatures", "max_assistant_tokens", "max_user_tokens", "batch_size")
+PASSTHROUGH = ("limit", "samples", "temperatures", "max_assistant_tokens", "max_user_tokens", "batch_size", "engine",
+               "dtype")
 
 
 def run_config(run: Path) -> ProbeConfig | None:
