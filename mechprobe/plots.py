@@ -98,9 +98,13 @@ def plot_steering(rows: Sequence[dict[str, Any]], out: str | Path, title: str,
     out.parent.mkdir(parents=True, exist_ok=True)
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
     kinds = sorted({r["kind"] for r in rows})
+    span = (max(r["alpha"] for r in rows) - min(r["alpha"] for r in rows)) if rows else 0.0
     for i, k in enumerate(kinds):
         rs = sorted((r for r in rows if r["kind"] == k), key=lambda r: r["alpha"])
-        a = [r["alpha"] for r in rs]
+        # Kinds share alphas (and alpha 0 is one condition): a small horizontal offset keeps each kind's
+        # points and CI bars visible instead of drawn over one another.
+        off = (i - (len(kinds) - 1) / 2) * 0.012 * (span or 1.0)
+        a = [r["alpha"] + off for r in rs]
         ax.errorbar(a, [r["followup_rate"] for r in rs],
                     yerr=[[r["followup_rate"] - r["ci"][0] for r in rs], [r["ci"][1] - r["followup_rate"] for r in rs]],
                     marker="o", capsize=3, color=f"C{i}", label=k)
