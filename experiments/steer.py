@@ -65,6 +65,21 @@ KINDS = ("diff_means", "random", "negative", "probe")
 DEFAULT_ALPHAS = {"resid": [0.0, 0.05, 0.1, 0.2, 0.4, 0.8], "raw": [4.0]}
 
 
+def resid_ladder(end: float) -> list[float]:
+    """The default resid ladder cut at ``end``, extended by doublings up to it, ending exactly at ``end``.
+
+    Why: ``--alpha 4`` used to mean 4 class gaps (CAA); in resid units it is a push four times the size of
+    the residual itself, which breaks the text. Run alone it would say only "broken"; as the end of a
+    ladder it shows where the follow-up rate rises (if it does) and where the text breaks.
+    """
+    if end <= 0:
+        raise UserError(f"a single --alpha in resid units is the end of the sweep and must be > 0, got {end:g}")
+    ladder = [x for x in DEFAULT_ALPHAS["resid"] if x < end]
+    while ladder[-1] * 2 < end and ladder[-1] > 0:
+        ladder.append(round(ladder[-1] * 2, 6))
+    return ladder + [end]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="default: the run's model, else the embedded default model")
@@ -79,7 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--candidate-layers", type=int, nargs="+", default=None,
                    help="layers swept on train items (default: top probe layers, else L/3, L/2, 2L/3)")
     p.add_argument("--alpha", type=float, nargs="+", default=None,
-                   help="alphas in --alpha-unit (default: resid 0 0.05 0.1 0.2 0.4 0.8; raw 4)")
+                   help="alphas in --alpha-unit (default: resid 0 0.05 0.1 0.2 0.4 0.8; raw 4). In resid "
+                        "units one value is the END of that ladder (--alpha 4: 0 0.05 .. 0.8 1.6 3.2 4); give "
+                        "two or more values to run exactly those")
     p.add_argument("--alpha-unit", default="resid", choices=["resid", "raw"],
                    help="resid: alpha x mean residual norm at the layer, equal for every kind (default); "
                         "raw: alpha x the raw difference-of-means vector (CAA)")
@@ -125,6 +142,9 @@ def validate_args(a: argparse.Namespace) -> None:
         bad.append(f"--acc-items must be >= 1, got {a.acc_items}")
     if not 0.0 <= a.max_degenerate <= 1.0:
         bad.append(f"--max-degenerate is a rate in [0, 1], got {a.max_degenerate}")
+    if a.alpha_unit == "resid" and a.alpha is not None and len(a.alpha) == 1 and not a.alpha[0] > 0:
+        bad.append(f"--alpha {a.alpha[0]:g}: one value in resid units is the end of the sweep and must be > 0 "
+                   "(give two or more values, e.g. --alpha 0 -0.4, to run exactly those)")
     if a.select_on_train and a.alpha is not None and not any(x != 0 for x in a.alpha):
         bad.append("--select-on-train needs at least one nonzero --alpha to choose from")
     for la in ([a.layer] if a.layer is not None else []) + (a.candidate_layers or []):
@@ -256,12 +276,18 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     t0 = time.time()
     validate_args(a)
-    explicit_alphas = a.alpha is not None
-    alphas = list(a.alpha) if explicit_alphas else list(DEFAULT_ALPHAS[a.alpha_unit])
+    if a.alpha is None:
+        alphas = list(DEFAULT_ALPHAS[a.alpha_unit])
+    elif a.alpha_unit == "resid" and len(a.alpha) == 1:
+        alphas = resid_ladder(a.alpha[0])
+        print(f"note: --alpha {a.alpha[0]:g} in resid units is the end of the sweep: alphas "
+              f"{' '.join(f'{x:g}' for x in alphas)} (x mean residual norm); give two or more values to run exactly "
+              "those, or --alpha-unit raw for the CAA convention")
+    else:
+        alphas = list(a.alpha)
     if a.alpha_unit == "resid" and any(abs(x) >= 2 for x in alphas):
-        print(f"note: alphas are in units of the mean residual norm (--alpha-unit resid): {max(alphas, key=abs):g} adds "
-              "a vector that many times as long as the residual itself, which usually breaks the text; the "
-              "CAA convention (alpha x raw difference of means) is --alpha-unit raw")
+        print(f"note: alpha {max(alphas, key=abs):g} x resid norm adds a vector that many times as long as the "
+              "residual itself, which usually breaks the text (a sweep's end, not a working setting)")
     run, cfg = resolve_run(a.run, a.model, a.dataset, engine=a.engine, dtype=a.dtype)
     st = Stages(run, cfg)
     ensure_stages(run, cfg, a.judge, stages=st)

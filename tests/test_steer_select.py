@@ -194,3 +194,38 @@ def test_summarize_has_a_degeneration_ci():
     assert s["degenerate"] == 2 and s["degenerate_rate"] == pytest.approx(2 / 3)
     lo, hi = s["degenerate_ci"]
     assert 0 <= lo < 2 / 3 < hi <= 1 and all(math.isfinite(x) for x in (lo, hi))
+
+
+def _script():
+    import importlib.util
+
+    from .conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("steer_script_fast", REPO / "experiments" / "steer.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_one_resid_alpha_is_the_end_of_the_ladder():
+    m = _script()
+    assert m.resid_ladder(4) == [0.0, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 4]
+    assert m.resid_ladder(0.3) == [0.0, 0.05, 0.1, 0.2, 0.3]
+    assert m.resid_ladder(0.8) == m.DEFAULT_ALPHAS["resid"]
+    a = m.build_parser().parse_args([])
+    assert a.alpha_unit == "resid" and a.alpha is None and not a.select_on_train
+    assert (a.select_items, a.max_degenerate) == (16, 0.2)
+
+
+@pytest.mark.parametrize("flags, needle", [(["--alpha", "-1"], "end of the sweep"),
+                                           (["--max-degenerate", "1.5"], "--max-degenerate"),
+                                           (["--select-items", "0"], "--select-items"),
+                                           (["--select-on-train", "--alpha", "0", "0"], "nonzero"),
+                                           (["--acc-kinds", "bogus"], "--acc-kinds")])
+def test_new_flags_are_checked_before_any_stage(tmp_path, flags, needle):
+    from mechprobe.errors import UserError
+
+    run = tmp_path / "run"
+    with pytest.raises(UserError, match=needle):
+        _script().main(["--run", str(run), "--dataset", "no-such-dataset", *flags])
+    assert not run.exists()
