@@ -240,11 +240,12 @@ def select_md(sel: dict, unit: str, judge_name: str) -> str:
                                           "this is the least degenerate one, not a working setting)"), "",
              f"Unsteered on the same train items: follow-up {sel['train_alpha0']['followup_rate']:.3f}, "
              f"degenerate {sel['train_alpha0']['degenerate_rate']:.3f}", "",
-             "| layer | alpha | follow-up [95% CI] | degenerate [95% CI] | mean NLL (steered text) |",
-             "|---|---|---|---|---|"]
+             "| layer | alpha | resid norm | \\|delta\\| | follow-up [95% CI] | degenerate [95% CI] "
+             "| mean NLL (steered text) |", "|---|---|---|---|---|---|---|"]
     for r in sel["sweep"]:
         nll = f"{r['mean_nll']:.2f}" if r["mean_nll"] is not None else "n/a"
-        lines.append(f"| {r['layer']} | {r['alpha']:g} | {r['followup_rate']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] "
+        lines.append(f"| {r['layer']} | {r['alpha']:g} | {fmt(r.get('resid_norm'), '.4g')} "
+                     f"| {fmt(r.get('delta_norm'), '.4g')} | {r['followup_rate']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] "
                      f"| {r['degenerate_rate']:.3f} [{r['degenerate_ci'][0]:.3f}, {r['degenerate_ci'][1]:.3f}] "
                      f"| {nll} |")
     return "\n".join(lines) + "\n"
@@ -348,8 +349,9 @@ def main(argv: list[str] | None = None) -> int:
                                     setting_dir(sel_dir, layer) / f"alpha_{alpha:g}_diff_means.jsonl", cfg.system)
             print(f"  train L{layer} alpha {alpha:g}: follow-up {r['followup_rate']:.3f} "
                   f"degenerate {r['degenerate_rate']:.3f}")
-            return {k: r[k] for k in ("n", "genuine", "followup_rate", "ci", "degenerate", "degenerate_rate",
-                                      "degenerate_ci", "mean_nll", "labels")}
+            return {"alpha_unit": unit, "resid_norm": vec.resid_norm, "delta_norm": abs(alpha) * vec.norm,
+                    **{k: r[k] for k in ("n", "genuine", "followup_rate", "ci", "degenerate", "degenerate_rate",
+                                         "degenerate_ci", "mean_nll", "labels")}}
 
         selection = select_on_train(run_setting, sel_items, layers, alphas, a.max_degenerate)
         base_tr, _, _ = run_condition(lm, judge, None, 0.0, a, sel_items, by_item, sel_dir / "alpha_0_none.jsonl",

@@ -66,6 +66,8 @@ def test_select_on_train_steers_heldout_only_at_the_chosen_setting(run_dir, tmp_
     ch = (sel["chosen"]["layer"], sel["chosen"]["alpha"])
     assert len(sel["items"]) == 4 and all(split_of(i) == "train" for i in sel["items"])
     assert {(r["layer"], r["alpha"]) for r in sel["sweep"]} == {(la, al) for la in (10, 20) for al in (0.1, 1.0)}
+    for r in sel["sweep"]:  # every kind and setting records its unit and push: |delta| = alpha x resid norm
+        assert r["alpha_unit"] == "resid" and r["delta_norm"] == pytest.approx(r["alpha"] * r["resid_norm"], rel=1e-5)
     held = {x["item_id"] for x in read_jsonl(run_dir / "assistant.jsonl") if split_of(x["item_id"]) == "heldout"}
     assert held
     for what, ids, layer, alpha in calls:
