@@ -99,12 +99,18 @@ def plot_steering(rows: Sequence[dict[str, Any]], out: str | Path, title: str,
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
     kinds = sorted({r["kind"] for r in rows})
     span = (max(r["alpha"] for r in rows) - min(r["alpha"] for r in rows)) if rows else 0.0
+    pos = sorted({abs(r["alpha"]) for r in rows if r["alpha"]})
+    # A geometric ladder (0.05 .. 4) crowds into the left edge on a linear axis: symlog when it spans >= 10x.
+    log = len(pos) >= 2 and pos[-1] / pos[0] >= 10
     for i, k in enumerate(kinds):
         rs = sorted((r for r in rows if r["kind"] == k), key=lambda r: r["alpha"])
         # Kinds share alphas (and alpha 0 is one condition): a small horizontal offset keeps each kind's
         # points and CI bars visible instead of drawn over one another.
-        off = (i - (len(kinds) - 1) / 2) * 0.012 * (span or 1.0)
-        a = [r["alpha"] + off for r in rs]
+        off = i - (len(kinds) - 1) / 2
+        if log:
+            a = [r["alpha"] * (1 + 0.05 * off) if r["alpha"] else 0.05 * off * pos[0] for r in rs]
+        else:
+            a = [r["alpha"] + off * 0.012 * (span or 1.0) for r in rs]
         ax.errorbar(a, [r["followup_rate"] for r in rs],
                     yerr=[[r["followup_rate"] - r["ci"][0] for r in rs], [r["ci"][1] - r["followup_rate"] for r in rs]],
                     marker="o", capsize=3, color=f"C{i}", label=k)
@@ -113,7 +119,12 @@ def plot_steering(rows: Sequence[dict[str, Any]], out: str | Path, title: str,
         ax2.errorbar(a, d, yerr=[[x - c[0] for x, c in zip(d, dci)], [c[1] - x for x, c in zip(d, dci)]],
                      marker="s", ls=":", capsize=3, color=f"C{i}", label=k)
     for axis, ylab in ((ax, "genuine follow-up rate"), (ax2, "degenerate rate")):
-        axis.set_xlabel(xlabel, fontsize=8)
+        if log:
+            ticks = sorted({r["alpha"] for r in rows})
+            axis.set_xscale("symlog", linthresh=pos[0])
+            axis.set_xticks(ticks, [f"{t:g}" for t in ticks], fontsize=7)
+            axis.minorticks_off()
+        axis.set_xlabel(xlabel + (" (symlog)" if log else ""), fontsize=8)
         axis.set_ylabel(f"{ylab} (held-out, greedy)")
         axis.set_ylim(-0.02, 1.02)
         axis.legend(fontsize=7)

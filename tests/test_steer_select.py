@@ -229,3 +229,13 @@ def test_new_flags_are_checked_before_any_stage(tmp_path, flags, needle):
     with pytest.raises(UserError, match=needle):
         _script().main(["--run", str(run), "--dataset", "no-such-dataset", *flags])
     assert not run.exists()
+
+
+@pytest.mark.parametrize("alphas", [[0.0, 0.05, 0.1, 0.2, 0.4, 0.8, 4.0], [0.0, 2.0, 4.0]])
+def test_plot_draws_rates_and_degeneration_with_cis(tmp_path, alphas):
+    from mechprobe.plots import plot_steering
+
+    rows = [dict(kind=k, alpha=a, followup_rate=0.2, ci=[0.1, 0.4], degenerate_rate=0.1, degenerate_ci=[0.0, 0.3])
+            for k in ("diff_means", "random") for a in alphas]
+    out = plot_steering(rows, tmp_path / "s.png", "t", xlabel="alpha (x resid)")
+    assert out.stat().st_size > 10_000
