@@ -1,11 +1,17 @@
 """Steering vectors that raise genuine follow-ups under greedy decoding, with controls.
 
-    python experiments/steer.py --alpha 4                       # embedded default, builds missing stages
-    python experiments/steer.py --run runs/smol-gsm8k --layer 12 --alpha 0 1 2 4 8 --positions boundary+generated
+    python experiments/steer.py                                 # embedded default, ladder 0 0.05 .. 0.8 x resid norm
+    python experiments/steer.py --select-on-train               # choose (layer, alpha) on train items first
+    python experiments/steer.py --run runs/smol-gsm8k --layer 12 --alpha-unit raw --alpha 0 1 2 4 8
 
-Writes ``<run>/steering/alpha_<a>_<kind>.jsonl`` (greedy held-out user turns under steering, judged),
-``results.json`` / ``results.md`` and ``<run>/figures/steer_<run>.png``. ``alpha`` multiplies the raw
-difference-of-means vector (CAA convention; see docs/steering.md).
+``--alpha-unit resid`` (default): alpha is the added vector's norm as a multiple of the mean residual norm
+at the steered layer (train boundary states), the same for every vector kind; ``raw``: alpha multiplies
+the raw difference-of-means vector (CAA convention). See docs/steering.md.
+
+Writes ``<run>/steering/alpha_0_none.jsonl`` (unsteered held-out turns) and
+``<run>/steering/L<layer>_<positions>_<unit>/alpha_<a>_<kind>.jsonl`` (steered, judged), ``results.json`` /
+``results.md``, ``select.json`` / ``select.md`` (with ``--select-on-train``) and
+``<run>/figures/steer_<run>.png``.
 
 An existing ``--run`` is resolved exactly like ``experiments/linear_probe.py`` does it
 (:func:`mechprobe.stages.resolve_run`): its own data file, item count, system prompt and token caps,
@@ -15,11 +21,10 @@ so nothing is added to it and alpha 0 reproduces its greedy turns.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -27,6 +32,7 @@ import torch
 # A fresh clone runs without `pip install -e .` too: the package sits next to this folder.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mechprobe import chat  # noqa: E402
 from mechprobe.activations import ActivationCache  # noqa: E402
 from mechprobe.cli import friendly  # noqa: E402
 from mechprobe.errors import UserError  # noqa: E402
@@ -36,10 +42,42 @@ from mechprobe.plots import plot_steering  # noqa: E402
 from mechprobe.probes import figures_dir  # noqa: E402
 from mechprobe.records import AssistantRecord  # noqa: E402
 from mechprobe.stages import Stages, ensure_stages, resolve_run  # noqa: E402
-from mechprobe.steer_eval import SteeredTurn, assistant_accuracy, split_of, steered_user_turns, summarize  # noqa: E402
-from mechprobe.steering import SteeringVector, diff_of_means, from_direction  # noqa: E402
+from mechprobe.steer_eval import (  # noqa: E402
+    SteeredTurn,
+    assistant_accuracy,
+    genuine_by_item,
+    paired_vs_base,
+    select_on_train,
+    split_of,
+    steered_nll,
+    steered_user_turns,
+    summarize,
+)
+from mechprobe.steering import SteeringVector, diff_of_means, from_direction, in_alpha_units  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+KINDS = ("diff_means", "random", "negative", "probe")
+# Default alphas per unit. In resid units a ladder from a gentle 5% of the residual norm up to 80% (where
+# small models' text usually breaks), so one run shows the rate rise or the text break; in raw units the
+# CAA convention's customary single push.
+DEFAULT_ALPHAS = {"resid": [0.0, 0.05, 0.1, 0.2, 0.4, 0.8], "raw": [4.0]}
+
+
+def resid_ladder(end: float) -> list[float]:
+    """The default resid ladder cut at ``end``, extended by doublings up to it, ending exactly at ``end``.
+
+    Why: ``--alpha 4`` used to mean 4 class gaps (CAA); in resid units it is a push four times the size of
+    the residual itself, which breaks the text. Run alone it would say only "broken"; as the end of a
+    ladder it shows where the follow-up rate rises (if it does) and where the text breaks.
+    """
+    if end <= 0:
+        raise UserError(f"a single --alpha in resid units is the end of the sweep and must be > 0, got {end:g}")
+    ladder = [x for x in DEFAULT_ALPHAS["resid"] if x < end]
+    while ladder[-1] * 2 < end and ladder[-1] > 0:
+        ladder.append(round(ladder[-1] * 2, 6))
+    return ladder + [end]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,10 +93,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layer", type=int, default=None, help="residual index; default: chosen on train items")
     p.add_argument("--candidate-layers", type=int, nargs="+", default=None,
                    help="layers swept on train items (default: top probe layers, else L/3, L/2, 2L/3)")
-    p.add_argument("--alpha", type=float, nargs="+", default=[4.0])
+    p.add_argument("--alpha", type=float, nargs="+", default=None,
+                   help="alphas in --alpha-unit (default: resid 0 0.05 0.1 0.2 0.4 0.8; raw 4). In resid "
+                        "units one value is the END of that ladder (--alpha 4: 0 0.05 .. 0.8 1.6 3.2 4); give "
+                        "two or more values to run exactly those")
+    p.add_argument("--alpha-unit", default="resid", choices=["resid", "raw"],
+                   help="resid: alpha x mean residual norm at the layer, equal for every kind (default); "
+                        "raw: alpha x the raw difference-of-means vector (CAA)")
+    p.add_argument("--select-on-train", action="store_true",
+                   help="choose (layer, alpha) on --select-items train items, then run only that alpha held out")
+    p.add_argument("--select-items", type=int, default=16, help="train items judged per swept setting")
+    p.add_argument("--max-degenerate", type=float, default=0.2,
+                   help="selection ignores settings whose train degeneration rate exceeds this")
     p.add_argument("--positions", default="boundary+generated",
                    choices=["boundary", "generated", "boundary+generated", "all"])
     p.add_argument("--kinds", default="diff_means,random,negative,probe")
+    p.add_argument("--acc-kinds", default="diff_means,probe",
+                   help="kinds whose task accuracy with the vector on is measured at each alpha")
+    p.add_argument("--acc-items", type=int, default=24, help="held-out items scored for task accuracy")
     p.add_argument("--max-user-tokens", type=int, default=None,
                    help="cap of the steered user turns (default: the run's own, so alpha 0 reproduces it)")
     p.add_argument("--max-heldout", type=int, default=None, help="cap held-out items (speed)")
@@ -77,50 +129,166 @@ def judge_turns(judge, turns: list[SteeredTurn], by_item: dict[str, AssistantRec
     return {r.record_id: r.label for r in judge.label_many(inputs)}
 
 
-KINDS = ("diff_means", "random", "negative", "probe")
-
-
 def validate_args(a: argparse.Namespace) -> None:
     """Refuse options that would run and give meaningless numbers, before any stage runs."""
-    bad = [f"--alpha {x} is not a finite number" for x in a.alpha if not math.isfinite(x)]
+    bad = [f"--alpha {x} is not a finite number" for x in (a.alpha or []) if not math.isfinite(x)]
     if a.max_user_tokens is not None and a.max_user_tokens < 1:
         bad.append(f"--max-user-tokens must be >= 1, got {a.max_user_tokens}")
     if a.max_heldout is not None and a.max_heldout < 1:
         bad.append(f"--max-heldout must be >= 1, got {a.max_heldout}")
+    if a.select_items < 1:
+        bad.append(f"--select-items must be >= 1, got {a.select_items}")
+    if a.acc_items < 1:
+        bad.append(f"--acc-items must be >= 1, got {a.acc_items}")
+    if not 0.0 <= a.max_degenerate <= 1.0:
+        bad.append(f"--max-degenerate is a rate in [0, 1], got {a.max_degenerate}")
+    if a.alpha_unit == "resid" and a.alpha is not None and len(a.alpha) == 1 and not a.alpha[0] > 0:
+        bad.append(f"--alpha {a.alpha[0]:g}: one value in resid units is the end of the sweep and must be > 0 "
+                   "(give two or more values, e.g. --alpha 0 -0.4, to run exactly those)")
+    if a.select_on_train and a.alpha is not None and not any(x != 0 for x in a.alpha):
+        bad.append("--select-on-train needs at least one nonzero --alpha to choose from")
     for la in ([a.layer] if a.layer is not None else []) + (a.candidate_layers or []):
         if la < 0:
             bad.append(f"layer {la} < 0: layers are residual indices 0..n_layers")
-    unknown = sorted(set(a.kinds.split(",")) - set(KINDS))
-    if unknown:
-        bad.append(f"--kinds {unknown} unknown; choose from {','.join(KINDS)}")
+    for flag, val in (("--kinds", a.kinds), ("--acc-kinds", a.acc_kinds)):
+        unknown = sorted(set(val.split(",")) - set(KINDS) - {""})
+        if unknown:
+            bad.append(f"{flag} {unknown} unknown; choose from {','.join(KINDS)}")
     if bad:
         raise UserError("; ".join(bad))
 
 
-def run_condition(lm, judge, vec, alpha, a, heldout, by_item, out_dir, system=None) -> tuple[dict, list[SteeredTurn]]:
-    kind = vec.kind if (vec is not None and alpha != 0) else "none"
+def probe_prompt_ids(lm, items, system) -> list[list[int]]:
+    return [list(chat.build_probe_prompt(lm.tokenizer, x.prompt, x.response, system=system,
+                                         history=x.messages or None).input_ids) for x in items]
+
+
+def base_token_ids(lm, turn: SteeredTurn) -> list[int]:
+    """The alpha-0 turn's tokens (rows of older versions lack them: re-tokenised from the raw text)."""
+    if turn.token_ids is not None:
+        return list(turn.token_ids)
+    return list(lm.tokenizer(turn.raw_text, add_special_tokens=False).input_ids)
+
+
+def run_condition(lm, judge, vec, alpha, a, items, by_item, path: Path, system=None,
+                  base: dict[str, SteeredTurn] | None = None) -> tuple[dict, list[SteeredTurn], dict[str, bool]]:
+    """Generate (resuming ``path``), judge and summarise one (vector, alpha) on ``items``.
+
+    With ``base`` (the alpha-0 turns of the same items), each turn also gets ``nll_base_text``: the NLL
+    of the unsteered turn under this condition's steered model. Returns the summary, the turns and
+    per-item genuine flags (for the paired test against alpha 0).
+    """
+    steered = vec is not None and alpha != 0
+    kind = vec.kind if steered else "none"
     key = f"{kind}|a{alpha:g}"
-    path = out_dir / f"alpha_{alpha:g}_{kind}.jsonl"
     store = JsonlStore(path, key="item_id")
-    done = {r["item_id"]: r for r in read_jsonl(path, key="item_id")}
-    todo = [x for x in heldout if x.item_id not in done]
+    done = {r["item_id"] for r in read_jsonl(path, key="item_id")}
+    todo = [x for x in items if x.item_id not in done]
     if todo:
-        turns = steered_user_turns(lm, todo, vec if alpha != 0 else None, alpha, a.positions, a.max_user_tokens,
+        turns = steered_user_turns(lm, todo, vec if steered else None, alpha, a.positions, a.max_user_tokens,
                                    system=system)
+        turns = with_base_nll(lm, turns, todo, vec if steered else None, alpha, a.positions, system, base)
         labels = judge_turns(judge, turns, by_item, key)
         for t in turns:
             store.append({**asdict(t), "label": labels.get(f"{key}|{t.item_id}")})
-    rows = [r for r in read_jsonl(path, key="item_id") if r["item_id"] in {x.item_id for x in heldout}]
+    wanted = {x.item_id for x in items}
+    rows = [r for r in read_jsonl(path, key="item_id") if r["item_id"] in wanted]
     turns = [SteeredTurn(**{k: v for k, v in r.items() if k != "label"}) for r in rows]
+    missing = [t for t in turns if t.nll_base_text is None]
+    if missing and (base is not None or not steered):  # rows of older versions: compute, do not rewrite the file
+        fixed = {t.item_id: t for t in with_base_nll(lm, missing, [by_item[t.item_id] for t in missing],
+                                                     vec if steered else None, alpha, a.positions, system, base)}
+        turns = [fixed.get(t.item_id, t) for t in turns]
     labels = {f"{key}|{r['item_id']}": r["label"] for r in rows}
     res = summarize(turns, labels, key)
-    return {"kind": kind, "alpha": alpha, **res}, turns
+    nb = [t.nll_base_text for t in turns if t.nll_base_text is not None]
+    res["nll_unsteered_text"] = sum(nb) / len(nb) if nb else None
+    return {"kind": kind, "alpha": alpha, **res}, turns, genuine_by_item(turns, labels, key)
+
+
+def with_base_nll(lm, turns, items, vec, alpha, positions, system, base) -> list[SteeredTurn]:
+    """Fill ``nll_base_text``: at alpha 0 the turn is its own base text; steered, score the base turns."""
+    if vec is None:
+        return [replace(t, nll_base_text=t.nll) for t in turns]
+    if base is None:
+        return turns
+    have = [(t, x) for t, x in zip(turns, items) if x.item_id in base]
+    nlls = steered_nll(lm, probe_prompt_ids(lm, [x for _, x in have], system),
+                       [base_token_ids(lm, base[x.item_id]) for _, x in have], vec, alpha, positions)
+    got = {t.item_id: n for (t, _), n in zip(have, nlls)}
+    return [replace(t, nll_base_text=got.get(t.item_id)) for t in turns]
+
+
+def candidate_layers(a, run: Path, n_layers: int) -> list[int]:
+    """--candidate-layers, else the three best probe layers (AUROC, embeddings excluded), else L/3, L/2, 2L/3."""
+    cands = a.candidate_layers
+    metrics_path = run / "probes" / "metrics.json"
+    if cands is None and metrics_path.exists() and read_json(metrics_path).get("status") == "ok":
+        per = read_json(metrics_path)["per_layer"]
+        cands = [r["layer"] for r in sorted(per, key=lambda r: -r["logreg_auroc"]["value"]) if r["layer"] > 0][:3]
+    return list(cands or [n_layers // 3, n_layers // 2, 2 * n_layers // 3])
+
+
+def select_md(sel: dict, unit: str, judge_name: str) -> str:
+    ch = sel["chosen"]
+    lines = [f"# Steering setting chosen on train items ({len(sel['items'])} items, judge {judge_name})", "",
+             f"Rule: highest train follow-up rate among settings with degeneration <= {sel['max_degenerate']:g}; "
+             "ties to less degeneration, then smaller |alpha|. alpha in "
+             f"{'x mean residual norm' if unit == 'resid' else 'x raw difference of means'}.", "",
+             f"**Chosen: layer {ch['layer']}, alpha {ch['alpha']:g}**"
+             + ("" if sel["cap_met"] else f" (NO setting met the degeneration cap {sel['max_degenerate']:g}: "
+                                          "this is the least degenerate one, not a working setting)"), "",
+             f"Unsteered on the same train items: follow-up {sel['train_alpha0']['followup_rate']:.3f}, "
+             f"degenerate {sel['train_alpha0']['degenerate_rate']:.3f}", "",
+             "| layer | alpha | resid norm | \\|delta\\| | follow-up [95% CI] | degenerate [95% CI] "
+             "| mean NLL (steered text) |", "|---|---|---|---|---|---|---|"]
+    for r in sel["sweep"]:
+        nll = f"{r['mean_nll']:.2f}" if r["mean_nll"] is not None else "n/a"
+        lines.append(f"| {r['layer']} | {r['alpha']:g} | {fmt(r.get('resid_norm'), '.4g')} "
+                     f"| {fmt(r.get('delta_norm'), '.4g')} | {r['followup_rate']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] "
+                     f"| {r['degenerate_rate']:.3f} [{r['degenerate_ci'][0]:.3f}, {r['degenerate_ci'][1]:.3f}] "
+                     f"| {nll} |")
+    return "\n".join(lines) + "\n"
+
+
+def fmt(x, spec: str = ".2f") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def results_md(rows: list[dict], header: str, unit: str) -> str:
+    u = "x resid norm" if unit == "resid" else "x raw diff-of-means"
+    lines = [header, "",
+             f"| vector | alpha ({u}) | \\|delta\\| (x resid) | genuine follow-up [95% CI] | vs alpha 0: +/- items, "
+             "McNemar p | degenerate [95% CI] | NLL unsteered text, steered model | NLL steered text, unsteered "
+             "model | task accuracy (vector on) | labels |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        labs = ", ".join(f"{k} {c}" for k, c in sorted(r["labels"].items(), key=lambda kv: -kv[1]))
+        m = r["mcnemar"]
+        lines.append(
+            f"| {r['kind']} | {r['alpha']:g} | {r['delta_norm']:.4g} ({fmt(r['delta_over_resid'], '.3f')}) "
+            f"| {r['followup_rate']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] "
+            f"| +{m['b']} / -{m['c']}, p={m['p']:.3g} "
+            f"| {r['degenerate_rate']:.3f} [{r['degenerate_ci'][0]:.3f}, {r['degenerate_ci'][1]:.3f}] "
+            f"| {fmt(r['nll_unsteered_text'])} | {fmt(r['mean_nll'])} | {fmt(r['task_accuracy'], '.3f')} | {labs} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     t0 = time.time()
     validate_args(a)
+    if a.alpha is None:
+        alphas = list(DEFAULT_ALPHAS[a.alpha_unit])
+    elif a.alpha_unit == "resid" and len(a.alpha) == 1:
+        alphas = resid_ladder(a.alpha[0])
+        print(f"note: --alpha {a.alpha[0]:g} in resid units is the end of the sweep: alphas "
+              f"{' '.join(f'{x:g}' for x in alphas)} (x mean residual norm); give two or more values to run exactly "
+              "those, or --alpha-unit raw for the CAA convention")
+    else:
+        alphas = list(a.alpha)
+    if a.alpha_unit == "resid" and any(abs(x) >= 2 for x in alphas):
+        print(f"note: alpha {max(alphas, key=abs):g} x resid norm adds a vector that many times as long as the "
+              "residual itself, which usually breaks the text (a sweep's end, not a working setting)")
     run, cfg = resolve_run(a.run, a.model, a.dataset, engine=a.engine, dtype=a.dtype)
     st = Stages(run, cfg)
     ensure_stages(run, cfg, a.judge, stages=st)
@@ -151,94 +319,140 @@ def main(argv: list[str] | None = None) -> int:
     heldout = [x for x in assistants if split_of(x.item_id) == "heldout"][: a.max_heldout]
     out_dir = run / "steering"
     out_dir.mkdir(parents=True, exist_ok=True)
+    unit = a.alpha_unit
 
     def vec_at(layer: int) -> SteeringVector:
+        # The yardstick (resid_norm) is the mean boundary-residual norm of these same train rows.
         x = cache.resid(layer)
         return diff_of_means(x[pos_rows], x[neg_rows], layer, weight_hash=cache.meta["identity"]["weight_hash"],
                              source_run=str(run), position="boundary")
 
-    # Layer choice on train items only.
+    def setting_dir(root: Path, layer: int) -> Path:
+        return root / f"L{layer}_{a.positions}_{unit}"
+
     n_layers = cache.meta["n_layers_model"]
     too_deep = [la for la in [a.layer, *(a.candidate_layers or [])] if la is not None and la > n_layers]
     if too_deep:
         raise UserError(f"layers {too_deep} exceed the model's {n_layers} blocks (residual indices 0..{n_layers})")
-    if a.layer is not None:
-        layer, sweep = a.layer, []
+    sweep, selection = [], None
+    if a.select_on_train:
+        # (layer, alpha) chosen on train items only; held-out items are never steered before the choice.
+        sel_items = train_items[: a.select_items]
+        sel_dir = out_dir / "select"
+        layers = [a.layer] if a.layer is not None else candidate_layers(a, run, n_layers)
+        print(f"selecting on {len(sel_items)} train items: layers {layers} x alphas "
+              f"{[x for x in alphas if x != 0]} ({unit} units)")
+
+        def run_setting(items, layer: int, alpha: float) -> dict:
+            vec = in_alpha_units(vec_at(layer), unit)
+            r, _, _ = run_condition(lm, judge, vec, alpha, a, items, by_item,
+                                    setting_dir(sel_dir, layer) / f"alpha_{alpha:g}_diff_means.jsonl", cfg.system)
+            print(f"  train L{layer} alpha {alpha:g}: follow-up {r['followup_rate']:.3f} "
+                  f"degenerate {r['degenerate_rate']:.3f}")
+            return {"alpha_unit": unit, "resid_norm": vec.resid_norm, "delta_norm": abs(alpha) * vec.norm,
+                    **{k: r[k] for k in ("n", "genuine", "followup_rate", "ci", "degenerate", "degenerate_rate",
+                                         "degenerate_ci", "mean_nll", "labels")}}
+
+        selection = select_on_train(run_setting, sel_items, layers, alphas, a.max_degenerate)
+        base_tr, _, _ = run_condition(lm, judge, None, 0.0, a, sel_items, by_item, sel_dir / "alpha_0_none.jsonl",
+                                      cfg.system)
+        selection.update(train_alpha0={k: base_tr[k] for k in ("n", "followup_rate", "ci", "degenerate_rate")},
+                         alpha_unit=unit, positions=a.positions, judge=judge.name)
+        layer, alphas = selection["chosen"]["layer"], [0.0, selection["chosen"]["alpha"]]
+        write_json(out_dir / "select.json", selection)
+        (out_dir / "select.md").write_text(select_md(selection, unit, judge.name))
+        if not selection["cap_met"]:
+            print(f"WARNING: no swept setting kept train degeneration <= {a.max_degenerate:g}; see select.md")
+        print(f"chosen on train: layer {layer}, alpha {alphas[1]:g} (wrote {out_dir}/select.md)")
+    elif a.layer is not None:
+        layer = a.layer
     else:
-        cands = a.candidate_layers
-        metrics_path = run / "probes" / "metrics.json"
-        if cands is None and metrics_path.exists() and read_json(metrics_path).get("status") == "ok":
-            per = read_json(metrics_path)["per_layer"]
-            cands = [r["layer"] for r in sorted(per, key=lambda r: -r["logreg_auroc"]["value"]) if r["layer"] > 0][:3]
-        cands = cands or [n_layers // 3, n_layers // 2, 2 * n_layers // 3]
-        alpha_sel = max(a.alpha)
-        sweep = []
-        for cand in cands:
-            v = vec_at(cand)
+        # Layer choice on train items only, at the largest alpha.
+        alpha_sel = max(alphas, key=abs)
+        for cand in candidate_layers(a, run, n_layers):
+            v = in_alpha_units(vec_at(cand), unit)
             turns = steered_user_turns(lm, train_items, v, alpha_sel, a.positions, a.max_user_tokens,
                                        system=cfg.system)
             key = f"sweep|L{cand}"
-            labels = judge_turns(judge, turns, by_item, key)
-            s = summarize(turns, labels, key)
+            s = summarize(turns, judge_turns(judge, turns, by_item, key), key)
             sweep.append({"layer": cand, "alpha": alpha_sel, **s})
             print(f"  train sweep layer {cand} alpha {alpha_sel:g}: follow-up {s['followup_rate']:.3f} "
                   f"degenerate {s['degenerate_rate']:.3f}")
         layer = max(sweep, key=lambda r: (r["followup_rate"], -r["degenerate_rate"]))["layer"]
-    v = vec_at(layer)
-    v.save(out_dir / f"vector_L{layer}_diff_means")
-    print(v.describe())
+    raw = vec_at(layer)
+    resid_norm = raw.resid_norm
+    v = in_alpha_units(raw, unit)
+    v.save(out_dir / f"vector_L{layer}_diff_means")  # in alpha units: bake(v, alpha) adds what steering added
+    print(raw.describe())
 
     kinds = a.kinds.split(",")
     vectors: list[SteeringVector] = []
     if "diff_means" in kinds:
         vectors.append(v)
     if "random" in kinds:
-        vectors.append(v.random_like(a.seed))
+        vectors.append(in_alpha_units(raw.random_like(a.seed), unit))
     if "negative" in kinds:
-        vectors.append(v.negated())
+        vectors.append(in_alpha_units(raw.negated(), unit))
     dpath = run / "probes" / "directions.safetensors"
     if "probe" in kinds and dpath.exists():
         from safetensors.torch import load_file
 
         d = load_file(str(dpath))
         if f"probe_{layer}" in d:
-            vectors.append(from_direction(d[f"probe_{layer}"], v, kind="probe"))
+            vectors.append(in_alpha_units(from_direction(d[f"probe_{layer}"], raw, kind="probe"), unit))
+
+    base, base_turns, base_g = run_condition(lm, judge, None, 0.0, a, heldout, by_item, out_dir / "alpha_0_none.jsonl",
+                                             cfg.system)
+    base_by_item = {t.item_id: t for t in base_turns}
+    acc_store = JsonlStore(out_dir / "accuracy.jsonl", key="cond")
+    acc_done = {r["cond"]: r["accuracy"] for r in read_jsonl(out_dir / "accuracy.jsonl", key="cond")}
+    n_acc = min(len(heldout), a.acc_items)
+
+    def accuracy(vec: SteeringVector | None, alpha: float) -> float | None:
+        if a.no_assistant_check or (vec is not None and vec.kind not in a.acc_kinds.split(",") and alpha != 0):
+            return None
+        steered = vec is not None and alpha != 0
+        cond = (f"{vec.kind}|L{layer}|{unit}|a{alpha:g}|seed{a.seed}|n{n_acc}" if steered else f"none|n{n_acc}")
+        if cond not in acc_done:
+            acc_done[cond] = assistant_accuracy(lm, heldout[:n_acc], vec if steered else None, alpha,
+                                                cfg.max_assistant_tokens, system=cfg.system)
+            acc_store.append({"cond": cond, "accuracy": acc_done[cond], "n_items": n_acc})
+        return acc_done[cond]
+
+    def annotate(r: dict, vec: SteeringVector, alpha: float, g: dict[str, bool]) -> dict:
+        dn = abs(alpha) * vec.norm
+        return {**r, "kind": vec.kind, "layer": layer, "alpha_unit": unit, "resid_norm": resid_norm,
+                "delta_norm": dn, "delta_over_resid": dn / resid_norm if resid_norm else None,
+                "raw_alpha_equiv": dn / raw.norm if raw.norm else None,
+                "mcnemar": paired_vs_base(g, base_g), "task_accuracy": accuracy(vec, alpha)}
 
     rows = []
-    base, _ = run_condition(lm, judge, None, 0.0, a, heldout, by_item, out_dir, cfg.system)
     for vec in vectors:
-        rows.append({**base, "kind": vec.kind})
-        for alpha in sorted(set(a.alpha) - {0.0}):
-            r, _ = run_condition(lm, judge, vec, alpha, a, heldout, by_item, out_dir, cfg.system)
-            rows.append(r)
-    acc = None
-    if not a.no_assistant_check:
-        n = min(len(heldout), 24)
-        acc = {"unsteered": assistant_accuracy(lm, heldout[:n], None, 0.0, cfg.max_assistant_tokens,
-                                               system=cfg.system),
-               f"diff_means_alpha_{max(a.alpha):g}": assistant_accuracy(lm, heldout[:n], v, max(a.alpha),
-                                                                      cfg.max_assistant_tokens, system=cfg.system),
-               "n_items": n, "positions": "all"}
-    lines = [f"layer {layer}, positions {a.positions}, {len(heldout)} held-out items, judge {judge.name}; "
-             f"{v.describe()}", "",
-             "| vector | alpha | genuine follow-up [95% CI] | degenerate | mean NLL | labels |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        nll = f"{r['mean_nll']:.2f}" if r["mean_nll"] is not None else "n/a"
-        labs = ", ".join(f"{k} {c}" for k, c in sorted(r["labels"].items(), key=lambda kv: -kv[1]))
-        lines.append(f"| {r['kind']} | {r['alpha']:g} | {r['followup_rate']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] "
-                     f"| {r['degenerate_rate']:.3f} | {nll} | {labs} |")
-    if acc:
-        lines += ["", f"assistant task accuracy with the vector on at every position ({acc['n_items']} held-out items): "
-                  + json.dumps({k: val for k, val in acc.items() if k not in ('n_items', 'positions')})]
-    table = "\n".join(lines)
-    (out_dir / "results.md").write_text(table + "\n")
-    write_json(out_dir / "results.json", {"layer": layer, "positions": a.positions, "vector": v.describe(),
-                                          "vector_meta": v.meta, "sweep_train": sweep, "heldout": rows,
-                                          "assistant_accuracy": acc, "judge": judge.name,
-                                          "seconds": round(time.time() - t0, 1)})
+        rows.append(annotate(base, vec, 0.0, base_g))
+        for alpha in sorted(set(alphas) - {0.0}):
+            r, _, g = run_condition(lm, judge, vec, alpha, a, heldout, by_item,
+                                    setting_dir(out_dir, layer) / f"alpha_{alpha:g}_{vec.kind}.jsonl", cfg.system,
+                                    base=base_by_item)
+            rows.append(annotate(r, vec, alpha, g))
+    header = (f"layer {layer}, positions {a.positions}, {len(heldout)} held-out items, judge {judge.name}, alpha unit "
+              f"{unit} (mean boundary residual norm {resid_norm:.4g} on train rows); {raw.describe()}"
+              + (f"; (layer, alpha) chosen on {len(selection['items'])} train items (select.md)" if selection else "")
+              + f"\n\ntask accuracy: assistant turn with the vector on at every position, first {n_acc} held-out "
+                "items; McNemar: paired exact test vs alpha 0 on the same items (+ genuine only when steered, "
+                "- genuine only unsteered)")
+    table = results_md(rows, header, unit)
+    (out_dir / "results.md").write_text(table)
+    write_json(out_dir / "results.json", {"layer": layer, "positions": a.positions, "alpha_unit": unit,
+                                          "resid_norm": resid_norm, "alphas": sorted(set(alphas)),
+                                          "vector": raw.describe(), "vector_meta": v.meta, "sweep_train": sweep,
+                                          "selection": selection, "heldout": rows,
+                                          "assistant_accuracy_items": None if a.no_assistant_check else n_acc,
+                                          "judge": judge.name, "seconds": round(time.time() - t0, 1)})
+    xlabel = ("alpha (x mean residual norm at the layer; equal |delta| for every kind)" if unit == "resid"
+              else "alpha (multiplies the raw difference-of-means vector)")
     fig = plot_steering(rows, figures_dir(a.figures, run) / f"steer_{run.name}.png",
-                        f"{cfg.model} · layer {layer} · {a.positions} · {len(heldout)} held-out items")
-    print("\n" + table + f"\n\nwrote {out_dir}/results.md, results.json and {fig}")
+                        f"{cfg.model} · layer {layer} · {a.positions} · {len(heldout)} held-out items", xlabel=xlabel)
+    print("\n" + table + f"\nwrote {out_dir}/results.md, results.json and {fig}")
     return 0
 
 

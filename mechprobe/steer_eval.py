@@ -11,23 +11,29 @@ The protocol (what ``experiments/steer.py`` runs):
    label distribution, degeneration rate, and fluency (mean per-token NLL of the steered turn under the
    unsteered model, i.e. log-perplexity).
 4. Side effect: task accuracy of the assistant turn with the vector left on at every position.
+5. Damage to the model's own distribution: mean NLL of the *unsteered* greedy turn under the *steered*
+   model (:func:`steered_nll`), and a paired exact McNemar test of each condition against alpha 0 on
+   the same held-out items (:func:`paired_vs_base`).
+
+With ``--select-on-train`` the (layer, alpha) is chosen by :func:`select_on_train` on train items only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from . import chat
-from .generation import decode, generate, left_pad
+from .generation import decode, generate, input_device, left_pad
 from .models import LoadedModel
 from .records import AssistantRecord
-from .stats import wilson
+from .stats import mcnemar_exact, wilson
 from .steering import SteeringVector, steer
 
 
@@ -50,6 +56,8 @@ class SteeredTurn:
     text: str
     stop_reason: str
     nll: float | None
+    token_ids: list[int] | None = field(default=None)  # the generated tokens (None in rows of older versions)
+    nll_base_text: float | None = None  # NLL of the alpha-0 turn of this item under this condition's model
 
 
 def steered_user_turns(lm: LoadedModel, assistants: Sequence[AssistantRecord], vector: SteeringVector | None,
@@ -75,7 +83,7 @@ def steered_user_turns(lm: LoadedModel, assistants: Sequence[AssistantRecord], v
             raw, text = decode(tok, g)
             out.append(SteeredTurn(a.item_id, vector.kind if vector is not None else "none", alpha,
                                    vector.layer if vector is not None else -1, positions, raw, text,
-                                   g.stop_reason, nll))
+                                   g.stop_reason, nll, list(g.token_ids)))
     return out
 
 
@@ -118,8 +126,118 @@ def summarize(turns: Sequence[SteeredTurn], labels: dict[str, str], key: str) ->
     degen = sum(is_degenerate(t.text) or labels.get(f"{key}|{t.item_id}") == "empty_or_degenerate" for t in turns)
     nlls = [t.nll for t in turns if t.nll is not None]
     return {"n": n, "genuine": genuine, "followup_rate": genuine / n if n else 0.0, "ci": list(wilson(genuine, n)),
-            "degenerate_rate": degen / n if n else 0.0, "mean_nll": sum(nlls) / len(nlls) if nlls else None,
+            "degenerate": degen, "degenerate_rate": degen / n if n else 0.0,
+            "degenerate_ci": list(wilson(degen, n)), "mean_nll": sum(nlls) / len(nlls) if nlls else None,
             "labels": dict(dist)}
+
+
+def genuine_by_item(turns: Sequence[SteeredTurn], labels: dict[str, str], key: str) -> dict[str, bool]:
+    """Per held-out item: was this condition's greedy turn a genuine follow-up (the pairing for McNemar)."""
+    return {t.item_id: labels.get(f"{key}|{t.item_id}") == "genuine_followup" for t in turns}
+
+
+def paired_vs_base(cond: dict[str, bool], base: dict[str, bool]) -> dict[str, Any]:
+    """Exact McNemar test of a condition against alpha 0 on the items both have.
+
+    ``b`` = items genuine only under the condition (steering helped), ``c`` = genuine only at alpha 0
+    (steering hurt). Paired because both conditions see the same items, so item difficulty cancels
+    and the test is far more sensitive than comparing two Wilson intervals.
+    """
+    common = sorted(set(cond) & set(base))
+    b = sum(cond[i] and not base[i] for i in common)
+    c = sum(base[i] and not cond[i] for i in common)
+    return {"n_paired": len(common), "b": b, "c": c, "p": mcnemar_exact(b, c)}
+
+
+@torch.inference_mode()
+def steered_nll(lm: LoadedModel, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]],
+                vector: SteeringVector | None, alpha: float, positions: str, batch_size: int = 16
+                ) -> list[float | None]:
+    """Mean per-token NLL of each continuation under the model *with the vector on* (teacher forcing).
+
+    Why: a steered model that still assigns the unsteered greedy turn a likelihood close to the unsteered
+    model's has been nudged, not broken; a rising NLL measures damage to the model's own distribution
+    independently of what the steered model happens to generate. Positions match generation exactly:
+    the prompt is one prefill call (its last position is the boundary) and the continuation one call on
+    the prompt's KV cache (every position a generated token), which is what :func:`steer` tells apart.
+    ``vector=None`` or ``alpha=0`` gives the unsteered model's NLL (equal to :func:`turn_nll`).
+    """
+    from transformers import DynamicCache
+
+    model, pad = lm.model, lm.tokenizer.pad_token_id
+    dev = input_device(model)
+    out: list[float | None] = []
+    for s in range(0, len(prompts), batch_size):
+        ps, cs = prompts[s:s + batch_size], [list(c) for c in continuations[s:s + batch_size]]
+        ctx = steer(model, vector, alpha, positions) if vector is not None and alpha != 0 else contextlib.nullcontext()
+        with ctx:
+            ids, mask, pos = left_pad(ps, pad, dev)
+            first = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=DynamicCache(),
+                          use_cache=True)
+            lp_first = torch.log_softmax(first.logits[:, -1].float(), -1)
+            width = max((len(c) for c in cs), default=0) - 1
+            lp_rest = None
+            if width > 0:  # inputs c[0..len-2] predict c[1..len-1]; rows right-padded (pads are never attended)
+                cids = torch.full((len(cs), width), pad, dtype=ids.dtype, device=dev)
+                cmask = torch.zeros((len(cs), width), dtype=mask.dtype, device=dev)
+                for r, c in enumerate(cs):
+                    n = len(c) - 1
+                    if n > 0:
+                        cids[r, :n] = torch.tensor(c[:-1], dtype=ids.dtype, device=dev)
+                        cmask[r, :n] = 1
+                cpos = pos[:, -1:] + 1 + torch.arange(width, device=dev)[None]
+                rest = model(input_ids=cids, attention_mask=torch.cat([mask, cmask], 1), position_ids=cpos,
+                             past_key_values=first.past_key_values, use_cache=True)
+                lp_rest = torch.log_softmax(rest.logits.float(), -1)
+        for r, c in enumerate(cs):
+            if not c:
+                out.append(None)
+                continue
+            terms = [lp_first[r, c[0]]] + [lp_rest[r, j, c[j + 1]] for j in range(len(c) - 1)]
+            out.append(float(-torch.stack(terms).mean()))
+    return out
+
+
+def choose_setting(rows: Sequence[dict[str, Any]], max_degenerate: float) -> tuple[dict[str, Any], bool]:
+    """The (layer, alpha) row with the highest follow-up rate among rows with degeneration <= the cap.
+
+    Ties go to less degeneration, then the smaller |alpha| (the gentler push), then the lower layer.
+    Returns ``(row, cap_met)``; when no row meets the cap, the least degenerate row (then smallest
+    |alpha|) is returned with ``cap_met = False`` so the caller can say so rather than silently pick noise.
+    """
+    if not rows:
+        raise ValueError("choose_setting needs at least one swept setting")
+    ok = [r for r in rows if r["degenerate_rate"] <= max_degenerate]
+    if ok:
+        return max(ok, key=lambda r: (r["followup_rate"], -r["degenerate_rate"], -abs(r["alpha"]), -r["layer"])), True
+    return min(rows, key=lambda r: (r["degenerate_rate"], abs(r["alpha"]), -r["followup_rate"], r["layer"])), False
+
+
+SettingRunner = Callable[[Sequence[AssistantRecord], int, float], dict[str, Any]]
+
+
+def select_on_train(run_setting: SettingRunner, items: Sequence[AssistantRecord], layers: Sequence[int],
+                    alphas: Sequence[float], max_degenerate: float) -> dict[str, Any]:
+    """Sweep layers x alphas on *train* items and choose one setting (:func:`choose_setting`).
+
+    ``run_setting(items, layer, alpha)`` generates, judges and summarises one setting (see
+    :func:`summarize`). Held-out items are refused here, not filtered: a selection that ever saw a
+    held-out item would make the held-out numbers optimistic, so passing one is a bug in the caller.
+    """
+    bad = [x.item_id for x in items if split_of(x.item_id) != "train"]
+    if bad:
+        raise ValueError(f"selection must use train items only; got held-out items {bad[:5]}")
+    if not items:
+        raise ValueError("no train items to select on")
+    steered = sorted({float(x) for x in alphas if x != 0})
+    if not steered or not layers:
+        raise ValueError("selection needs at least one layer and one nonzero alpha")
+    rows = [{"layer": int(la), "alpha": al, **run_setting(items, int(la), al)} for la in layers for al in steered]
+    chosen, cap_met = choose_setting(rows, max_degenerate)
+    return {"items": [x.item_id for x in items], "layers": [int(x) for x in layers], "alphas": steered,
+            "max_degenerate": max_degenerate, "sweep": rows, "chosen": {"layer": chosen["layer"],
+                                                                       "alpha": chosen["alpha"]},
+            "cap_met": cap_met}
 
 
 def assistant_accuracy(lm: LoadedModel, items: Sequence[AssistantRecord], vector: SteeringVector | None,

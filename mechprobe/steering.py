@@ -53,6 +53,7 @@ from .errors import MissingInput, UsageError
 from .models import get_blocks
 
 POSITIONS = ("boundary", "generated", "boundary+generated", "all")
+ALPHA_UNITS = ("raw", "resid")
 KINDS = ("diff_means", "probe", "random", "negative")
 FORMAT = "mechprobe.steering_vector/1"
 
@@ -251,6 +252,34 @@ def random_like(vec: SteeringVector, seed: int = 0, orthogonal: bool = True) -> 
     r = r / r.norm() * vec.norm
     meta = {**vec.metadata, "seed": int(seed), "orthogonal": bool(orthogonal), "source_kind": vec.kind}
     return SteeringVector(r.to(vec.vector.dtype), vec.layer, "random", meta)
+
+
+def in_alpha_units(vec: SteeringVector, unit: str, resid_norm: float | None = None) -> SteeringVector:
+    """``vec`` rescaled so that ``steer(model, result, alpha)`` adds ``alpha`` in ``unit``.
+
+    * ``raw``: unchanged (CAA: ``alpha`` multiplies the raw vector, ``alpha = 1`` is one class gap).
+    * ``resid``: ``v / |v| * resid_norm``, so ``alpha`` is the added vector's norm as a multiple of the
+      layer's mean residual norm (``resid_norm``, default ``vec.resid_norm``). Why: a class gap is a
+      different size in every model and layer, a fraction of the residual norm is not, so ``alpha = 0.2``
+      means a comparable push everywhere; and every kind (diff-of-means, probe, random, negative) gets
+      exactly the same norm at the same alpha, whatever its raw norm was.
+
+    The unit and the yardstick are recorded in the metadata (``alpha_unit``, ``resid_norm``).
+    """
+    if unit not in ALPHA_UNITS:
+        raise UsageError(f"alpha unit {unit!r}: use one of {', '.join(ALPHA_UNITS)}")
+    ref = vec.resid_norm if resid_norm is None else float(resid_norm)
+    if unit == "raw":
+        meta = {**vec.metadata, "alpha_unit": "raw"}
+        return SteeringVector(vec.vector, vec.layer, vec.kind, meta)
+    if not ref or not math.isfinite(ref) or ref <= 0:
+        raise UsageError(f"alpha unit 'resid' needs the layer's mean residual norm, but this {vec.kind} vector has "
+                         f"none (resid_norm={ref}); build it with diff_of_means or pass resid_norm=")
+    if vec.norm == 0.0:
+        raise UsageError(f"{vec.kind} vector at layer {vec.layer} is zero: it has no direction to rescale")
+    v = vec.vector.detach().float()
+    meta = {**vec.metadata, "alpha_unit": "resid", "resid_norm": float(ref), "raw_norm": vec.norm}
+    return SteeringVector((v / v.norm() * ref).to(vec.vector.dtype), vec.layer, vec.kind, meta)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -84,7 +84,10 @@ def test_linear_probe_and_steer_scripts(small_run, tmp_path):
     assert zero and all(split_of(z["item_id"]) == "heldout" for z in zero)
     for z in zero:
         assert z["raw_text"] == greedy[z["item_id"]]["raw_text"]
-    assert len(read_jsonl(small_run / "steering" / "alpha_2_diff_means.jsonl")) == len(zero)
+    # alpha is in resid units by default: steered rows live under the setting's folder (layer, positions, unit).
+    assert res["alpha_unit"] == "resid"
+    steered = small_run / "steering" / "L10_boundary+generated_resid" / "alpha_2_diff_means.jsonl"
+    assert len(read_jsonl(steered)) == len(zero)
 
 
 def test_linear_probe_refuses_to_report_noise(small_run, tmp_path):

@@ -1,0 +1,241 @@
+"""Steering judged properly: alpha in residual-norm units, selection on train items only, paired statistics.
+
+Fast tests on a tiny random-init Llama and synthetic records. Oracles: in ``resid`` units every kind adds a
+vector of exactly ``alpha x resid_norm`` (read back from ``output_hidden_states``); the steered NLL of a
+continuation equals a token-by-token replay under the same hooks (the positions generation uses); the
+selection sweep never sees a held-out item and follows its documented rule; McNemar counts are the
+discordant pairs.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mechprobe.errors import UsageError
+from mechprobe.generation import left_pad
+from mechprobe.models import tiny_model
+from mechprobe.records import AssistantRecord
+from mechprobe.stats import mcnemar_exact
+from mechprobe.steer_eval import (
+    SteeredTurn,
+    choose_setting,
+    paired_vs_base,
+    select_on_train,
+    split_of,
+    steered_nll,
+    summarize,
+    turn_nll,
+)
+from mechprobe.steering import diff_of_means, from_direction, in_alpha_units, steer
+
+PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16, 17, 18, 19]]
+CONTS = [[20, 21, 22, 23], [30], [40, 41, 42, 43, 44, 45]]
+LAYER = 2
+
+
+@pytest.fixture(scope="module")
+def model():
+    # initializer_range 0.2 (default 0.02): near-uniform attention at the default would hide a wrong
+    # position id or a wrongly steered position behind differences < 1e-4.
+    return tiny_model("llama", initializer_range=0.2)
+
+
+@pytest.fixture(scope="module")
+def lm(model):
+    return SimpleNamespace(model=model, tokenizer=SimpleNamespace(pad_token_id=0))
+
+
+def _hidden(model, prompts, layer):
+    ids, mask, pos = left_pad(prompts, 0, torch.device("cpu"))
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, output_hidden_states=True)
+    return out.hidden_states[layer]
+
+
+def _kinds(model):
+    """diff_means / random / negative / probe vectors from the tiny model's own boundary states."""
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, 127, (6,), generator=g).tolist() for _ in range(12)]
+    x = _hidden(model, prompts, LAYER)[:, -1]
+    dm = diff_of_means(x[:6], x[6:], LAYER)
+    probe = from_direction(torch.randn(x.shape[1], generator=g), dm, kind="probe")
+    return dm, [dm, dm.random_like(0), dm.negated(), probe]
+
+
+def test_resid_units_give_every_kind_exactly_alpha_times_resid_norm(model):
+    dm, vecs = _kinds(model)
+    r = dm.resid_norm
+    assert r and r > 0
+    alpha = 0.3
+    for v in vecs:
+        u = in_alpha_units(v, "resid")
+        assert u.metadata["alpha_unit"] == "resid" and u.metadata["resid_norm"] == pytest.approx(r)
+        assert u.kind == v.kind and u.layer == v.layer
+        # Same direction, norm exactly the yardstick (float32 rescale: relative error ~1e-7).
+        assert float(torch.nn.functional.cosine_similarity(u.vector, v.vector, dim=0)) == pytest.approx(1, abs=1e-6)
+        assert u.norm == pytest.approx(r, rel=1e-6)
+        # What steering actually adds at the boundary, read back from the residual stream.
+        base = _hidden(model, PROMPTS, LAYER)
+        with steer(model, u, alpha, "boundary"):
+            moved = _hidden(model, PROMPTS, LAYER)
+        delta = (moved - base)[:, -1]
+        # Tolerance: h + d - h in float32 loses ~1e-7 x |h| per entry; |h| ~ r here.
+        assert torch.allclose(delta.norm(dim=-1), torch.full((len(PROMPTS),), alpha * r), rtol=1e-4)
+        assert torch.allclose((moved - base)[:, :-1], torch.zeros_like((moved - base)[:, :-1]), atol=1e-5)
+
+
+def test_raw_units_keep_the_caa_vector_and_bad_units_are_named():
+    v = diff_of_means(torch.randn(4, 8) + 1, torch.randn(4, 8), 1)
+    raw = in_alpha_units(v, "raw")
+    assert torch.equal(raw.vector, v.vector) and raw.metadata["alpha_unit"] == "raw"
+    with pytest.raises(UsageError, match="alpha unit"):
+        in_alpha_units(v, "percent")
+    bare = type(v)(v.vector, 1, "diff_means", {})
+    with pytest.raises(UsageError, match="resid_norm"):
+        in_alpha_units(bare, "resid")
+    assert in_alpha_units(bare, "resid", resid_norm=2.0).norm == pytest.approx(2.0, rel=1e-6)
+
+
+def _replay_nll(model, prompt, cont, vec, alpha, positions):
+    """Reference: prefill, then one forward per token on the KV cache -- exactly how generation runs."""
+    from transformers import DynamicCache
+
+    lps = []
+    with steer(model, vec, alpha, positions), torch.no_grad():
+        cache = DynamicCache()
+        out = model(input_ids=torch.tensor([prompt]), past_key_values=cache, use_cache=True)
+        for t in cont:
+            lps.append(torch.log_softmax(out.logits[0, -1].float(), -1)[t])
+            out = model(input_ids=torch.tensor([[t]]), past_key_values=out.past_key_values, use_cache=True)
+    return float(-torch.stack(lps).mean())
+
+
+@pytest.mark.parametrize("positions", ["boundary", "generated", "boundary+generated", "all"])
+def test_steered_nll_matches_token_by_token_replay_and_batching(model, lm, positions):
+    dm, _ = _kinds(model)
+    u = in_alpha_units(dm, "resid")
+    got = steered_nll(lm, PROMPTS, CONTS, u, 0.5, positions)
+    one = [steered_nll(lm, [p], [c], u, 0.5, positions)[0] for p, c in zip(PROMPTS, CONTS)]
+    ref = [_replay_nll(model, p, c, u, 0.5, positions) for p, c in zip(PROMPTS, CONTS)]
+    # Tolerance 1e-4: padded batch vs unpadded single rows differ only by float32 summation order.
+    assert got == pytest.approx(ref, abs=1e-4)
+    assert one == pytest.approx(ref, abs=1e-4)
+    unsteered = steered_nll(lm, PROMPTS, CONTS, None, 0.0, positions)
+    assert any(abs(g - s) > 1e-3 for g, s in zip(got, unsteered)), "a 0.5 x resid push changed no likelihood"
+
+
+def test_steered_nll_at_alpha_zero_is_the_unsteered_nll(model, lm):
+    dm, _ = _kinds(model)
+    zero = steered_nll(lm, PROMPTS, CONTS, in_alpha_units(dm, "resid"), 0.0, "boundary+generated")
+    assert zero == pytest.approx(turn_nll(lm, PROMPTS, CONTS), abs=1e-4)
+    assert steered_nll(lm, PROMPTS[:2], [[], [7]], None, 0.0, "all")[0] is None
+
+
+def _records(n=40):
+    return [AssistantRecord(item_id=f"it{i}", dataset="builtin", prompt=f"q{i}", response="a",
+                            stop_reason="end_of_turn", n_tokens=1) for i in range(n)]
+
+
+def test_selection_sees_train_items_only_and_sweeps_every_setting():
+    recs = _records()
+    train = [x for x in recs if split_of(x.item_id) == "train"]
+    held = {x.item_id for x in recs if split_of(x.item_id) == "heldout"}
+    assert train and held
+    calls = []
+
+    def run_setting(items, layer, alpha):
+        calls.append(([x.item_id for x in items], layer, alpha))
+        rate = {0.1: 0.2, 0.4: 0.5, 0.8: 0.9}[alpha] + (0.05 if layer == 3 else 0.0)
+        deg = 0.6 if alpha == 0.8 else 0.1  # the highest rate breaks the text: must not be chosen
+        return {"followup_rate": rate, "degenerate_rate": deg}
+
+    sel = select_on_train(run_setting, train[:8], [2, 3], [0.0, 0.1, 0.4, 0.8], max_degenerate=0.2)
+    assert {(la, al) for _, la, al in calls} == {(la, al) for la in (2, 3) for al in (0.1, 0.4, 0.8)}
+    assert all(not set(ids) & held for ids, _, _ in calls)
+    assert all(ids == [x.item_id for x in train[:8]] for ids, _, _ in calls)
+    assert sel["chosen"] == {"layer": 3, "alpha": 0.4} and sel["cap_met"]
+    assert set(sel["items"]).isdisjoint(held)
+    with pytest.raises(ValueError, match="train items only"):
+        select_on_train(run_setting, recs, [2], [0.4], 0.2)
+
+
+def test_choose_setting_rule():
+    rows = [dict(layer=4, alpha=0.2, followup_rate=0.5, degenerate_rate=0.1),
+            dict(layer=2, alpha=0.4, followup_rate=0.5, degenerate_rate=0.1),
+            dict(layer=2, alpha=0.1, followup_rate=0.5, degenerate_rate=0.0),
+            dict(layer=2, alpha=0.8, followup_rate=0.7, degenerate_rate=0.5)]
+    best, ok = choose_setting(rows, 0.2)
+    assert ok and (best["layer"], best["alpha"]) == (2, 0.1)  # tie on rate -> less degenerate
+    best, ok = choose_setting(rows[:2], 0.2)
+    assert ok and (best["layer"], best["alpha"]) == (4, 0.2)  # tie on rate and degeneration -> smaller alpha
+    best, ok = choose_setting(rows[3:], 0.2)
+    assert not ok and best["alpha"] == 0.8  # nothing meets the cap: said so, not hidden
+    with pytest.raises(ValueError):
+        choose_setting([], 0.2)
+
+
+def test_paired_vs_base_counts_discordant_items():
+    base = {"a": True, "b": False, "c": False, "d": True, "e": False}
+    cond = {"a": True, "b": True, "c": True, "d": False, "e": False, "z": True}  # z unpaired: ignored
+    m = paired_vs_base(cond, base)
+    assert (m["n_paired"], m["b"], m["c"]) == (5, 2, 1)
+    assert m["p"] == pytest.approx(mcnemar_exact(2, 1))
+    assert paired_vs_base(base, base)["p"] == 1.0
+
+
+def test_summarize_has_a_degeneration_ci():
+    turns = [SteeredTurn(f"i{k}", "diff_means", 0.2, 2, "boundary", t, t, "end_of_turn", 1.0)
+             for k, t in enumerate(["what about the second step?", "", "ok ok ok ok ok ok ok ok ok"])]
+    s = summarize(turns, {"k|i0": "genuine_followup", "k|i1": "empty_or_degenerate", "k|i2": "new_query"}, "k")
+    assert s["degenerate"] == 2 and s["degenerate_rate"] == pytest.approx(2 / 3)
+    lo, hi = s["degenerate_ci"]
+    assert 0 <= lo < 2 / 3 < hi <= 1 and all(math.isfinite(x) for x in (lo, hi))
+
+
+def _script():
+    import importlib.util
+
+    from .conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("steer_script_fast", REPO / "experiments" / "steer.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_one_resid_alpha_is_the_end_of_the_ladder():
+    m = _script()
+    assert m.resid_ladder(4) == [0.0, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 4]
+    assert m.resid_ladder(0.3) == [0.0, 0.05, 0.1, 0.2, 0.3]
+    assert m.resid_ladder(0.8) == m.DEFAULT_ALPHAS["resid"]
+    a = m.build_parser().parse_args([])
+    assert a.alpha_unit == "resid" and a.alpha is None and not a.select_on_train
+    assert (a.select_items, a.max_degenerate) == (16, 0.2)
+
+
+@pytest.mark.parametrize("flags, needle", [(["--alpha", "-1"], "end of the sweep"),
+                                           (["--max-degenerate", "1.5"], "--max-degenerate"),
+                                           (["--select-items", "0"], "--select-items"),
+                                           (["--select-on-train", "--alpha", "0", "0"], "nonzero"),
+                                           (["--acc-kinds", "bogus"], "--acc-kinds")])
+def test_new_flags_are_checked_before_any_stage(tmp_path, flags, needle):
+    from mechprobe.errors import UserError
+
+    run = tmp_path / "run"
+    with pytest.raises(UserError, match=needle):
+        _script().main(["--run", str(run), "--dataset", "no-such-dataset", *flags])
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("alphas", [[0.0, 0.05, 0.1, 0.2, 0.4, 0.8, 4.0], [0.0, 2.0, 4.0]])
+def test_plot_draws_rates_and_degeneration_with_cis(tmp_path, alphas):
+    from mechprobe.plots import plot_steering
+
+    rows = [dict(kind=k, alpha=a, followup_rate=0.2, ci=[0.1, 0.4], degenerate_rate=0.1, degenerate_ci=[0.0, 0.3])
+            for k in ("diff_means", "random") for a in alphas]
+    out = plot_steering(rows, tmp_path / "s.png", "t", xlabel="alpha (x resid)")
+    assert out.stat().st_size > 10_000
