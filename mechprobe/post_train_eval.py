@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from .io import read_json, read_jsonl, write_json
-from .stats import mcnemar_exact, wilson
+from .stats import Rate, mcnemar_exact
 
 
 def labels_of(run: Path) -> dict[str, dict[str, Any]]:
@@ -34,27 +34,6 @@ def labels_of(run: Path) -> dict[str, dict[str, Any]]:
 
 def turns_of(run: Path) -> dict[str, dict[str, Any]]:
     return {r["record_id"]: r for r in read_jsonl(run / "user_turns.jsonl", key="record_id")}
-
-
-@dataclass
-class Rate:
-    k: int
-    n: int
-
-    @property
-    def value(self) -> float:
-        return self.k / self.n if self.n else float("nan")
-
-    @property
-    def ci(self) -> tuple[float, float]:
-        return wilson(self.k, self.n)
-
-    def fmt(self) -> str:
-        lo, hi = self.ci
-        return f"{self.value:.3f} [{lo:.3f}, {hi:.3f}] ({self.k}/{self.n})" if self.n else "n/a (0 rows)"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"k": self.k, "n": self.n, "rate": self.value, "ci": list(self.ci)}
 
 
 def followup_rates(run: Path) -> dict[str, Rate]:

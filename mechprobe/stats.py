@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -93,3 +95,37 @@ def bootstrap_diff(a: list[tuple[int, int]], b: list[tuple[int, int]], n_boot: i
     boots = sorted(rate([b[rng.randrange(len(b))] for _ in b]) - rate([a[rng.randrange(len(a))] for _ in a])
                    for _ in range(n_boot))
     return rate(b) - rate(a), boots[int(0.025 * (n_boot - 1))], boots[int(round(0.975 * (n_boot - 1)))]
+
+
+@dataclass(frozen=True)
+class Rate:
+    """k of n, with its Wilson 95% CI: the one rate type the study and post-training reports share."""
+
+    k: int
+    n: int
+
+    @property
+    def p(self) -> float:
+        return self.k / self.n if self.n else float("nan")
+
+    value = p
+
+    @property
+    def ci(self) -> tuple[float, float]:
+        return wilson(self.k, self.n)
+
+    def fmt(self) -> str:
+        """``0.125 [0.055, 0.261] (5/40)``: the post-training report's cell."""
+        lo, hi = self.ci
+        return f"{self.p:.3f} [{lo:.3f}, {hi:.3f}] ({self.k}/{self.n})" if self.n else "n/a (0 rows)"
+
+    def cell(self, half: bool = False) -> str:
+        """``12.5% [5.9%, 24.7%] (n=48)`` (+ ``±`` half-width): the study report's cell."""
+        if not self.n:
+            return "—"
+        lo, hi = self.ci
+        s = f"{self.p:.1%} [{lo:.1%}, {hi:.1%}] (n={self.n})"
+        return s + f" ±{(hi - lo) / 2:.1%}" if half else s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"k": self.k, "n": self.n, "rate": self.p, "ci": list(self.ci)}

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .io import read_json, read_jsonl
-from .stats import bootstrap_diff, mcnemar_exact, paired_bootstrap, wilson
+from .stats import Rate, bootstrap_diff, mcnemar_exact, paired_bootstrap
 from .taxonomy import GENUINE, JUDGE_ERROR, LABELS
 
 HUMAN_DIR = "_human"
@@ -144,27 +144,6 @@ def collect(root: str | Path, labels_file: str) -> StudyData:
 
 
 # --------------------------------------------------------------------------- small aggregates
-
-
-@dataclass(frozen=True)
-class Rate:
-    k: int
-    n: int
-
-    @property
-    def p(self) -> float:
-        return self.k / self.n if self.n else float("nan")
-
-    @property
-    def ci(self) -> tuple[float, float]:
-        return wilson(self.k, self.n)
-
-    def cell(self, half: bool = False) -> str:
-        if not self.n:
-            return "—"
-        lo, hi = self.ci
-        s = f"{self.p:.1%} [{lo:.1%}, {hi:.1%}] (n={self.n})"
-        return s + f" ±{(hi - lo) / 2:.1%}" if half else s
 
 
 def _judged(turns: list[Turn]) -> list[Turn]:
