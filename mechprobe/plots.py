@@ -12,6 +12,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def _band(ax: Any, res: Sequence[Any], attr: str, color: str, name: str, ls: str = "-", marker: str | None = "o",
+          alpha: float = 0.2) -> None:
+    """A per-layer metric (``.value``, ``.lo``, ``.hi``) as a line with its CI band; skipped when any is missing."""
+    ms = [getattr(r, attr) for r in res]
+    if any(m is None for m in ms):
+        return
+    layers = [r.layer for r in res]
+    ax.plot(layers, [m.value for m in ms], color=color, ls=ls, marker=marker, ms=3, label=name)
+    ax.fill_between(layers, [m.lo for m in ms], [m.hi for m in ms], color=color, alpha=alpha, lw=0)
+
 def plot_layer_auroc(report: Any, ctrl: dict[str, Any], out: str | Path, title: str,
                      confusion: dict[str, Any] | None = None) -> Path:
     """AUROC by residual index with 95% CI bands and every control; optional confusion-matrix panel.
@@ -32,11 +42,7 @@ def plot_layer_auroc(report: Any, ctrl: dict[str, Any], out: str | Path, title: 
         fig, ax = plt.subplots(figsize=(9, 6))
 
     def band(attr: str, color: str, name: str, ls: str = "-", marker: str | None = "o", alpha: float = 0.2) -> None:
-        ms = [getattr(r, attr) for r in res]
-        if any(m is None for m in ms):
-            return
-        ax.plot(layers, [m.value for m in ms], color=color, ls=ls, marker=marker, ms=3, label=name)
-        ax.fill_between(layers, [m.lo for m in ms], [m.hi for m in ms], color=color, alpha=alpha, lw=0)
+        _band(ax, res, attr, color, name, ls, marker, alpha)
 
     band("logreg_auroc", "C0", "logistic probe")
     band("dom_auroc", "C1", "diff-of-means projection", alpha=0.0)
@@ -152,11 +158,7 @@ def plot_propensity(report: Any, ctrl: dict[str, Any], out: str | Path, title: s
     fig, ax = plt.subplots(figsize=(9, 6))
 
     def band(attr: str, color: str, name: str, ls: str = "-", marker: str | None = "o", alpha: float = 0.2) -> None:
-        ms = [getattr(r, attr) for r in res]
-        if any(m is None for m in ms):
-            return
-        ax.plot(layers, [m.value for m in ms], color=color, ls=ls, marker=marker, ms=3, label=name)
-        ax.fill_between(layers, [m.lo for m in ms], [m.hi for m in ms], color=color, alpha=alpha, lw=0)
+        _band(ax, res, attr, color, name, ls, marker, alpha)
 
     band("rho", "C0", "ridge probe (Spearman rho vs held-out propensity)")
     band("shuffled_rho", "C3", "probe, propensities shuffled between items", ls="--", marker=None, alpha=0.08)
