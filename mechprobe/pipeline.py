@@ -288,6 +288,12 @@ def _load_vllm_engine(cfg: ProbeConfig) -> tuple[LoadedModel, Any]:
     return lm, engine
 
 
+def _rows(cfg: ProbeConfig, engine: Any) -> int:
+    """Rows per decode call: the engine's own size when it has one (llama.cpp decodes 32 rows together by
+    default, where ``--batch-size 8`` would leave most of its speed-up unused), else ``--batch-size``."""
+    return int(getattr(engine, "max_rows", 0) or cfg.batch_size)
+
+
 def _decode_batch(lm: LoadedModel, engine: Any, prompts: list[list[int]], **kw: Any) -> list[Any]:
     if hasattr(engine, "decode_batch"):  # llamacpp_backend.LlamaCppEngine
         return engine.decode_batch(prompts, **kw)
@@ -338,7 +344,7 @@ def _assistant_stage(cfg: ProbeConfig, lm: LoadedModel, jobs: list[tuple[Item, l
     prompts = [p for _, p in todo]
     stops = chat.assistant_stop_token_ids(tok, lm.model)
     bar = tqdm(total=len(todo), desc="assistant turns", disable=not progress, unit="item")
-    for batch in batches_by_length([len(p) for p in prompts], cfg.batch_size):
+    for batch in batches_by_length([len(p) for p in prompts], _rows(cfg, engine)):
         gens = _decode_batch(lm, engine, [prompts[i] for i in batch], stop_ids=stops,
                              max_new_tokens=cfg.max_assistant_tokens, temperatures=0.0, pad_id=tok.pad_token_id)
         for i, g in zip(batch, gens):
@@ -385,7 +391,7 @@ def _user_stage(cfg: ProbeConfig, lm: LoadedModel, wanted: set[str], plan: list[
     if not jobs:
         return 0
     bar = tqdm(total=len(jobs), desc="user turns", disable=not progress, unit="turn")
-    for batch in batches_by_length([len(j[1].input_ids) for j in jobs], cfg.batch_size):
+    for batch in batches_by_length([len(j[1].input_ids) for j in jobs], _rows(cfg, engine)):
         sel = [jobs[i] for i in batch]
         seeds = [row_seed(cfg.seed, j[5]) if j[3] > 0 else None for j in sel]
         gens = _decode_batch(lm, engine, [j[1].input_ids for j in sel], stop_ids=stops,

@@ -83,8 +83,8 @@ def test_prompts_are_fed_as_token_ids(smol, lc, probe_prompts):
     stops = chat.stop_token_ids(smol.tokenizer, smol.model)
     for p in probe_prompts[:2]:
         eng.decode_batch([p], stop_ids=stops, max_new_tokens=4, temperatures=0.0, pad_id=0)
-        # The context llama.cpp decoded starts with exactly the HF tokenizer's ids (BOS and specials included).
-        assert [int(x) for x in eng.llm._input_ids[: len(p)]] == p
+        # The ids llama.cpp decoded for the row are exactly the HF tokenizer's (BOS and specials included).
+        assert eng.fed == [p]
 
 
 @pytest.mark.slow
@@ -161,3 +161,51 @@ def test_llamacpp_run_is_cached_by_the_hf_path(smol, lc, tmp_path):
         assert all(r["prompt_ids"] == want for r in rs)  # the HF tokenizer's ids, one prompt per item
     out = cache_run(tmp_path, smol, progress=False, layers=[0, 5])  # identity check passes with the HF model
     assert len(ActivationCache.load(out)) == len(recs)
+
+
+@pytest.mark.slow
+def test_rows_decoded_together_equal_rows_decoded_alone(smol, lc, probe_prompts):
+    """Batched == unbatched under greedy, and a sampled row depends on its seed, not on its batch.
+
+    Not bit-exact by construction (ggml may use another matmul kernel for a multi-row batch), so a greedy
+    flip is allowed only where the row alone had its top two logits within 0.05 (a near-tie); none seen.
+    """
+    _, eng = lc
+    stops = chat.stop_token_ids(smol.tokenizer, smol.model)
+    kw = dict(stop_ids=stops, max_new_tokens=24, pad_id=0)
+    # Identical prompts in one batch share their prefill (the greedy row and the samples of one item).
+    rows = [probe_prompts[0]] * 3 + [probe_prompts[1], probe_prompts[2], probe_prompts[2], probe_prompts[3]]
+    temps = [0.0, 1.0, 1.0, 0.0, 0.0, 1.3, 0.0]
+    seeds = [None, 11, 12, None, None, 13, None]
+    together = eng.decode_batch(rows, temperatures=temps, seeds=seeds, **kw)
+    eng.record_margins = True
+    try:
+        for i, (p, t, s) in enumerate(zip(rows, temps, seeds)):
+            alone = eng.decode_batch([p], temperatures=[t], seeds=[s], **kw)[0]
+            a, b = alone.token_ids, together[i].token_ids
+            if a != b:
+                k = next(j for j in range(min(len(a), len(b))) if a[j] != b[j])
+                assert t == 0.0 and eng.margins[0][k] < 0.05, (i, k, eng.margins[0][k])
+            else:
+                assert alone.stop_reason == together[i].stop_reason
+    finally:
+        eng.record_margins = False
+    assert together[1].token_ids != together[2].token_ids  # same prompt, different seeds
+
+
+@pytest.mark.slow
+def test_groups_split_by_rows(smol, lc, probe_prompts):
+    """More rows than max_rows run in several groups with the same tokens; a row longer than n_ctx is refused."""
+    from mechprobe.llamacpp_backend import LlamaCppEngine
+
+    _, eng = lc
+    stops = chat.stop_token_ids(smol.tokenizer, smol.model)
+    kw = dict(stop_ids=stops, max_new_tokens=12, pad_id=0, temperatures=0.0)
+    full = eng.decode_batch(probe_prompts, **kw)
+    small = LlamaCppEngine(eng.llm, max_rows=2)
+    try:
+        assert [g.token_ids for g in small.decode_batch(probe_prompts, **kw)] == [g.token_ids for g in full]
+    finally:
+        small.close()
+    with pytest.raises(UserError, match="context"):
+        LlamaCppEngine(eng.llm, max_rows=2, n_ctx=8).decode_batch(probe_prompts[:1], **kw)
