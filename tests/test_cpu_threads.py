@@ -11,13 +11,15 @@ from mechprobe.models import cpu_threads
 
 
 def test_cpu_threads_leaves_busy_cores_alone(monkeypatch):
+    from mechprobe import models
+
     monkeypatch.delenv("MECHPROBE_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setattr(os, "getloadavg", lambda: (12.0, 12.0, 12.0))
+    monkeypatch.setattr(models, "_busy_cores", lambda: 12.0)
     assert cpu_threads() == 1  # never 0: one thread even when every core is busy
-    monkeypatch.setattr(os, "getloadavg", lambda: (0.3, 0.2, 0.1))
+    monkeypatch.setattr(models, "_busy_cores", lambda: 0.3)
     assert cpu_threads() == 2  # idle machine: every core, as before
-    monkeypatch.setattr(os, "getloadavg", lambda: (1.2, 1.0, 1.0))
+    monkeypatch.setattr(models, "_busy_cores", lambda: 1.2)
     assert cpu_threads() == 1
     monkeypatch.setenv("MECHPROBE_THREADS", "3")
     assert cpu_threads() == 3  # an explicit choice wins
@@ -35,3 +37,36 @@ def test_load_model_applies_the_thread_choice_on_cpu(smol, monkeypatch):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_busy_cores_sees_a_spinning_process_now_not_a_minute_ago():
+    """A process spinning during the window counts as about one busy core (the load average would lag)."""
+    import subprocess
+    import sys
+
+    from mechprobe.models import _busy_cores
+
+    spin = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 5: pass"])
+    try:
+        busy = _busy_cores(window=1.0)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert 0.5 <= busy <= (os.cpu_count() or 1) + 0.01, busy
+
+
+def test_busy_cores_falls_back_to_the_load_average(monkeypatch):
+    import builtins
+
+    from mechprobe.models import _busy_cores
+
+    real_open = builtins.open
+
+    def no_proc(path, *a, **k):
+        if str(path) == "/proc/stat":
+            raise OSError("no /proc here")
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", no_proc)
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.5, 1.0, 1.0))
+    assert _busy_cores() == 1.5
