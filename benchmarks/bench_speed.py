@@ -9,7 +9,8 @@ GSM8K items in a *fresh process*, so its peak RSS is its own. Options:
 * ``hf-fp32``: the HF engine in float32 (list it first: the first option is the baseline of every ratio);
 * ``hf-bf16``: the HF engine with ``--dtype bfloat16`` (this CPU has AVX512-BF16);
 * ``llamacpp``: ``--engine llamacpp`` over the same GGUF (needs ``llama-cpp-python``);
-* a suffix ``@N`` sets the batch size (``hf-bf16@16``); the default is ``--batch-size``;
+* a suffix ``@N`` sets the batch size (``hf-bf16@16``); for ``llamacpp`` the rows decoded together
+  (``llamacpp@1`` = one row at a time, the engine before multi-row decoding); the default is ``--batch-size``;
 * a suffix ``:tN`` sets the threads (``hf-fp32:t1``); default: :func:`mechprobe.models.cpu_threads`
   (the idle cores, or ``$MECHPROBE_THREADS``) for both engines.
 
@@ -59,7 +60,7 @@ def _child(model: str, option: str, out: str, a: argparse.Namespace) -> dict:
     if engine == "llamacpp":
         from mechprobe.llamacpp_backend import load_engine
 
-        lm, eng = load_engine(model)
+        lm, eng = load_engine(model, max_rows=batch)
         n_threads = eng.llm.n_threads if hasattr(eng.llm, "n_threads") else None
     else:
         from mechprobe.models import load_model
