@@ -232,6 +232,9 @@ class _MultiSeq:
         self.mem = L.llama_get_memory(self.ctx)
         self.batch = L.llama_batch_init(512, 0, 1)
         self.scratch = max_rows
+        # seq -> (prompt, logits after it) for prompts whose cells a sequence still holds (reused by the next group)
+        self.prompts: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}
+        self.n_prefills = 0
         self._llm = llm  # keeps the weights alive as long as this context
         atexit.register(self.close)
 
@@ -243,6 +246,7 @@ class _MultiSeq:
 
     def clear(self) -> None:
         self.L.llama_memory_clear(self.mem, True)
+        self.prompts = {}
 
     def _decode(self, toks: list[tuple[int, int, int, bool]]) -> None:
         """Decode (token, position, sequence, want logits) entries in one llama_decode call.
@@ -274,6 +278,7 @@ class _MultiSeq:
 
     def prefill(self, prompt: list[int], seq: int) -> np.ndarray:
         """Decode ``prompt`` into ``seq`` in n_batch chunks; the logits after its last token."""
+        self.n_prefills += 1
         last = None
         for st in range(0, len(prompt), self.n_batch):
             chunk = prompt[st:st + self.n_batch]
@@ -370,18 +375,42 @@ def generate_llamacpp(
 
 def _decode_group(engine: LlamaCppEngine, prompts: list[list[int]], temps: list[float], seeds: list[int | None],
                   stop_ids: dict[int, str], max_new: int, top_p: float, index: list[int]) -> list[Generation]:
+    """Decode one group of rows; row r runs in a sequence ``seq[r]``.
+
+    A prompt that the previous group prefilled (e.g. an item whose rows straddle two groups, or every row at
+    ``max_rows=1``) is kept: its sequence is trimmed back to the prompt and reused with the logits saved
+    after it, instead of being prefilled again.
+    """
     ms = engine.multi(max(len(p) for p in prompts) + max_new)
-    ms.clear()
-    first: dict[tuple[int, ...], tuple[int, np.ndarray]] = {}
-    logits: list[np.ndarray] = []
-    for r, p in enumerate(prompts):
-        key = tuple(p)
-        if key in first:
-            ms.copy_seq(first[key][0], r)  # shares the prompt's KV cells: no second prefill
-        else:
-            first[key] = (r, ms.prefill(p, r))
-        logits.append(first[key][1])
-        engine.fed[index[r]] = p
+    keys = [tuple(p) for p in prompts]
+    kept: dict[tuple[int, ...], tuple[int, np.ndarray]] = {}
+    for sq, (key, lg) in getattr(ms, "prompts", {}).items():
+        if key in keys and key not in kept:
+            kept[key] = (sq, lg)
+    keep_seqs = {sq for sq, _ in kept.values()}
+    for sq in range(ms.max_rows):
+        if sq not in keep_seqs:
+            ms.L.llama_memory_seq_rm(ms.mem, sq, -1, -1)
+    for key, (sq, _) in kept.items():
+        ms.L.llama_memory_seq_rm(ms.mem, sq, len(key), -1)  # drop the last group's generated tokens
+    home: dict[tuple[int, ...], tuple[int, np.ndarray]] = dict(kept)
+    free = [sq for sq in range(ms.max_rows) if sq not in keep_seqs]
+    used: set[int] = set()
+    seq: list[int] = []
+    for r, key in enumerate(keys):
+        if key not in home:
+            sq = free.pop(0)
+            home[key] = (sq, ms.prefill(prompts[r], sq))
+        sq = home[key][0]
+        if sq in used:  # the prompt's home sequence already has a row: copy its cells to a free one
+            dst = free.pop(0)
+            ms.copy_seq(sq, dst)
+            sq = dst
+        used.add(sq)
+        seq.append(sq)
+        engine.fed[index[r]] = prompts[r]
+    ms.prompts = {sq: (key, lg) for key, (sq, lg) in home.items()}
+    logits = [home[key][1] for key in keys]
     rngs = [np.random.default_rng(int(s)) if t > 0 else None for t, s in zip(temps, seeds)]
     toks: list[list[int]] = [[] for _ in prompts]
     reasons = ["max_tokens"] * len(prompts)
@@ -398,8 +427,8 @@ def _decode_group(engine: LlamaCppEngine, prompts: list[list[int]], temps: list[
             if tid in stop_ids:
                 reasons[r] = stop_ids[tid]
             elif len(toks[r]) < max_new:
-                step.append((tid, len(prompts[r]) + len(toks[r]) - 1, r, True))
-        active = [r for _, _, r, _ in step]
+                step.append((tid, len(prompts[r]) + len(toks[r]) - 1, seq[r], True))
+        active = [r for r in active if toks[r][-1] not in stop_ids and len(toks[r]) < max_new]
         if step:
             ms._decode(step)
             for i, r in enumerate(active):

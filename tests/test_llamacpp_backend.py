@@ -205,6 +205,13 @@ def test_groups_split_by_rows(smol, lc, probe_prompts):
     small = LlamaCppEngine(eng.llm, max_rows=2)
     try:
         assert [g.token_ids for g in small.decode_batch(probe_prompts, **kw)] == [g.token_ids for g in full]
+        # An item's rows straddling groups (or max_rows=1) reuse the prompt's cells: one prefill per prompt.
+        one = LlamaCppEngine(eng.llm, max_rows=1)
+        rows = [probe_prompts[0]] * 3 + [probe_prompts[1]] * 2
+        got = one.decode_batch(rows, **kw)
+        assert one.multi().n_prefills == 2
+        assert [g.token_ids for g in got] == [full[0].token_ids] * 3 + [full[1].token_ids] * 2
+        one.close()
     finally:
         small.close()
     with pytest.raises(UserError, match="context"):
