@@ -38,6 +38,7 @@ the native build segfaults in decode: :func:`smoke_check` turns that into an err
 from __future__ import annotations
 
 import atexit
+import ctypes
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -218,6 +219,9 @@ class _MultiSeq:
         self.L = L
         model = llm._model.model
         self.n_vocab = int(L.llama_vocab_n_tokens(L.llama_model_get_vocab(model)))
+        self.n_embd = int(L.llama_model_n_embd(model))
+        self.n_layer = int(L.llama_model_n_layer(model))
+        self._cvec: np.ndarray | None = None
         # Start from the Llama object's own parameters (not llama.cpp's defaults, which turn flash attention
         # on where supported and change the logits), and change only the size and the number of sequences.
         cp = type(llm.context_params).from_buffer_copy(llm.context_params)
@@ -287,6 +291,33 @@ class _MultiSeq:
         assert last is not None
         return self.logits(last)
 
+    def set_cvec(self, vec: np.ndarray | None, resid_index: int = 0) -> None:
+        """Add ``vec`` to the residual stream at ``resid_index`` for every token decoded from now on (None: off).
+
+        llama.cpp's control vector for layer ``il`` is added to the *output* of block ``il`` (0-based), and
+        block 0 has none, so residual index r (our convention: r = output of block r - 1, as in
+        :mod:`mechprobe.steering`) maps to ``il = r - 1`` and only ``2 <= r <= n_layer`` can be steered here.
+        """
+        L = self.L
+        if vec is None:
+            L.llama_set_adapter_cvec(self.ctx, None, 0, self.n_embd, 0, 0)
+            self._cvec = None
+            return
+        il = resid_index - 1
+        if not 1 <= il <= self.n_layer - 1:
+            raise UserError(f"the llama.cpp engine can steer residual indices 2..{self.n_layer}, not {resid_index}: "
+                            "choose another layer or steer with --engine hf")
+        v = np.asarray(vec, dtype=np.float32).reshape(-1)
+        if v.size != self.n_embd:
+            raise UserError(f"steering vector has {v.size} dims, the model {self.n_embd}: built for another model?")
+        buf = np.zeros((self.n_layer - 1) * self.n_embd, dtype=np.float32)  # data starts at block 1
+        buf[(il - 1) * self.n_embd: il * self.n_embd] = v
+        self._cvec = buf  # llama.cpp copies it, but keep it alive until the call returns anyway
+        rc = L.llama_set_adapter_cvec(self.ctx, buf.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), buf.size,
+                                      self.n_embd, il, il)
+        if rc != 0:
+            raise RuntimeError(f"llama_set_adapter_cvec returned {rc}")
+
     def copy_seq(self, src: int, dst: int) -> None:
         self.L.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
 
@@ -340,8 +371,15 @@ def generate_llamacpp(
     temperatures: float | Sequence[float] = 0.0,
     seeds: Sequence[int | None] | None = None,
     top_p: float = 1.0,
+    steer: tuple[Any, int, str] | None = None,
 ) -> list[Generation]:
     """Decode token-id prompts, up to ``engine.max_rows`` at a time; temperature 0 is greedy.
+
+    ``steer = (vector already times alpha, residual index, positions)`` adds the vector with llama.cpp's
+    control-vector mechanism at the positions :mod:`mechprobe.steering` names: ``all`` (prompt too),
+    ``boundary+generated`` (the prompt's last token, i.e. the user header's, and every generated token),
+    ``generated`` or ``boundary``. For the boundary alone to be steered the prompt is prefilled without its
+    last token, which is then decoded on its own; a steered call never reuses another call's KV cells.
 
     Sampling is plain softmax(logits / T) (nucleus-cut when ``top_p < 1``), drawn in numpy from a generator
     seeded with the row's seed alone, so a row's tokens do not depend on which rows share its batch (see
@@ -355,6 +393,8 @@ def generate_llamacpp(
     seeds = list(seeds) if seeds is not None else [None] * n
     if any(t > 0 and s is None for t, s in zip(temps, seeds)):
         raise ValueError("sampled rows need a seed so they can be regenerated exactly")
+    if steer is not None and steer[2] not in ("all", "boundary", "generated", "boundary+generated"):
+        raise UserError(f"positions={steer[2]!r}: use all, boundary, generated or boundary+generated")
     rows = [[int(x) for x in p] for p in prompts]
     for p in rows:
         if not p:
@@ -368,13 +408,14 @@ def generate_llamacpp(
     engine.margins = [[] for _ in range(n)]
     for g in groups:
         for i, gen in zip(g, _decode_group(engine, [rows[i] for i in g], [temps[i] for i in g],
-                                           [seeds[i] for i in g], stop_ids, max_new_tokens, top_p, g)):
+                                           [seeds[i] for i in g], stop_ids, max_new_tokens, top_p, g, steer)):
             out[i] = gen
     return [g for g in out if g is not None]
 
 
 def _decode_group(engine: LlamaCppEngine, prompts: list[list[int]], temps: list[float], seeds: list[int | None],
-                  stop_ids: dict[int, str], max_new: int, top_p: float, index: list[int]) -> list[Generation]:
+                  stop_ids: dict[int, str], max_new: int, top_p: float, index: list[int],
+                  steer: tuple[Any, int, str] | None = None) -> list[Generation]:
     """Decode one group of rows; row r runs in a sequence ``seq[r]``.
 
     A prompt that the previous group prefilled (e.g. an item whose rows straddle two groups, or every row at
@@ -382,6 +423,12 @@ def _decode_group(engine: LlamaCppEngine, prompts: list[list[int]], temps: list[
     after it, instead of being prefilled again.
     """
     ms = engine.multi(max(len(p) for p in prompts) + max_new)
+    if steer is not None:
+        try:
+            return _decode_group_steered(engine, ms, prompts, temps, seeds, stop_ids, max_new, top_p, index, steer)
+        finally:
+            ms.set_cvec(None)
+            ms.clear()  # steered KV cells are never reused by an unsteered call
     keys = [tuple(p) for p in prompts]
     kept: dict[tuple[int, ...], tuple[int, np.ndarray]] = {}
     for sq, (key, lg) in getattr(ms, "prompts", {}).items():
@@ -411,6 +458,46 @@ def _decode_group(engine: LlamaCppEngine, prompts: list[list[int]], temps: list[
         engine.fed[index[r]] = prompts[r]
     ms.prompts = {sq: (key, lg) for key, (sq, lg) in home.items()}
     logits = [home[key][1] for key in keys]
+    return _decode_loop(engine, ms, prompts, seq, logits, temps, seeds, stop_ids, max_new, top_p, index)
+
+
+def _decode_group_steered(engine: LlamaCppEngine, ms: _MultiSeq, prompts: list[list[int]], temps: list[float],
+                          seeds: list[int | None], stop_ids: dict[int, str], max_new: int, top_p: float,
+                          index: list[int], steer: tuple[Any, int, str]) -> list[Generation]:
+    vec, resid, positions = steer
+    vec = np.asarray(vec.detach().cpu().float() if isinstance(vec, torch.Tensor) else vec, dtype=np.float32)
+    ms.clear()
+    ms.set_cvec(vec if positions == "all" else None, resid)
+    split = positions in ("boundary", "boundary+generated")  # the last prompt token decoded on its own
+    keys = [tuple(p) for p in prompts]
+    home: dict[tuple[int, ...], tuple[int, np.ndarray | None]] = {}
+    free = list(range(ms.max_rows))
+    seq: list[int] = []
+    for r, key in enumerate(keys):
+        p = prompts[r]
+        if key not in home:
+            sq = free.pop(0)
+            body = p[:-1] if split else p
+            home[key] = (sq, ms.prefill(body, sq) if body else None)
+            seq.append(sq)
+        else:
+            dst = free.pop(0)
+            ms.copy_seq(home[key][0], dst)
+            seq.append(dst)
+        engine.fed[index[r]] = p
+    if split:
+        ms.set_cvec(vec, resid)
+        ms._decode([(p[-1], len(p) - 1, sq, True) for p, sq in zip(prompts, seq)])
+        logits = [ms.logits(i) for i in range(len(prompts))]
+    else:
+        logits = [home[k][1] for k in keys]  # type: ignore[misc]
+    ms.set_cvec(vec if positions in ("all", "generated", "boundary+generated") else None, resid)
+    return _decode_loop(engine, ms, prompts, seq, logits, temps, seeds, stop_ids, max_new, top_p, index)
+
+
+def _decode_loop(engine: LlamaCppEngine, ms: _MultiSeq, prompts: list[list[int]], seq: list[int],
+                 logits: list[np.ndarray], temps: list[float], seeds: list[int | None], stop_ids: dict[int, str],
+                 max_new: int, top_p: float, index: list[int]) -> list[Generation]:
     rngs = [np.random.default_rng(int(s)) if t > 0 else None for t, s in zip(temps, seeds)]
     toks: list[list[int]] = [[] for _ in prompts]
     reasons = ["max_tokens"] * len(prompts)
