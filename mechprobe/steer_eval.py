@@ -60,19 +60,38 @@ class SteeredTurn:
     nll_base_text: float | None = None  # NLL of the alpha-0 turn of this item under this condition's model
 
 
+def _engine_generate(engine: Any, prompts: list[list[int]], vector: SteeringVector | None, alpha: float,
+                     positions: str, **kw: Any) -> list[Any]:
+    """Greedy rows on a generation engine with steering (the llama.cpp engine's control vectors)."""
+    steer_arg = None
+    if vector is not None and alpha != 0:
+        steer_arg = (vector.scaled(alpha), vector.layer, positions)
+    return engine.decode_batch(prompts, temperatures=0.0, steer=steer_arg, **kw)
+
+
 def steered_user_turns(lm: LoadedModel, assistants: Sequence[AssistantRecord], vector: SteeringVector | None,
                        alpha: float, positions: str, max_new_tokens: int, batch_size: int = 16,
-                       system: str | None = None) -> list[SteeredTurn]:
-    """Greedy user turns under steering (``vector=None`` or ``alpha=0``: unsteered)."""
+                       system: str | None = None, engine: Any = None) -> list[SteeredTurn]:
+    """Greedy user turns under steering (``vector=None`` or ``alpha=0``: unsteered).
+
+    ``engine``: a generation engine with a ``steer`` argument (``--engine llamacpp``: rows decoded together,
+    the vector added by llama.cpp's control vectors at the same residual index and positions); the NLLs
+    stay on the HF model ``lm``.
+    """
     tok = lm.tokenizer
     stops = chat.stop_token_ids(tok, lm.model)
     pps = [chat.build_probe_prompt(tok, a.prompt, a.response, system=system, history=a.messages or None)
            for a in assistants]
     out: list[SteeredTurn] = []
+    if engine is not None:
+        batch_size = max(batch_size, len(pps))  # the engine groups rows itself
     for i in range(0, len(pps), batch_size):
         chunk = pps[i:i + batch_size]
         prompts = [p.input_ids for p in chunk]
-        if vector is not None and alpha != 0:
+        if engine is not None:
+            gens = _engine_generate(engine, prompts, vector, alpha, positions, stop_ids=stops,
+                                    max_new_tokens=max_new_tokens)
+        elif vector is not None and alpha != 0:
             with steer(lm.model, vector, alpha, positions):
                 gens = generate(lm.model, prompts, stop_ids=stops, max_new_tokens=max_new_tokens,
                                 pad_id=tok.pad_token_id)
@@ -242,7 +261,7 @@ def select_on_train(run_setting: SettingRunner, items: Sequence[AssistantRecord]
 
 def assistant_accuracy(lm: LoadedModel, items: Sequence[AssistantRecord], vector: SteeringVector | None,
                        alpha: float, max_new_tokens: int, batch_size: int = 16,
-                       system: str | None = None) -> float | None:
+                       system: str | None = None, engine: Any = None) -> float | None:
     """Task accuracy of the assistant turn with the vector on at every position (leak check).
     ``system`` must be the run's system prompt, so the unsteered accuracy is the run's own."""
     from .scoring import score
@@ -257,7 +276,10 @@ def assistant_accuracy(lm: LoadedModel, items: Sequence[AssistantRecord], vector
         chunk = scored[i:i + batch_size]
         prompts = [chat.build_assistant_prompt(tok, a.prompt, system=system, history=a.messages or None)
                    for a in chunk]
-        if vector is not None and alpha != 0:
+        if engine is not None:
+            gens = _engine_generate(engine, prompts, vector, alpha, "all", stop_ids=stops,
+                                    max_new_tokens=max_new_tokens)
+        elif vector is not None and alpha != 0:
             with steer(lm.model, vector, alpha, "all"):
                 gens = generate(lm.model, prompts, stop_ids=stops, max_new_tokens=max_new_tokens,
                                 pad_id=tok.pad_token_id)

@@ -90,6 +90,38 @@ def test_linear_probe_and_steer_scripts(small_run, tmp_path):
     assert len(read_jsonl(steered)) == len(zero)
 
 
+def test_steer_script_on_the_llamacpp_engine(small_run, tmp_path):
+    """--steer-engine llamacpp steers with control vectors, writes apart from the HF rows, and alpha 0 is the
+    engine's own unsteered greedy turn, token for token."""
+    pytest.importorskip("llama_cpp")
+    from mechprobe import chat
+    from mechprobe.llamacpp_backend import LlamaCppBroken, load_engine
+
+    try:
+        lm, eng = load_engine("smollm2-135m-instruct")
+    except LlamaCppBroken as e:
+        pytest.skip(str(e))
+    items = sorted({r["item_id"] for r in read_jsonl(small_run / "assistant.jsonl")})
+    _write_labels(small_run, set(items[::2]))
+    p = _py("experiments/steer.py", "--run", str(small_run), "--layer", "10", "--alpha", "0", "2",
+            "--max-user-tokens", str(MAX_USER), "--no-assistant-check", "--kinds", "diff_means",
+            "--steer-engine", "llamacpp", "--figures", str(tmp_path), check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = small_run / "steering_llamacpp"
+    res = json.loads((out / "results.json").read_text())
+    assert res["layer"] == 10 and {r["kind"] for r in res["heldout"]} == {"diff_means"}
+    zero = read_jsonl(out / "alpha_0_none.jsonl")
+    steered = read_jsonl(out / "L10_boundary+generated_resid" / "alpha_2_diff_means.jsonl")
+    assert zero and len(steered) == len(zero)
+    asst = {r["item_id"]: r for r in read_jsonl(small_run / "assistant.jsonl")}
+    prompts = [chat.build_probe_prompt(lm.tokenizer, asst[z["item_id"]]["prompt"], asst[z["item_id"]]["response"]
+                                       ).input_ids for z in zero]
+    stops = chat.stop_token_ids(lm.tokenizer, lm.model)
+    mine = eng.decode_batch(prompts, stop_ids=stops, max_new_tokens=MAX_USER, temperatures=0.0)
+    assert [z["token_ids"] for z in zero] == [g.token_ids for g in mine]
+    assert any(s["token_ids"] != z["token_ids"] for s, z in zip(steered, zero))  # alpha 2 x resid norm moves text
+
+
 def test_linear_probe_refuses_to_report_noise(small_run, tmp_path):
     items = sorted({r["item_id"] for r in read_jsonl(small_run / "assistant.jsonl")})
     _write_labels(small_run, {items[0]})
