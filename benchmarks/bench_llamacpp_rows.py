@@ -52,13 +52,13 @@ def main() -> None:
         t = time.perf_counter()
         eng.decode_batch(prompts, stop_ids={}, max_new_tokens=1, temperatures=0.0)
         pre = time.perf_counter() - t
+        eng.multi().clear()  # the timed call starts from an empty KV, like a fresh stage
+        before = eng.multi().n_prefills
         t = time.perf_counter()
         gens = eng.decode_batch(rows, stop_ids={}, max_new_tokens=a.new, temperatures=temps, seeds=seeds)
         total = time.perf_counter() - t
         n = sum(len(g.token_ids) for g in gens)
-        groups = -(-len(rows) // r)
-        # Prefills done in the timed call: one per distinct prompt per group it appears in.
-        n_prefill = sum(len({tuple(rows[i]) for i in range(g * r, min((g + 1) * r, len(rows)))}) for g in range(groups))
+        n_prefill = eng.multi().n_prefills - before  # the engine's own count (a prompt is reused across groups)
         decode = max(1e-9, total - pre / len(prompts) * n_prefill)
         res.append({"rows": r, "tokens": n, "seconds": total, "prefills": n_prefill, "prefill_s_per_prompt":
                     pre / len(prompts), "decode_s": decode, "decode_tok_s": n / decode, "all_tok_s": n / total,
