@@ -27,3 +27,24 @@ def test_bench_speed_child_generates_tokens(tmp_path):
     res = json.loads(line[len("RESULT "):])
     assert res["n_items"] == 1 and res["n_user_turns"] == 2  # 1 greedy + 1 sample
     assert res["assistant_tokens"] > 0 and res["user_tokens"] > 0
+
+
+@pytest.mark.slow
+@requires_smollm2
+def test_bench_llamacpp_rows_runs_and_counts_prefills(tmp_path):
+    pytest.importorskip("llama_cpp")
+    from mechprobe.llamacpp_backend import LlamaCppBroken, smoke_check
+    from mechprobe.models import embedded_gguf_path
+
+    try:
+        smoke_check(embedded_gguf_path("smollm2-135m-instruct"))
+    except LlamaCppBroken as e:
+        pytest.skip(str(e))
+    out = tmp_path / "rows.json"
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_llamacpp_rows.py"), "--model",
+                        "smollm2-135m-instruct", "--rows", "1", "3", "--items", "1", "--per-item", "3", "--new", "2",
+                        "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())["results"]
+    assert [x["rows"] for x in res] == [1, 3]
+    assert all(x["tokens"] == 6 and x["prefills"] == 1 for x in res)  # one item's prompt is prefilled once
