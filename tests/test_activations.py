@@ -95,7 +95,8 @@ def test_resid_names_and_layer_parsing():
 def test_roundtrip_matches_oracle_and_reads_without_mechprobe(tmp_path, tiny_tok):
     lm = tiny_lm(tiny_tok)
     run = tiny_run(tmp_path)
-    # shard_rows=5 splits the 3 turns of one prompt across shards; batch 3 mixes lengths (left padding).
+    # shard_rows=5 would split the 3 turns of one prompt across shards: the shard is extended to the prompt's
+    # last row instead (else that prompt runs twice, with other padding); batch 3 mixes lengths (left padding).
     out = cache_run(run, lm, positions=POS3, dtype="float32", batch_size=3, shard_rows=5, progress=False)
     cache = ActivationCache.load(run)
     rows = turns(run)
@@ -110,14 +111,15 @@ def test_roundtrip_matches_oracle_and_reads_without_mechprobe(tmp_path, tiny_tok
         assert rel(cache.stack("assistant_mean")[i], ref[:, s:e].mean(1)) < 1e-5
     # Exact by construction: samples of one item share the prompt up to the boundary, which is computed
     # once per item and copied to each row, so no arithmetic differs between the two rows.
-    assert torch.equal(cache.resid(3)[0], cache.resid(3)[2])
+    for a in range(0, 12, 3):  # every item's rows, including the one shard_rows=5 would have split
+        assert all(torch.equal(cache.resid(3)[a], cache.resid(3)[a + j]) for j in (1, 2))
     assert cache.to_numpy("assistant_mean").shape == (12, 4, 64)
 
     # Without mechprobe: manifest + safetensors, shards concatenated in manifest order.
     from safetensors.torch import load_file
 
     man = json.loads((out / "manifest.json").read_text())
-    assert [s["end"] - s["start"] for s in man["shards"]] == [5, 5, 2]
+    assert [s["end"] - s["start"] for s in man["shards"]] == [6, 6]
     raw = torch.cat([load_file(str(out / s["file"]))["boundary"] for s in man["shards"]])
     assert torch.equal(raw[:, man["layers"].index(2)], cache.resid(2))  # the same stored bytes, read twice
     assert man["identity"]["weight_hash"] == "tiny-llama-0" and "layer_convention" in man
@@ -129,7 +131,7 @@ def test_interrupted_caching_resumes_without_redoing_shards(tmp_path, tiny_tok, 
 
     lm = tiny_lm(tiny_tok)
     ref_run = tiny_run(tmp_path, name="ref")
-    cache_run(ref_run, lm, dtype="float32", batch_size=2, shard_rows=4, progress=False)
+    cache_run(ref_run, lm, dtype="float32", batch_size=2, shard_rows=3, progress=False)
     run = tiny_run(tmp_path)
     real, calls, crash = act._capture_records, [], {"at": 2}
 
@@ -141,21 +143,21 @@ def test_interrupted_caching_resumes_without_redoing_shards(tmp_path, tiny_tok, 
 
     monkeypatch.setattr(act, "_capture_records", crash_on_second_shard)
     with pytest.raises(RuntimeError, match="killed mid-run"):
-        cache_run(run, lm, dtype="float32", batch_size=2, shard_rows=4, progress=False)
+        cache_run(run, lm, dtype="float32", batch_size=2, shard_rows=3, progress=False)
     man = json.loads((run / "activations" / "manifest.json").read_text())
-    assert man["n_done"] == 4 and len(man["shards"]) == 1
+    assert man["n_done"] == 3 and len(man["shards"]) == 1
     with pytest.raises(CacheMismatch, match="incomplete"):
         ActivationCache.load(run)
     (run / "activations" / "shard_00001.safetensors").write_bytes(b"half-written")  # not in the manifest
     calls.clear()
     crash["at"] = -1
-    cache_run(run, lm, dtype="float32", batch_size=2, shard_rows=4, progress=False)
-    assert len(calls) == 2  # shards 2 and 3 only
+    cache_run(run, lm, dtype="float32", batch_size=2, shard_rows=3, progress=False)
+    assert len(calls) == 3  # shards 2, 3 and 4 only
     # Recomputed shards use the same batches as the reference run; equal up to fp32 reduction order
     # (rel 1e-6), while a wrong row or position after resume would differ by O(1).
     assert rel(ActivationCache.load(run).stack(), ActivationCache.load(ref_run).stack()) < 1e-6
-    cache_run(run, lm, dtype="float32", batch_size=2, shard_rows=4, progress=False)  # complete: a no-op
-    assert len(calls) == 2
+    cache_run(run, lm, dtype="float32", batch_size=2, shard_rows=3, progress=False)  # complete: a no-op
+    assert len(calls) == 3
 
 
 def test_grown_run_warns_then_extends(tmp_path, tiny_tok):
@@ -347,9 +349,9 @@ def test_item9_corrupt_shards_are_named_on_load_and_rebuilt_by_cache(tmp_path, t
 
     lm = tiny_lm(tiny_tok)
     run = tiny_run(tmp_path)  # 12 records
-    out = cache_run(run, lm, progress=False, shard_rows=4)  # 3 shards of 4 rows
+    out = cache_run(run, lm, progress=False, shard_rows=3)  # 4 shards of 3 rows (one item each)
     man = json.loads((out / "manifest.json").read_text())
-    assert [(s["start"], s["end"]) for s in man["shards"]] == [(0, 4), (4, 8), (8, 12)]
+    assert [(s["start"], s["end"]) for s in man["shards"]] == [(0, 3), (3, 6), (6, 9), (9, 12)]
     assert all(len(s["sha256"]) == 64 and s["bytes"] > 0 for s in man["shards"])
     assert man["residual_convention"] == "resid_pre: r = input of block r; 0 = embeddings"
     good = ActivationCache.load(run).stack().clone()
@@ -379,16 +381,16 @@ def test_item9_corrupt_shards_are_named_on_load_and_rebuilt_by_cache(tmp_path, t
         return real(cap, recs, *a, **k)
 
     monkeypatch.setattr(activations, "_capture_records", counting)
-    cache_run(run, lm, progress=False, shard_rows=4)
-    assert captured == [4, 4]  # shard 0 and shard 2 rows, nothing else
+    cache_run(run, lm, progress=False, shard_rows=3)
+    assert captured == [3, 3]  # shard 0 and shard 2 rows, nothing else
     assert (files[1].stat().st_mtime_ns, files[1].read_bytes()) == untouched
     man2 = json.loads((out / "manifest.json").read_text())
     assert man2["repaired"] == ["shard_00000.safetensors", "shard_00002.safetensors"]
-    assert [(s["start"], s["end"]) for s in man2["shards"]] == [(0, 4), (4, 8), (8, 12)]
+    assert [(s["start"], s["end"]) for s in man2["shards"]] == [(0, 3), (3, 6), (6, 9), (9, 12)]
     again = ActivationCache.load(run).stack()
     # Same model, prompts and batches recomputed: equal up to float16 storage round-off of the CPU kernels
     # (identical in practice; 1e-3 relative is one float16 ulp, the most a re-run could differ by).
     torch.testing.assert_close(again, good, rtol=1e-3, atol=1e-3)
     captured.clear()
-    cache_run(run, lm, progress=False, shard_rows=4)  # a healthy cache: nothing to do
+    cache_run(run, lm, progress=False, shard_rows=3)  # a healthy cache: nothing to do
     assert captured == [] and json.loads((out / "manifest.json").read_text())["repaired"] == []
