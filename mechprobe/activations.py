@@ -180,10 +180,13 @@ class ActivationCache:
         if (path / CACHE_DIR / "manifest.json").exists():
             path = path / CACHE_DIR
         man_path = path / "manifest.json"
+        run = path.parent if path.name == CACHE_DIR else path
         if not man_path.exists():
-            run = path.parent if path.name == CACHE_DIR else path
             raise MissingInput(f"no activation cache at {path}: run `mechprobe cache {run}`")
         meta = read_json(man_path)
+        if "record_ids" not in meta:  # a run directory's own (probe) manifest, not a cache's
+            raise MissingInput(f"no activation cache at {path / CACHE_DIR} (the manifest at {man_path} is not a "
+                               f"cache's): run `mechprobe cache {run}`")
         n, n_l, d = len(meta["record_ids"]), len(meta["layers"]), int(meta["d_model"])
         if meta.get("n_done", 0) != n:
             raise CacheMismatch(f"{path}: cache is incomplete ({meta.get('n_done', 0)}/{n} rows); run "

@@ -798,9 +798,12 @@ def _transfer(a: argparse.Namespace, run: Path, cfg: ProbeConfig, data: ProbeDat
     beside it (``<parent>/<model>-<dataset>``), so their labels mean the same thing.
     """
     from .pipeline import default_run_dir
-    from .stages import ensure_stages
+    from .stages import ensure_stages, resolve_run
 
     runs = [Path(r) for r in a.transfer_runs]
+    for r in runs:  # existing runs: judge and cache what they lack, like the main run
+        run_t, cfg_t = resolve_run(r)
+        ensure_stages(run_t, cfg_t, a.judge, a.backend, a.relabel)
     for ds in a.transfer_datasets:
         cfg_b = dataclasses.replace(cfg, dataset=ds, data_path=None)
         run_b = run.parent / default_run_dir(cfg_b).name
@@ -904,7 +907,7 @@ def _propensity(a: argparse.Namespace, resolved: list[tuple[Path, ProbeConfig]],
 
     from .pipeline import default_run_dir
     from .propensity import run_propensity
-    from .stages import ensure_stages
+    from .stages import ensure_stages, resolve_run
 
     timings: dict[str, Any] = {}
     judges = []
@@ -914,6 +917,9 @@ def _propensity(a: argparse.Namespace, resolved: list[tuple[Path, ProbeConfig]],
         judges.append(j)
     run0, cfg0 = resolved[0]
     extra = [Path(r) for r in a.transfer_runs]
+    for r in extra:  # existing runs: judge and cache what they lack, like the main runs (was: KeyError)
+        run_t, cfg_t = resolve_run(r)
+        ensure_stages(run_t, cfg_t, a.judge, a.backend, a.relabel)
     for ds in a.transfer_datasets:
         cfg_b = dataclasses.replace(cfg0, dataset=ds, data_path=None)
         run_b = run0.parent / default_run_dir(cfg_b).name

@@ -394,3 +394,12 @@ def test_item9_corrupt_shards_are_named_on_load_and_rebuilt_by_cache(tmp_path, t
     captured.clear()
     cache_run(run, lm, progress=False, shard_rows=3)  # a healthy cache: nothing to do
     assert captured == [] and json.loads((out / "manifest.json").read_text())["repaired"] == []
+
+
+def test_a_run_without_a_cache_is_a_clear_error_not_a_keyerror(tmp_path):
+    """ActivationCache.load(run) on a run that was never cached read the run's own manifest (KeyError)."""
+    from mechprobe.errors import MissingInput
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"config": {}, "identity": {}}))
+    with pytest.raises(MissingInput, match=r"mechprobe cache"):
+        ActivationCache.load(tmp_path)
