@@ -163,7 +163,7 @@ def plot_propensity(report: Any, ctrl: dict[str, Any], out: str | Path, title: s
     band("rho", "C0", "ridge probe (Spearman rho vs held-out propensity)")
     band("shuffled_rho", "C3", "probe, propensities shuffled between items", ls="--", marker=None, alpha=0.08)
     band("random_dir_rho", "C7", "random directions (95% over directions)", ls=":", marker=None, alpha=0.25)
-    for key, color, ls, name in (("split_half_ceiling", "k", "--", "split-half ceiling"),
+    for key, color, ls, name in (("split_half_ceiling", "k", "--", "ceiling sqrt(split-half R)"),
                                  ("shuffled_max", "C3", ":", "shuffled, best of all layers"),
                                  ("text_ridge", "C2", "-.", "text-only ridge"),
                                  ("response_length", "C5", ":", "response length")):

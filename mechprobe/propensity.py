@@ -15,10 +15,13 @@ the judge calls genuine. That is the target here, with one row per item:
 * **controls** on the same folds: propensities shuffled between items (at each layer, and the best of
   all layers under shuffling: the null for "best layer"), random directions (sign fitted per fold),
   the embedding layer, a text-only ridge on TF-IDF of prompt + response, and response length;
-* **split-half ceiling**: the propensity is itself a noisy estimate from ``k`` samples, so no probe can
-  correlate with it better than it correlates with a second, independent ``k``-sample estimate.
-  :func:`split_half_reliability` estimates that correlation (split each item's samples in halves,
-  Spearman over items, Spearman-Brown corrected to full ``k``, averaged over random splits).
+* **split-half ceiling**: the propensity is itself a noisy estimate from ``k`` samples. Its reliability
+  ``R`` (the correlation of two independent ``k``-sample estimates) is what
+  :func:`split_half_reliability` estimates (split each item's samples in halves, Spearman over items,
+  Spearman-Brown corrected to full ``k``, averaged over random splits). A probe that knew each item's
+  *true* propensity would correlate with the observed one at ``sqrt(R)`` (classical attenuation), so the
+  ceiling printed beside the probe is ``sqrt(R)``, not ``R``: an earlier version printed ``R`` as the
+  ceiling, which a good probe can exceed (the 200-item 1.5B run did: 0.29 vs R = 0.19).
 
 All 95% CIs are percentile bootstraps over items (one row per item, so an item bootstrap is a row
 bootstrap here); they cover test-set sampling, not refitting. Everything above the "run directories"
@@ -561,7 +564,9 @@ def propensity_controls(report: PropensityReport, stack: np.ndarray, targets: It
     ``shuffled``/``random_direction`` are read at the best layer; ``shuffled_max`` is the best layer under
     shuffled targets (the null for "best of L layers"); ``embedding_layer`` is residual 0 (one fixed token
     at the boundary, so ~0 by construction: a leak check); ``text_ridge`` and ``response_length`` use no
-    model internals; ``split_half_ceiling`` is the most any probe could reach.
+    model internals; ``split_half_reliability`` is R, the propensity's test-retest reliability, and
+    ``split_half_ceiling`` = sqrt(R) (point and CI bounds; negative R counts as 0) is the most a probe of
+    the true propensity could reach against the observed one.
     """
     y = np.asarray(targets.propensity, float)
     idx = bootstrap_indices(len(y), n_boot, seed)
@@ -580,8 +585,18 @@ def propensity_controls(report: PropensityReport, stack: np.ndarray, targets: It
     if response_lengths is not None:
         f = np.log1p(np.asarray(response_lengths, float))
         out["response_length"] = rho_metric(y, signed_scores(f, y, report.folds), idx)
-    out["split_half_ceiling"] = split_half_reliability(targets.samples, n_splits_ceiling, seed, n_boot)
+    rel = split_half_reliability(targets.samples, n_splits_ceiling, seed, n_boot)
+    out["split_half_reliability"] = rel
+    out["split_half_ceiling"] = attenuation_ceiling(rel)
     return out
+
+
+def attenuation_ceiling(reliability: Metric) -> Metric:
+    """sqrt(R) for a reliability metric: the correlation of the true score with its noisy estimate."""
+    def f(v: float) -> float:
+        return float(np.sqrt(max(v, 0.0))) if np.isfinite(v) else float("nan")
+
+    return Metric(f(reliability.value), f(reliability.lo), f(reliability.hi))
 
 
 def propensity_transfer(x: np.ndarray, targets: ItemTargets, n_splits: int = 5, seed: int = 0,
@@ -702,8 +717,10 @@ def propensity_table(report: PropensityReport, ctrl: Mapping[str, Metric], targe
              "95% CIs bootstrap over items.", "",
              "| headline | value [95% CI] |", "|---|---|",
              f"| nested layer choice: Spearman rho (layers {sorted(set(n['fold_layers']))}) | {_fmt(n['rho'])} |",
-             f"| **split-half ceiling** (Spearman-Brown to full k; no probe can beat it) | "
+             f"| **ceiling** sqrt(R): a probe of the true propensity vs the observed one | "
              f"{_fmt(ctrl.get('split_half_ceiling'))} |",
+             f"| propensity reliability R (split-half, Spearman-Brown to full k) | "
+             f"{_fmt(ctrl.get('split_half_reliability'))} |",
              f"| nested layer choice: AUROC propensity > median (layers {sorted(set(n['fold_layers_auroc']))}) | "
              f"{_fmt(n['above_median_auroc'])} |",
              f"| best layer {best.layer} on the curve (optimistic): rho | {_fmt(best.rho)} |"]
@@ -939,7 +956,8 @@ def run_propensity(a: Any, runs: Sequence[Path], model: str, why: str, timings: 
     n = report.nested
     print("\n" + table)
     print(f"\nheadline: nested layer choice Spearman rho {n['rho'].fmt()} (fold layers {n['fold_layers']}) vs "
-          f"split-half ceiling {ctrl['split_half_ceiling'].fmt()}")
+          f"ceiling sqrt(R) {ctrl['split_half_ceiling'].fmt()} (propensity reliability R "
+          f"{ctrl['split_half_reliability'].fmt()})")
     print(f"wrote {out_dir}/propensity.json, propensity.md and {fig}")
     return 0
 

@@ -120,6 +120,26 @@ def test_split_half_ceiling_matches_simulated_test_retest(k, a, b):
     assert expected > 0.5
 
 
+@pytest.mark.parametrize("k,a,b", [(8, 2.0, 2.0), (8, 0.5, 2.0)])
+def test_the_ceiling_is_sqrt_of_the_reliability_not_the_reliability(k, a, b):
+    """A probe that knows every item's true propensity correlates with the observed k-sample propensity at
+    ~sqrt(R), above R itself: R (test-retest) is not a ceiling for a probe, sqrt(R) is.
+
+    Tolerance 0.08 as above (400 items for the estimate; the truth simulated with 200k items).
+    """
+    from mechprobe.propensity import attenuation_ceiling
+
+    rng = np.random.default_rng(11)
+    _, s = _simulate(400, k, a, b, rng)
+    ceiling = attenuation_ceiling(split_half_reliability(s.tolist(), n_splits=100, seed=0, n_boot=200))
+    p, big = _simulate(200_000, k, a, b, rng)
+    oracle = spearman(p, big.mean(1))  # the best any probe of the true propensity can do
+    r = spearman(big[:, : k // 2].mean(1), big[:, k // 2:].mean(1))
+    r_full = 2 * r / (1 + r)
+    assert oracle > r_full + 0.05  # the reliability is below what a perfect probe reaches
+    assert abs(ceiling.value - oracle) < 0.08, (ceiling, oracle)
+
+
 def test_split_half_ceiling_is_zero_without_item_differences():
     rng = np.random.default_rng(3)
     s = (rng.random((300, 8)) < 0.3).astype(int)
@@ -172,7 +192,9 @@ def test_planted_signal_is_recovered_and_nested_picks_its_layer():
     assert abs(ctrl["embedding_layer"].value) < 0.3
     assert ctrl["split_half_ceiling"].value > m.lo  # the probe cannot beat the ceiling beyond noise
     md = propensity_table(rep, ctrl, t)
-    assert "split-half ceiling" in md and "| 2 |" in md
+    assert "ceiling** sqrt(R)" in md and "reliability R" in md and "| 2 |" in md
+    r = ctrl["split_half_reliability"]
+    assert abs(ctrl["split_half_ceiling"].value - np.sqrt(max(r.value, 0))) < 1e-12
 
 
 def test_shuffled_target_is_not_recovered():
