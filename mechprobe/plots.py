@@ -66,7 +66,7 @@ def plot_layer_auroc(report: Any, ctrl: dict[str, Any], out: str | Path, title: 
                                                                [n["auroc"].hi - n["auroc"].value]],
                 fmt="D", color="C0", capsize=3, label=f"nested layer choice {n['auroc'].fmt()}")
     ax.axhline(0.5, color="k", lw=0.5)
-    ax.set_xlabel("residual index (0 = embeddings, r = after block r)")
+    ax.set_xlabel("residual index r (0 = embeddings; r = input of block r = output of block r-1)")
     ax.set_ylabel("AUROC, item-grouped CV (95% CI, item bootstrap)")
     ax.set_title(title, fontsize=9)
     lo = min(0.3, *(r.logreg_auroc.lo for r in res))
@@ -177,7 +177,7 @@ def plot_propensity(report: Any, ctrl: dict[str, Any], out: str | Path, title: s
         ax.errorbar([layers[-1] + 0.6], [n.value], yerr=[[n.value - n.lo], [n.hi - n.value]], fmt="D", color="C0",
                     capsize=3, label=f"nested layer choice {n.fmt()}")
     ax.axhline(0.0, color="k", lw=0.5)
-    ax.set_xlabel("residual index (0 = embeddings, r = after block r)")
+    ax.set_xlabel("residual index r (0 = embeddings; r = input of block r = output of block r-1)")
     ax.set_ylabel("Spearman rho, item-level CV (95% CI, item bootstrap)")
     ax.set_title(title, fontsize=9)
     ax.set_ylim(-1.0, 1.0)
