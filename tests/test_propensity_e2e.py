@@ -67,7 +67,7 @@ def test_propensity_script_on_tiny_real_run(smol, tmp_path):
     assert math.isfinite(res["nested"]["rho"]["value"])
     assert math.isfinite(res["controls"]["split_half_ceiling"]["value"])
     assert res["cost"][0]["ratio"] is not None and res["cost"][0]["ratio"] > 0
-    assert (run / "probes" / "propensity.md").read_text().count("split-half ceiling") >= 1
+    assert (run / "probes" / "propensity.md").read_text().count("ceiling** sqrt(R)") >= 1
     assert (figs / f"propensity_{run.name}.png").stat().st_size > 10_000
 
 
