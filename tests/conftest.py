@@ -43,3 +43,15 @@ def shared_data_dir() -> Path | None:
         if d.is_dir():
             return d
     return None
+
+
+def skip_without_working_llamacpp(model: str = "smollm2-135m-instruct") -> None:
+    """Skip the calling test when llama-cpp-python is missing or its build crashes here (e.g. AMX on a VM)."""
+    pytest.importorskip("llama_cpp")
+    from mechprobe.llamacpp_backend import LlamaCppBroken, smoke_check
+    from mechprobe.models import embedded_gguf_path
+
+    try:
+        smoke_check(embedded_gguf_path(model))
+    except LlamaCppBroken as e:
+        pytest.skip(str(e))

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, requires_smollm2
+from tests.conftest import REPO, requires_smollm2, skip_without_working_llamacpp
 
 
 @pytest.mark.slow
@@ -32,14 +32,7 @@ def test_bench_speed_child_generates_tokens(tmp_path):
 @pytest.mark.slow
 @requires_smollm2
 def test_bench_llamacpp_rows_runs_and_counts_prefills(tmp_path):
-    pytest.importorskip("llama_cpp")
-    from mechprobe.llamacpp_backend import LlamaCppBroken, smoke_check
-    from mechprobe.models import embedded_gguf_path
-
-    try:
-        smoke_check(embedded_gguf_path("smollm2-135m-instruct"))
-    except LlamaCppBroken as e:
-        pytest.skip(str(e))
+    skip_without_working_llamacpp()
     out = tmp_path / "rows.json"
     r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_llamacpp_rows.py"), "--model",
                         "smollm2-135m-instruct", "--rows", "1", "3", "--items", "1", "--per-item", "3", "--new", "2",

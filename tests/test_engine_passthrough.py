@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mechprobe import stages
-from tests.conftest import requires_smollm2
+from tests.conftest import requires_smollm2, skip_without_working_llamacpp
 
 
 def test_resolve_run_takes_engine_and_dtype(tmp_path):
@@ -34,14 +34,7 @@ def test_probe_stage_with_another_engine_does_not_load_the_hf_model(tmp_path, mo
 @pytest.mark.slow
 @requires_smollm2
 def test_linear_probe_script_builds_a_llamacpp_run(tmp_path):
-    pytest.importorskip("llama_cpp")
-    from mechprobe.llamacpp_backend import LlamaCppBroken, smoke_check
-    from mechprobe.models import embedded_gguf_path
-
-    try:
-        smoke_check(embedded_gguf_path("smollm2-135m-instruct"))
-    except LlamaCppBroken as e:
-        pytest.skip(str(e))
+    skip_without_working_llamacpp()
     import importlib.util
 
     from mechprobe.io import read_json
