@@ -52,6 +52,7 @@ from mechprobe.steer_eval import (  # noqa: E402
     steered_nll,
     steered_user_turns,
     summarize,
+    train_probe_direction,
 )
 from mechprobe.steering import SteeringVector, diff_of_means, from_direction, in_alpha_units  # noqa: E402
 
@@ -407,13 +408,9 @@ def main(argv: list[str] | None = None) -> int:
         vectors.append(in_alpha_units(raw.random_like(a.seed), unit))
     if "negative" in kinds:
         vectors.append(in_alpha_units(raw.negated(), unit))
-    dpath = run / "probes" / "directions.safetensors"
-    if "probe" in kinds and dpath.exists():
-        from safetensors.torch import load_file
-
-        d = load_file(str(dpath))
-        if f"probe_{layer}" in d:
-            vectors.append(in_alpha_units(from_direction(d[f"probe_{layer}"], raw, kind="probe"), unit))
+    if "probe" in kinds:
+        vectors.append(in_alpha_units(from_direction(train_probe_direction(cache, layer, train_rows, a.seed), raw,
+                                                     kind="probe"), unit))
 
     base, base_turns, base_g = run_condition(lm, judge, None, 0.0, a, heldout, by_item, out_dir / "alpha_0_none.jsonl",
                                              cfg.system)

@@ -289,3 +289,19 @@ def assistant_accuracy(lm: LoadedModel, items: Sequence[AssistantRecord], vector
             meta = {"scorer": "gsm8k"} if a.dataset == "builtin" else {}
             correct += score(a.dataset, decode(tok, g)[1], a.gold, meta)[0] or 0.0
     return correct / len(scored)
+
+
+def train_probe_direction(cache, layer: int, train_rows: torch.Tensor, seed: int) -> torch.Tensor:
+    """The logistic probe's direction at ``layer``, fitted on train rows only.
+
+    Why not ``probes/directions.safetensors``: the probes stage fits those on *all* rows (held-out items
+    included), so a vector read from there would have seen the held-out labels it is evaluated on.
+    """
+    from mechprobe.probes import directions
+
+    rows = train_rows.nonzero().flatten()
+    x = cache.resid(layer)[rows].float().numpy()
+    yy = cache.labels("genuine")[rows].numpy()
+    groups = [cache.item_ids[i] for i in rows.tolist()]
+    tensors, _ = directions(x[:, None, :], [layer], yy, groups, seed=seed)
+    return torch.from_numpy(tensors[f"probe_{layer}"])

@@ -271,3 +271,60 @@ def test_steering_adds_the_vector_where_the_hf_hook_does(smol, lc, probe_prompts
                 theirs = smol.model(torch.tensor([p])).logits[0, -1].float().numpy()
             corr[hl] = float(np.corrcoef(ours, theirs)[0, 1])
         assert corr[layer] > 0.995 and corr[layer] > max(corr[layer - 1], corr[layer + 1]), corr
+
+
+@pytest.mark.slow
+def test_prefix_cache_gives_the_logits_of_a_fresh_prefill(smol, lc, probe_prompts):
+    """A restored prefix + the rest decoded == a fresh prefill, bit for bit; tokens equal with the cache off.
+
+    Exactness here is the same property the batched == alone test relies on (a prefilled token's cells do
+    not depend on its chunk); were it to fail on another CPU's kernels, this test says so before any run
+    mixes cached and fresh prompts. Steered calls, which prefill the unsteered body of each prompt from the
+    cache, must give the same tokens as with the cache off.
+    """
+    import numpy as np
+
+    from mechprobe.llamacpp_backend import LlamaCppEngine
+
+    _, eng = lc
+    p = list(probe_prompts[3])
+    fresh = LlamaCppEngine(eng.llm, max_rows=4, cache_mb=None)
+    cached = LlamaCppEngine(eng.llm, max_rows=4)
+    try:
+        want = fresh.multi(len(p) + 8).prefill(p, 0)
+        ms = cached.multi(len(p) + 8)
+        ms.prefill(p[:-7], 1)  # saved; the next prompt extends it
+        got = ms.prefill(p, 2)
+        assert cached.cache.hits == 1 and cached.cache.reused_tokens == len(p) - 7
+        assert np.array_equal(got, want)
+        again = ms.prefill(p, 3)  # the whole prompt is saved now: no decode at all
+        assert cached.cache.full_hits == 1 and np.array_equal(again, want)
+        stops = chat.stop_token_ids(smol.tokenizer, smol.model)
+        kw = dict(stop_ids=stops, max_new_tokens=16, pad_id=0, temperatures=[0.0, 1.0, 0.0, 1.0],
+                  seeds=[None, 5, None, 6])
+        assert ([g.token_ids for g in cached.decode_batch(probe_prompts, **kw)]
+                == [g.token_ids for g in fresh.decode_batch(probe_prompts, **kw)])
+        vec = np.random.default_rng(0).standard_normal(smol.model.config.hidden_size).astype(np.float32)
+        for pos in ("boundary+generated", "all"):
+            a = [g.token_ids for g in cached.decode_batch(probe_prompts, steer=(vec, 10, pos), **kw)]
+            b = [g.token_ids for g in fresh.decode_batch(probe_prompts, steer=(vec, 10, pos), **kw)]
+            assert a == b, pos
+        assert cached.cache.full_hits > 1
+    finally:
+        fresh.close()
+        cached.close()
+
+
+def test_prefix_cache_keeps_the_longest_prefix_and_evicts_least_recently_used():
+    """Pure bookkeeping (no llama.cpp): longest saved prefix wins, short keys are ignored, the budget holds."""
+    from mechprobe.llamacpp_backend import PrefixCache
+
+    c = PrefixCache(max_bytes=250, min_tokens=2)
+    c.put((1, 2), b"x" * 100, None)
+    c.put((1, 2, 3, 4), b"y" * 100, None)
+    c.put((9,), b"z" * 10, None)  # shorter than min_tokens: not kept
+    assert c.longest([1, 2, 3, 4, 5])[0] == (1, 2, 3, 4)
+    assert c.longest([1, 2, 7])[0] == (1, 2)
+    assert c.longest([9, 9]) is None and c.longest([1]) is None
+    c.put((5, 6), b"w" * 100, None)  # over budget: (1, 2) was used last, so (1, 2, 3, 4) goes
+    assert c.nbytes <= 250 and (1, 2, 3, 4) not in c.entries and (1, 2) in c.entries and (5, 6) in c.entries
