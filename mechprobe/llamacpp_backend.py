@@ -190,6 +190,7 @@ class PrefixCache:
         self.entries: OrderedDict[tuple[int, ...], tuple[bytes, np.ndarray | None]] = OrderedDict()
         self.nbytes = 0
         self.hits = self.full_hits = self.misses = self.reused_tokens = 0
+        self.context: tuple[int, int] | None = None  # (max_rows, row_ctx) of the context the states came from
 
     def longest(self, prompt: Sequence[int]) -> tuple[tuple[int, ...], bytes, np.ndarray | None] | None:
         """The longest saved key that is a prefix of ``prompt`` (at least ``min_tokens`` long)."""
@@ -251,6 +252,11 @@ class LlamaCppEngine:
                 self._ms.close()
             row_ctx = max(512, 1 << (max(need, 1) - 1).bit_length())
             self._ms = _MultiSeq(self.llm, self.max_rows, row_ctx)
+            if self.cache is not None and self.cache.context != (self.max_rows, row_ctx):
+                # llama.cpp restores a saved state only into a context of the same shape (measured: a state
+                # from a 2-sequence context is refused by a 4-sequence one), so states of another shape go.
+                self.cache.clear()
+                self.cache.context = (self.max_rows, row_ctx)
         self._ms.cache = self.cache
         return self._ms
 
@@ -356,9 +362,10 @@ class _MultiSeq:
             hit = cache.longest(prompt)
             if hit is None:
                 cache.misses += 1
+            elif not self.restore(hit[1], seq):  # refused: prefill from scratch (same logits, only slower)
+                cache.misses += 1
             else:
                 key, state, lg = hit
-                self.restore(state, seq)
                 cache.hits += 1
                 cache.reused_tokens += len(key)
                 if len(key) == len(prompt) and lg is not None:
@@ -388,13 +395,15 @@ class _MultiSeq:
             raise RuntimeError(f"llama_state_seq_get_data wrote {got} of {n} bytes")
         return bytes(buf)
 
-    def restore(self, state: bytes, seq: int) -> None:
-        """Put saved cells into ``seq`` (emptied first)."""
+    def restore(self, state: bytes, seq: int) -> bool:
+        """Put saved cells into ``seq`` (emptied first); False (and ``seq`` empty) when llama.cpp refuses them."""
         L = self.L
         L.llama_memory_seq_rm(self.mem, seq, -1, -1)
         buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
         if int(L.llama_state_seq_set_data(self.ctx, buf, len(state), seq)) == 0:
-            raise RuntimeError("llama_state_seq_set_data could not restore a saved prompt state (context full?)")
+            L.llama_memory_seq_rm(self.mem, seq, -1, -1)
+            return False
+        return True
 
     def set_cvec(self, vec: np.ndarray | None, resid_index: int = 0) -> None:
         """Add ``vec`` to the residual stream at ``resid_index`` for every token decoded from now on (None: off).

@@ -328,3 +328,32 @@ def test_prefix_cache_keeps_the_longest_prefix_and_evicts_least_recently_used():
     assert c.longest([9, 9]) is None and c.longest([1]) is None
     c.put((5, 6), b"w" * 100, None)  # over budget: (1, 2) was used last, so (1, 2, 3, 4) goes
     assert c.nbytes <= 250 and (1, 2, 3, 4) not in c.entries and (1, 2) in c.entries and (5, 6) in c.entries
+
+
+@pytest.mark.slow
+def test_a_state_llama_cpp_refuses_is_prefilled_again(smol, lc, probe_prompts):
+    """States only restore into a context of the same shape: another shape clears the cache, and a refused
+    restore falls back to a fresh prefill with the same logits (it once raised mid-benchmark)."""
+    import numpy as np
+
+    from mechprobe.llamacpp_backend import LlamaCppEngine
+
+    _, eng = lc
+    p = list(probe_prompts[0])
+    two, four = LlamaCppEngine(eng.llm, max_rows=2), LlamaCppEngine(eng.llm, max_rows=4, cache_mb=None)
+    try:
+        want = four.multi().prefill(p, 0)
+        two.multi().prefill(p, 0)
+        four.cache = two.cache  # a cache holding states of a 2-row context, forced into a 4-row one
+        four.cache.context = (4, four.multi().row_ctx)
+        four.multi().cache = four.cache
+        four.multi().clear()
+        got = four.multi().prefill(p, 1)
+        assert four.cache.hits == 0 and four.cache.misses >= 1 and np.array_equal(got, want)
+        two.max_rows = 3
+        two.close()
+        two.multi()  # rebuilt with another shape: the saved states are dropped
+        assert not two.cache.entries and two.cache.context == (3, two.multi().row_ctx)
+    finally:
+        two.close()
+        four.close()
