@@ -107,21 +107,45 @@ def steered_user_turns(lm: LoadedModel, assistants: Sequence[AssistantRecord], v
 
 
 @torch.inference_mode()
-def turn_nll(lm: LoadedModel, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]
-             ) -> list[float | None]:
-    """Mean per-token negative log-likelihood of each continuation under the *unsteered* model."""
+def turn_nll(lm: LoadedModel, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]],
+             batch_size: int = 8) -> list[float | None]:
+    """Mean per-token negative log-likelihood of each continuation under the *unsteered* model.
+
+    In chunks of ``batch_size``, with the LM head run on the continuation's positions only: full logits of
+    96 probe prompts x ~370 tokens x Qwen's 152k vocabulary are ~22 GB in fp32 (that killed a 1.5B steering
+    run by OOM), while the positions needed are the last few dozen.
+    """
+    out: list[float | None] = []
+    for s in range(0, len(prompts), batch_size):
+        out += _turn_nll_chunk(lm, prompts[s:s + batch_size], continuations[s:s + batch_size])
+    return out
+
+
+def _last_logits(model: Any, keep: int, **inputs: Any) -> torch.Tensor:
+    """Logits of the last ``keep`` positions (``logits_to_keep`` where the model takes it, else sliced)."""
+    try:
+        logits = model(**inputs, logits_to_keep=keep).logits
+    except TypeError:  # older transformers / models without the argument
+        logits = model(**inputs).logits
+    return logits[:, -keep:]
+
+
+def _turn_nll_chunk(lm: LoadedModel, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]
+                    ) -> list[float | None]:
     full = [list(p) + list(c) for p, c in zip(prompts, continuations)]
     dev = next(lm.model.parameters()).device
     ids, mask, pos = left_pad(full, lm.tokenizer.pad_token_id, dev)
-    logp = torch.log_softmax(lm.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits.float(), -1)
+    keep = max((len(c) for c in continuations), default=0) + 1
+    keep = min(keep, ids.shape[1])
+    logp = torch.log_softmax(_last_logits(lm.model, keep, input_ids=ids, attention_mask=mask,
+                                          position_ids=pos).float(), -1)
     out: list[float | None] = []
-    t = ids.shape[1]
     for i, c in enumerate(continuations):
         if not c:
             out.append(None)
             continue
         tgt = torch.tensor(list(c), device=dev)
-        rows = torch.arange(t - len(c) - 1, t - 1, device=dev)
+        rows = torch.arange(keep - len(c) - 1, keep - 1, device=dev)  # positions t-len(c)-1 .. t-2 of the row
         out.append(float(-logp[i, rows, tgt].mean()))
     return out
 
@@ -191,9 +215,11 @@ def steered_nll(lm: LoadedModel, prompts: Sequence[Sequence[int]], continuations
         ctx = steer(model, vector, alpha, positions) if vector is not None and alpha != 0 else contextlib.nullcontext()
         with ctx:
             ids, mask, pos = left_pad(ps, pad, dev)
-            first = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=DynamicCache(),
-                          use_cache=True)
-            lp_first = torch.log_softmax(first.logits[:, -1].float(), -1)
+            kv = DynamicCache()
+            # Only the boundary's logits are needed: the full [batch, prompt, vocab] tensor is GBs on a 152k vocab.
+            first_logits = _last_logits(model, 1, input_ids=ids, attention_mask=mask, position_ids=pos,
+                                        past_key_values=kv, use_cache=True)
+            lp_first = torch.log_softmax(first_logits[:, -1].float(), -1)
             width = max((len(c) for c in cs), default=0) - 1
             lp_rest = None
             if width > 0:  # inputs c[0..len-2] predict c[1..len-1]; rows right-padded (pads are never attended)
@@ -206,7 +232,7 @@ def steered_nll(lm: LoadedModel, prompts: Sequence[Sequence[int]], continuations
                         cmask[r, :n] = 1
                 cpos = pos[:, -1:] + 1 + torch.arange(width, device=dev)[None]
                 rest = model(input_ids=cids, attention_mask=torch.cat([mask, cmask], 1), position_ids=cpos,
-                             past_key_values=first.past_key_values, use_cache=True)
+                             past_key_values=kv, use_cache=True)
                 lp_rest = torch.log_softmax(rest.logits.float(), -1)
         for r, c in enumerate(cs):
             if not c:

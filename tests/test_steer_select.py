@@ -135,6 +135,20 @@ def test_steered_nll_at_alpha_zero_is_the_unsteered_nll(model, lm):
     assert steered_nll(lm, PROMPTS[:2], [[], [7]], None, 0.0, "all")[0] is None
 
 
+def test_turn_nll_in_chunks_on_kept_positions_equals_the_full_logits_computation(model, lm):
+    """The memory-bounded turn_nll (chunks, LM head on the continuation's positions) == full logits, any chunking.
+
+    Tolerance 1e-4: padding and chunking change only the float32 summation order."""
+    ref = []
+    for p, c in zip(PROMPTS, CONTS):
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=torch.tensor([p + c])).logits.float(), -1)[0]
+        ref.append(float(-torch.stack([logp[len(p) - 1 + j, t] for j, t in enumerate(c)]).mean()))
+    assert turn_nll(lm, PROMPTS, CONTS) == pytest.approx(ref, abs=1e-4)
+    assert turn_nll(lm, PROMPTS, CONTS, batch_size=1) == pytest.approx(ref, abs=1e-4)
+    assert turn_nll(lm, PROMPTS + [[3, 4]], CONTS + [[]], batch_size=2)[-1] is None
+
+
 def _records(n=40):
     return [AssistantRecord(item_id=f"it{i}", dataset="builtin", prompt=f"q{i}", response="a",
                             stop_reason="end_of_turn", n_tokens=1) for i in range(n)]
