@@ -168,51 +168,41 @@ class PrefixCache:
     """Saved KV states of prompts already prefilled, keyed by their token ids (least recently used evicted).
 
     Why: prefill is the slow part of llama.cpp on this CPU (1.5B Q4_K_M, 2 threads: ~110 prompt tokens/s
-    against ~70 generated tokens/s over 32 rows), and the probe prefills the same prefixes again and again:
-    every steering condition re-reads the same held-out prompts, and the user-turn prompt of an item
-    starts with the assistant prompt the engine prefilled one stage earlier. After a prefill the sequence's
-    cells are saved with ``llama_state_seq_get_data`` (~28 KB per token on the 1.5B model); the longest
-    saved prefix of a new prompt is restored into its sequence and only the rest is decoded.
+    against ~70 generated tokens/s over 32 rows), and steering prefills the same prompts again for every
+    condition (alpha 0, each vector kind and alpha, the task-accuracy check). After a prefill the
+    sequence's cells are saved with ``llama_state_seq_get_data`` (~28 KB per token on the 1.5B model); the
+    same prompt later restores them instead of being prefilled again.
 
-    Exactness: a token's K/V depend only on the tokens before it, and a prefilled token gets the same values
-    whichever chunk it was prefilled in, so a restored prefix + the rest gives the logits a fresh prefill
-    gives, bit for bit on this build (``tests/test_llamacpp_backend.py`` checks it). Only *prefilled* cells
-    are saved: the cells of tokens the engine generated (two to 32 rows per step) were computed by another
-    ggml matmul kernel than a prefill chunk, and reusing an answer's own cells for the user-turn prompt moved
-    the 135M model's logits by up to 0.53 — so a run would depend on whether its assistant stage ran in the
-    same process. States are saved and used only with no control vector set.
+    Only whole prompts are reused, never a prefix + the rest: restoring cells is exact (the very same
+    bytes), but a remainder decoded on its own runs through other ggml kernels than the one-chunk prefill
+    of the whole prompt (measured: a 1-token remainder changed a greedy turn on the 135M model), so a
+    prompt's logits would depend on what the process had prefilled before. States are saved and used only
+    with no control vector set.
     """
 
     def __init__(self, max_bytes: int = 2 << 30, min_tokens: int = 16):
         from collections import OrderedDict
 
         self.max_bytes, self.min_tokens = int(max_bytes), int(min_tokens)
-        self.entries: OrderedDict[tuple[int, ...], tuple[bytes, np.ndarray | None]] = OrderedDict()
+        self.entries: OrderedDict[tuple[int, ...], tuple[bytes, np.ndarray]] = OrderedDict()
         self.nbytes = 0
-        self.hits = self.full_hits = self.misses = self.reused_tokens = 0
+        self.hits = self.misses = self.reused_tokens = 0
         self.context: tuple[int, int] | None = None  # (max_rows, row_ctx) of the context the states came from
 
-    def longest(self, prompt: Sequence[int]) -> tuple[tuple[int, ...], bytes, np.ndarray | None] | None:
-        """The longest saved key that is a prefix of ``prompt`` (at least ``min_tokens`` long)."""
-        best: tuple[int, ...] | None = None
-        n = len(prompt)
-        for key in self.entries:
-            k = len(key)
-            if self.min_tokens <= k <= n and (best is None or k > len(best)) and tuple(prompt[:k]) == key:
-                best = key
-        if best is None:
-            return None
-        self.entries.move_to_end(best)
-        state, logits = self.entries[best]
-        return best, state, logits
+    def get(self, prompt: Sequence[int]) -> tuple[bytes, np.ndarray] | None:
+        """(state, logits after the last token) saved for exactly ``prompt``, or None."""
+        key = tuple(prompt)
+        hit = self.entries.get(key)
+        if hit is not None:
+            self.entries.move_to_end(key)
+        return hit
 
-    def put(self, key: tuple[int, ...], state: bytes, logits: np.ndarray | None) -> None:
+    def put(self, key: tuple[int, ...], state: bytes, logits: np.ndarray) -> None:
         if len(key) < self.min_tokens or len(state) > self.max_bytes:
             return
         old = self.entries.pop(key, None)
         if old is not None:
             self.nbytes -= len(old[0])
-            logits = logits if logits is not None else old[1]
         self.entries[key] = (state, logits)
         self.nbytes += len(state)
         while self.nbytes > self.max_bytes and self.entries:
@@ -352,28 +342,19 @@ class _MultiSeq:
     def prefill(self, prompt: list[int], seq: int) -> np.ndarray:
         """Decode ``prompt`` into ``seq`` (an empty sequence) in n_batch chunks; the logits after its last token.
 
-        With a :class:`PrefixCache` and no control vector, the longest saved prefix is restored first and
-        only the rest is decoded; the whole prompt's state is then saved for the next caller.
+        With a :class:`PrefixCache` and no control vector, a prompt prefilled before is restored instead
+        (same cells, same logits); a new one is prefilled and its state saved for the next caller.
         """
         self.n_prefills += 1
         cache = self.cache if self._cvec is None else None
         start = 0
         if cache is not None:
-            hit = cache.longest(prompt)
-            if hit is None:
-                cache.misses += 1
-            elif not self.restore(hit[1], seq):  # refused: prefill from scratch (same logits, only slower)
-                cache.misses += 1
-            else:
-                key, state, lg = hit
+            hit = cache.get(prompt)
+            if hit is not None and self.restore(hit[0], seq):
                 cache.hits += 1
-                cache.reused_tokens += len(key)
-                if len(key) == len(prompt) and lg is not None:
-                    cache.full_hits += 1
-                    return lg.copy()
-                start = len(key) if len(key) < len(prompt) else len(key) - 1
-                if start < len(key):  # the logits were not saved: decode the last token again
-                    self.L.llama_memory_seq_rm(self.mem, seq, start, -1)
+                cache.reused_tokens += len(prompt)
+                return hit[1].copy()
+            cache.misses += 1  # (a refused restore left the sequence empty: prefill from scratch)
         last = None
         for st in range(start, len(prompt), self.n_batch):
             chunk = prompt[st:st + self.n_batch]
