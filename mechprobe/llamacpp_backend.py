@@ -186,7 +186,7 @@ class PrefixCache:
         self.max_bytes, self.min_tokens = int(max_bytes), int(min_tokens)
         self.entries: OrderedDict[tuple[int, ...], tuple[bytes, np.ndarray]] = OrderedDict()
         self.nbytes = 0
-        self.hits = self.misses = self.reused_tokens = 0
+        self.hits = self.misses = 0
         self.context: tuple[int, int] | None = None  # (max_rows, row_ctx) of the context the states came from
 
     def get(self, prompt: Sequence[int]) -> tuple[bytes, np.ndarray] | None:
@@ -347,16 +347,14 @@ class _MultiSeq:
         """
         self.n_prefills += 1
         cache = self.cache if self._cvec is None else None
-        start = 0
         if cache is not None:
             hit = cache.get(prompt)
             if hit is not None and self.restore(hit[0], seq):
                 cache.hits += 1
-                cache.reused_tokens += len(prompt)
                 return hit[1].copy()
             cache.misses += 1  # (a refused restore left the sequence empty: prefill from scratch)
         last = None
-        for st in range(start, len(prompt), self.n_batch):
+        for st in range(0, len(prompt), self.n_batch):
             chunk = prompt[st:st + self.n_batch]
             self._decode([(t, st + i, seq, st + i == len(prompt) - 1) for i, t in enumerate(chunk)])
             last = len(chunk) - 1

@@ -122,12 +122,8 @@ def turn_nll(lm: LoadedModel, prompts: Sequence[Sequence[int]], continuations: S
 
 
 def _last_logits(model: Any, keep: int, **inputs: Any) -> torch.Tensor:
-    """Logits of the last ``keep`` positions (``logits_to_keep`` where the model takes it, else sliced)."""
-    try:
-        logits = model(**inputs, logits_to_keep=keep).logits
-    except TypeError:  # older transformers / models without the argument
-        logits = model(**inputs).logits
-    return logits[:, -keep:]
+    """Logits of the last ``keep`` positions only (transformers' ``logits_to_keep``: the LM head skips the rest)."""
+    return model(**inputs, logits_to_keep=keep).logits[:, -keep:]
 
 
 def _turn_nll_chunk(lm: LoadedModel, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]
@@ -317,13 +313,13 @@ def assistant_accuracy(lm: LoadedModel, items: Sequence[AssistantRecord], vector
     return correct / len(scored)
 
 
-def train_probe_direction(cache, layer: int, train_rows: torch.Tensor, seed: int) -> torch.Tensor:
+def train_probe_direction(cache: Any, layer: int, train_rows: torch.Tensor, seed: int) -> torch.Tensor:
     """The logistic probe's direction at ``layer``, fitted on train rows only.
 
     Why not ``probes/directions.safetensors``: the probes stage fits those on *all* rows (held-out items
     included), so a vector read from there would have seen the held-out labels it is evaluated on.
     """
-    from mechprobe.probes import directions
+    from .probes import directions
 
     rows = train_rows.nonzero().flatten()
     x = cache.resid(layer)[rows].float().numpy()
