@@ -10,7 +10,8 @@ GSM8K items in a *fresh process*, so its peak RSS is its own. Options:
 * ``hf-bf16``: the HF engine with ``--dtype bfloat16`` (this CPU has AVX512-BF16);
 * ``llamacpp``: ``--engine llamacpp`` over the same GGUF (needs ``llama-cpp-python``);
 * a suffix ``@N`` sets the batch size (``hf-bf16@16``); for ``llamacpp`` the rows decoded together
-  (``llamacpp@1`` = one row at a time, the engine before multi-row decoding); the default is ``--batch-size``;
+  (``llamacpp@1`` = one row at a time, the engine before multi-row decoding); ``@auto`` = ``--batch-size auto``
+  (rows chosen from free memory; the JSON's ``batch`` lists the rows picked per stage); the default is ``--batch-size``;
 * a suffix ``:tN`` sets the threads (``hf-fp32:t1``); default: :func:`mechprobe.models.cpu_threads`
   (the idle cores, or ``$MECHPROBE_THREADS``) for both engines.
 
@@ -23,7 +24,9 @@ the common prefix). Writes ``benchmarks/results/speed.json`` and prints markdown
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import resource
 import subprocess
@@ -46,7 +49,16 @@ def _child(model: str, option: str, out: str, a: argparse.Namespace) -> dict:
 
     name, _, threads = option.partition(":t")
     name, _, bs = name.partition("@")
-    batch = int(bs) if bs else a.batch_size
+    batch = None if bs == "auto" else int(bs) if bs else a.batch_size
+    chosen: list[int] = []  # rows per decode call that --batch-size auto picked, per stage
+
+    class _Rows(logging.Handler):
+        def emit(self, rec: logging.LogRecord) -> None:
+            if rec.getMessage().startswith("--batch-size auto"):
+                chosen.append(int(rec.args[0]))
+
+    logging.getLogger("mechprobe.pipeline").addHandler(_Rows())
+    logging.getLogger("mechprobe.pipeline").setLevel(logging.INFO)
     if threads:
         torch.set_num_threads(int(threads))
         os.environ["MECHPROBE_THREADS"] = threads
@@ -60,7 +72,7 @@ def _child(model: str, option: str, out: str, a: argparse.Namespace) -> dict:
     if engine == "llamacpp":
         from mechprobe.llamacpp_backend import load_engine
 
-        lm, eng = load_engine(model, max_rows=batch)
+        lm, eng = load_engine(model, **({"max_rows": batch} if batch else {}))
         n_threads = eng.llm.n_threads if hasattr(eng.llm, "n_threads") else None
     else:
         from mechprobe.models import load_model
@@ -84,7 +96,7 @@ def _child(model: str, option: str, out: str, a: argparse.Namespace) -> dict:
     users = list(read_jsonl(outp / pipeline.USER_TURNS))
     a_tok = sum(r.n_tokens for r in asst)
     u_tok = sum(len(r["generated_ids"]) for r in users)
-    return {"model": model, "option": option, "batch": batch,
+    return {"model": model, "option": option, "batch": batch if batch else "auto" + (f" {chosen}" if chosen else ""),
             "threads": n_threads if engine == "llamacpp" else torch.get_num_threads(), "loadavg": os.getloadavg()[0],
             "load_s": load_s, "assistant_s": a_s, "user_s": u_s, "assistant_tokens": a_tok, "user_tokens": u_tok,
             "assistant_tok_s": a_tok / a_s, "user_tok_s": u_tok / u_s, "total_tok_s": (a_tok + u_tok) / (a_s + u_s),
@@ -141,7 +153,7 @@ def _parity(model: str, runs: dict[str, str]) -> dict:
 
 
 def _prefill(model: str, a: argparse.Namespace) -> dict:
-    """Prefill of probe-sized prompts with the LM head on every position (before) vs the last only (now)."""
+    """Prefill of probe-sized prompts, LM head on every position vs the last only (HF slice, and with compact strides)."""
     import torch
 
     from mechprobe import chat, pipeline
@@ -155,15 +167,19 @@ def _prefill(model: str, a: argparse.Namespace) -> dict:
     prompts = [chat.build_probe_prompt(lm.tokenizer, it.prompt, answer).input_ids for it in items]
     ids, mask, pos = left_pad(prompts, lm.tokenizer.pad_token_id, lm.device)
     out: dict = {"model": model, "rows": len(prompts), "prompt_tokens": int(mask.sum()), "threads": torch.get_num_threads()}
+    from mechprobe.models import compact_lm_head_input
+
     with torch.inference_mode():
-        for keep in (0, 1) * 3:
+        for keep, compact in [(0, False), (1, False), (1, True)] * 3:
             t = time.perf_counter()
-            logits = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=keep).logits
+            with compact_lm_head_input(lm.model) if compact else contextlib.nullcontext():
+                logits = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=keep).logits
             dt = time.perf_counter() - t
-            key = "all_positions" if keep == 0 else "last_position"
+            key = "all_positions" if keep == 0 else "last_position_compact" if compact else "last_position"
             out[key + "_s"] = min(dt, out.get(key + "_s", float("inf")))
             out[key + "_logits_mb"] = logits.numel() * logits.element_size() / 2**20
     out["speedup"] = out["all_positions_s"] / out["last_position_s"]
+    out["speedup_compact"] = out["all_positions_s"] / out["last_position_compact_s"]
     return out
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -159,6 +160,56 @@ def _top_p(probs: torch.Tensor, p: float) -> torch.Tensor:
     sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
     out = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
     return out / out.sum()
+
+
+AUTO_MAX_ROWS = 64
+
+
+def free_memory_bytes(device: torch.device | str | None = None) -> int:
+    """Memory a new batch may use now: free CUDA memory on a GPU, ``MemAvailable`` on a CPU (8 GiB if unknown)."""
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type == "cuda" and torch.cuda.is_available():
+        return int(torch.cuda.mem_get_info(dev)[0])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30
+
+
+def auto_batch_size(model: Any, prompt_len: int, max_new_tokens: int, *, free_bytes: int | None = None,
+                    fraction: float = 0.5, max_rows: int = AUTO_MAX_ROWS) -> int:
+    """Rows per decode call that fit in ``fraction`` of the free memory (``--batch-size auto``).
+
+    Why bigger is better, up to a point: a decode step reads every weight once whatever the batch, so on a
+    memory-bound CPU more rows are nearly free (1.5B bf16, 2 cores: user stage 21.7 tok/s at 8 rows,
+    41.9 at 40; ``benchmarks/README.md``). What a row costs is dominated by the prefill's logits (HF
+    computes the LM head at every prompt position: prompt_len x vocab values in the model's dtype), then
+    the KV cache (prompt + new tokens, every layer) and the widest MLP activation. This counts every row
+    as prefilled even though rows sharing a prompt are prefilled once, so the estimate errs on the
+    safe side. Capped at ``max_rows``: beyond it, per-step attention and padding eat the gain.
+    """
+    cfg = getattr(model, "config", None)
+    cfg = getattr(cfg, "get_text_config", lambda: cfg)() if cfg is not None else None
+    try:
+        p = next(model.parameters())
+        nbytes, dev = p.element_size(), p.device
+    except (StopIteration, AttributeError, TypeError):
+        nbytes, dev = 4, torch.device("cpu")
+    vocab = int(getattr(cfg, "vocab_size", 0) or 50_000)
+    hidden = int(getattr(cfg, "hidden_size", 0) or 1024)
+    layers = int(getattr(cfg, "num_hidden_layers", 0) or 24)
+    heads = int(getattr(cfg, "num_attention_heads", 0) or 16)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", 0) or heads)
+    head_dim = int(getattr(cfg, "head_dim", 0) or hidden // max(heads, 1))
+    inter = int(getattr(cfg, "intermediate_size", 0) or 4 * hidden)
+    kv_per_token = 2 * layers * kv_heads * head_dim * nbytes
+    per_row = (prompt_len * vocab * nbytes + (prompt_len + max_new_tokens) * kv_per_token
+               + 3 * prompt_len * inter * nbytes)
+    free = free_memory_bytes(dev) if free_bytes is None else free_bytes
+    return max(1, min(max_rows, int(fraction * free // max(per_row, 1))))
 
 
 def batches_by_length(lengths: Sequence[int], batch_size: int, token_budget: int | None = None) -> list[list[int]]:

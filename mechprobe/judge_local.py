@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from .judge import JudgeInput
+from .models import logits_kept
 from .records import LabelRecord
 from .taxonomy import LABELS, TAXONOMY_VERSION, is_genuine
 
@@ -122,7 +123,7 @@ class ChoiceScorer:
         n, kv = self._best(ids)
         cache = _cache_of(kv) if kv is not None else None
         x = torch.tensor([list(ids[n:])], device=self.device)
-        out = self.model(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        out = logits_kept(self.model, 1, input_ids=x, past_key_values=cache, use_cache=True)
         self.stats[count] += len(ids) - n
         return _kv_of(out.past_key_values), torch.log_softmax(out.logits[0, -1].float(), -1)
 

@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -564,6 +566,53 @@ def load_model(
     model.requires_grad_(False)
     return LoadedModel(model=model, tokenizer=tok, name=name, weight_hash=weight_hash,
                        device=next(model.parameters()).device, dtype=dt)
+
+
+def _compact(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with the strides a fresh tensor of its shape has (a copy only when they differ)."""
+    want, acc = [], 1
+    for n in reversed(x.shape):
+        want.append(acc)
+        acc *= n
+    if tuple(reversed(want)) == x.stride():
+        return x
+    return x.new_empty(x.shape).copy_(x)
+
+
+@contextmanager
+def compact_lm_head_input(model: nn.Module) -> Iterator[None]:
+    """While active, the LM head gets its input with fresh strides (hook removed on exit, even after errors).
+
+    Why: transformers' ``logits_to_keep`` hands the LM head ``hidden[:, -k:, :]``, a view whose batch stride
+    still spans the whole sequence. On CPU, torch 2.13's bf16 ``linear`` takes a path ~70x slower for such an
+    input (Qwen 1.5B head, one position: 2.9 s vs 41 ms with compact strides; fp32 is unaffected), even
+    when ``is_contiguous()`` is True (size-1 dims), so ``.contiguous()`` does not help and ``clone()``
+    keeps the strides. Copying k x hidden values is negligible next to the head itself.
+    """
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None:
+        yield
+        return
+
+    def pre(_mod: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        if args and isinstance(args[0], torch.Tensor):
+            x = _compact(args[0])
+            if x is not args[0]:
+                return (x, *args[1:])
+        return None
+
+    h = head.register_forward_pre_hook(pre)
+    try:
+        yield
+    finally:
+        h.remove()
+
+
+def logits_kept(model: nn.Module, keep: int, **inputs: Any) -> Any:
+    """``model(**inputs, logits_to_keep=keep)`` with the LM head on the last ``keep`` positions only, at full
+    speed in bf16 on CPU (:func:`compact_lm_head_input`). Returns the model's output object."""
+    with compact_lm_head_input(model):
+        return model(**inputs, logits_to_keep=keep)
 
 
 def get_blocks(model: nn.Module) -> nn.ModuleList:

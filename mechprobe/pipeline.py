@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from . import chat
 from .errors import MissingInput, UsageError, UserError
-from .generation import batches_by_length, decode, generate
+from .generation import auto_batch_size, batches_by_length, decode, generate
 from .io import (
     JsonlStore,
     check_manifest,
@@ -66,7 +66,7 @@ class ProbeConfig:
     seed: int = 0
     system: str | None = None
     chat_template: str | None = None
-    batch_size: int = 8
+    batch_size: int | None = None  # None = auto: as many rows as fit in half the free memory (<= 64)
     device: str | None = None
     dtype: str | None = None
     engine: str = "hf"  # "hf" (exact, hookable) | "vllm" (GPU sampling) | "llamacpp" (CPU, GGUF weights)
@@ -103,6 +103,8 @@ class ProbeConfig:
             bad.append(f"limit must be >= 1 (or None for every row; 0 on the command line), got {self.limit!r}")
         for name in ("max_assistant_tokens", "max_user_tokens", "batch_size"):
             v = getattr(self, name)
+            if name == "batch_size" and v is None:
+                continue
             if not isinstance(v, int) or v < 1:
                 bad.append(f"{name} must be an integer >= 1, got {v!r}")
         if self.engine not in ENGINES:
@@ -288,10 +290,19 @@ def _load_vllm_engine(cfg: ProbeConfig) -> tuple[LoadedModel, Any]:
     return lm, engine
 
 
-def _rows(cfg: ProbeConfig, engine: Any) -> int:
+def _rows(cfg: ProbeConfig, engine: Any, lm: LoadedModel | None = None, prompt_len: int = 0,
+          max_new: int = 0) -> int:
     """Rows per decode call: the engine's own size when it has one (llama.cpp decodes 32 rows together by
-    default, where ``--batch-size 8`` would leave most of its speed-up unused), else ``--batch-size``."""
-    return int(getattr(engine, "max_rows", 0) or cfg.batch_size)
+    default, where ``--batch-size 8`` would leave most of its speed-up unused), else ``--batch-size``, else
+    (``auto``, the default) as many as fit in memory for the longest prompt (:func:`auto_batch_size`)."""
+    n = getattr(engine, "max_rows", 0) or cfg.batch_size
+    if n:
+        return int(n)
+    if lm is None or lm.model is None:
+        return 8
+    n = auto_batch_size(lm.model, prompt_len, max_new)
+    log.info("--batch-size auto: %d rows per decode call (prompts up to %d tokens + %d new)", n, prompt_len, max_new)
+    return n
 
 
 def _decode_batch(lm: LoadedModel, engine: Any, prompts: list[list[int]], **kw: Any) -> list[Any]:
@@ -344,7 +355,8 @@ def _assistant_stage(cfg: ProbeConfig, lm: LoadedModel, jobs: list[tuple[Item, l
     prompts = [p for _, p in todo]
     stops = chat.assistant_stop_token_ids(tok, lm.model)
     bar = tqdm(total=len(todo), desc="assistant turns", disable=not progress, unit="item")
-    for batch in batches_by_length([len(p) for p in prompts], _rows(cfg, engine)):
+    rows = _rows(cfg, engine, lm, max(len(p) for p in prompts), cfg.max_assistant_tokens)
+    for batch in batches_by_length([len(p) for p in prompts], rows):
         gens = _decode_batch(lm, engine, [prompts[i] for i in batch], stop_ids=stops,
                              max_new_tokens=cfg.max_assistant_tokens, temperatures=0.0, pad_id=tok.pad_token_id)
         for i, g in zip(batch, gens):
@@ -391,7 +403,8 @@ def _user_stage(cfg: ProbeConfig, lm: LoadedModel, wanted: set[str], plan: list[
     if not jobs:
         return 0
     bar = tqdm(total=len(jobs), desc="user turns", disable=not progress, unit="turn")
-    for batch in batches_by_length([len(j[1].input_ids) for j in jobs], _rows(cfg, engine)):
+    rows = _rows(cfg, engine, lm, max(len(j[1].input_ids) for j in jobs), cfg.max_user_tokens)
+    for batch in batches_by_length([len(j[1].input_ids) for j in jobs], rows):
         sel = [jobs[i] for i in batch]
         seeds = [row_seed(cfg.seed, j[5]) if j[3] > 0 else None for j in sel]
         gens = _decode_batch(lm, engine, [j[1].input_ids for j in sel], stop_ids=stops,
@@ -499,6 +512,21 @@ def summarize_run(run_dir: str | Path) -> str:
     return "\n".join(lines)
 
 
+def batch_size_arg(v: str) -> int | None:
+    """``--batch-size`` value: a positive integer, or ``auto`` (None)."""
+    if v.strip().lower() == "auto":
+        return None
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if n < 1:
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"--batch-size must be a positive integer or 'auto', got {v!r}")
+    return n
+
+
 def add_probe_args(p: Any) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help="embedded name, HF id/dir, or .gguf file")
     p.add_argument("--dataset", default="builtin",
@@ -512,7 +540,8 @@ def add_probe_args(p: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--system", default=None, help="system prompt (default: the template's own)")
     p.add_argument("--chat-template", default=None, help="Jinja template file, for models without one")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=batch_size_arg, default=None, metavar="N|auto",
+                   help="rows per decode call (default auto: as many as fit in half the free memory, <= 64)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16", "float16"])
     p.add_argument("--engine", default="hf", choices=list(ENGINES),

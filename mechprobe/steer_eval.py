@@ -123,7 +123,9 @@ def turn_nll(lm: LoadedModel, prompts: Sequence[Sequence[int]], continuations: S
 
 def _last_logits(model: Any, keep: int, **inputs: Any) -> torch.Tensor:
     """Logits of the last ``keep`` positions only (transformers' ``logits_to_keep``: the LM head skips the rest)."""
-    return model(**inputs, logits_to_keep=keep).logits[:, -keep:]
+    from .models import logits_kept
+
+    return logits_kept(model, keep, **inputs).logits[:, -keep:]
 
 
 def _turn_nll_chunk(lm: LoadedModel, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]

@@ -35,6 +35,7 @@ from .pipeline import (
     ASSISTANT,
     USER_TURNS,
     ProbeConfig,
+    batch_size_arg,
     decoding_plan,
     run_probe,
     run_variant,
@@ -101,7 +102,7 @@ class StudyConfig:
     variants: list[str] = field(default_factory=lambda: list(VARIANTS))
     max_assistant_tokens: int | None = None
     max_user_tokens: int | None = None
-    batch_size: int = 8
+    batch_size: int | None = None  # None = auto (pipeline._rows)
     data_path: str | None = None
     report_dir: str = "reports/study"
     figures_dir: str = "figures"
@@ -354,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperatures", nargs="+", default=None, help="main-run temperatures (default: the profile's)")
     p.add_argument("--max-assistant-tokens", type=int, default=None, help="default: per model (see docs/study.md)")
     p.add_argument("--max-user-tokens", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=batch_size_arg, default=None, metavar="N|auto")
     p.add_argument("--data-path", default=None)
     p.add_argument("--root", default=None, help="runs folder (default runs/study/<profile>)")
     p.add_argument("--report-dir", default="reports/study")

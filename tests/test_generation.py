@@ -186,3 +186,50 @@ def test_real_model_dropping_finished_rows_changes_no_token(smol):
     assert [(d.token_ids, d.stop_reason) for d in dropped] == [(k.token_ids, k.stop_reason) for k in kept]
     lengths = {len(d.token_ids) for d in dropped if d.stop_reason == "end_of_turn"}
     assert lengths and len(lengths | {40}) > 1  # some rows did stop early, at different steps than others
+
+
+def test_auto_batch_size_follows_free_memory_and_model_shape():
+    """``--batch-size auto``: rows grow with free memory and shrink with prompt length and vocabulary."""
+    from mechprobe.generation import AUTO_MAX_ROWS, auto_batch_size
+
+    model = tiny_model("llama")
+    cfg = model.config
+    per_row = (200 * cfg.vocab_size * 4 + 232 * 2 * cfg.num_hidden_layers * cfg.num_key_value_heads
+               * (cfg.hidden_size // cfg.num_attention_heads) * 4 + 3 * 200 * cfg.intermediate_size * 4)
+    assert auto_batch_size(model, 200, 32, free_bytes=10 * per_row) == 5  # half of the free memory
+    assert auto_batch_size(model, 200, 32, free_bytes=10 * per_row, fraction=1.0) == 10
+    assert auto_batch_size(model, 200, 32, free_bytes=per_row) == 1  # never below one row
+    assert auto_batch_size(model, 200, 32, free_bytes=1 << 50) == AUTO_MAX_ROWS
+    assert auto_batch_size(model, 400, 32, free_bytes=40 * per_row) < auto_batch_size(model, 200, 32,
+                                                                                       free_bytes=40 * per_row)
+    assert 1 <= auto_batch_size(model, 200, 32) <= AUTO_MAX_ROWS  # reads this machine's free memory
+
+
+def test_batch_size_argument_accepts_auto_and_refuses_nonsense():
+    import argparse
+
+    from mechprobe.pipeline import ProbeConfig, batch_size_arg
+
+    assert batch_size_arg("auto") is None and batch_size_arg("AUTO") is None
+    assert batch_size_arg("16") == 16
+    for bad in ("0", "-3", "lots"):
+        with pytest.raises(argparse.ArgumentTypeError, match="positive integer or 'auto'"):
+            batch_size_arg(bad)
+    ProbeConfig(model="m", batch_size=None).validate()  # auto is valid
+    with pytest.raises(Exception, match="batch_size"):
+        ProbeConfig(model="m", batch_size=0).validate()
+
+
+def test_auto_batch_size_gives_the_same_tokens_as_fixed_batches(tmp_path):
+    """The pipeline's auto rows decode the same turns as batch 1 (batched == unbatched, tiny model)."""
+    from mechprobe import pipeline
+
+    model = tiny_model("llama")
+    prompts = [[1, 5, 9, 2], [3, 4], [7, 7, 7, 7, 7, 1], [2, 8, 6]]
+    rows = pipeline._rows(pipeline.ProbeConfig(model="m", batch_size=None), None,
+                          pipeline.LoadedModel(model=model, tokenizer=None, name="tiny", weight_hash="x",
+                                               device=torch.device("cpu"), dtype=torch.float32), 6, 5)
+    assert rows >= 4
+    together = generate(model, prompts[:rows], stop_ids={}, max_new_tokens=5, pad_id=0)
+    alone = [generate(model, [p], stop_ids={}, max_new_tokens=5, pad_id=0)[0] for p in prompts]
+    assert [g.token_ids for g in together] == [g.token_ids for g in alone]
