@@ -87,6 +87,62 @@ def turn_logprob(store: ChoiceScorer, tokenizer: Any, conv: list[dict[str, str]]
     return float(logp[idx, tgt].sum()), len(ids) - len(pre)
 
 
+@torch.inference_mode()
+def turn_logprobs(store: ChoiceScorer, tokenizer: Any, conv: list[dict[str, str]], turns: Sequence[str],
+                  slot: str, max_rows: int = 16) -> list[tuple[float, int]]:
+    """:func:`turn_logprob` for several turns after the same conversation, run as right-padded batches.
+
+    Why: on a CPU a forward of a 1.5B model over a few dozen tokens costs about one read of its weights
+    whatever the batch, so the turns of one conversation (greedy + samples, 5-17 in the study) scored together
+    cost about as much as one. Every row continues the same kept prefix (its KV repeated), so positions need
+    no mask: padding sits after each row's real tokens, where causal attention cannot see it. Turns whose
+    in-context tokenisation cuts the prefix differently run alone through :func:`turn_logprob`. Same values
+    as one turn at a time up to float summation order (tested: fp32 to 1e-4; in bf16 the batch shape can move
+    a log-probability by a bf16 rounding step).
+    """
+    from . import chat
+
+    pre_text = chat.render(tokenizer, conv) + chat.user_header(tokenizer)
+    out: list[tuple[float, int] | None] = [None] * len(turns)
+    groups: dict[tuple[int, ...], list[tuple[int, list[int]]]] = {}
+    for i, turn in enumerate(turns):
+        full = pre_text + turn
+        ids, _ = chat.tokenize_rendered(tokenizer, full)
+        pre = chat._cut_at(tokenizer, full, len(pre_text))
+        if len(ids) <= len(pre) or ids[:len(pre)] != list(pre):
+            out[i] = turn_logprob(store, tokenizer, conv, turn, slot) if len(ids) > len(pre) else (0.0, 0)
+            continue
+        groups.setdefault(tuple(pre), []).append((i, list(ids)))
+    dev = next(store.model.parameters()).device
+    for pre_t, rows in groups.items():
+        pre = list(pre_t)
+        store.remember(slot, pre)
+        n = len(pre) - 1  # the last prefix token runs with the turn: its logits predict the turn's first token
+        kv = _crop(store._kept[slot][1], n) if n > 0 else None
+        for s in range(0, len(rows), max_rows):
+            chunk = rows[s:s + max_rows]
+            width = max(len(ids) - n for _, ids in chunk)
+            x = torch.tensor([ids[n:] + [ids[-1]] * (width - (len(ids) - n)) for _, ids in chunk], device=dev)
+            res = store.model(input_ids=x, past_key_values=_cache_of(kv, repeat=len(chunk)) if kv else None,
+                              use_cache=True)
+            logp = torch.log_softmax(res.logits.float(), -1)
+            for r, (i, ids) in enumerate(chunk):
+                k = len(ids) - len(pre)
+                tgt = torch.tensor(ids[len(pre):], device=logp.device)
+                out[i] = (float(logp[r, torch.arange(k, device=logp.device), tgt].sum()), k)
+                store.stats["turn_tokens"] += len(ids) - n
+    return [o if o is not None else (0.0, 0) for o in out]
+
+
+def grounding_pmi_many(store: ChoiceScorer, tokenizer: Any, inp: JudgeInput, texts: Sequence[str]) -> list[float]:
+    """:func:`grounding_pmi` of several turns after the same conversation (batched: :func:`turn_logprobs`)."""
+    conv = inp.conversation()
+    real = turn_logprobs(store, tokenizer, conv, texts, "real")
+    null = conv[:-1] + [{"role": "assistant", "content": NULL_RESPONSE}]
+    nul = turn_logprobs(store, tokenizer, null, texts, "null")
+    return [(lr - ln) / max(n, 1) for (lr, n), (ln, _) in zip(real, nul)]
+
+
 def grounding_pmi(store: ChoiceScorer, tokenizer: Any, inp: JudgeInput, text: str) -> float:
     """Mean per-token log p(turn | query, real answer) - log p(turn | query, contentless answer)."""
     conv = inp.conversation()
@@ -152,6 +208,27 @@ class HybridJudge:
             self.cache.put(self._key(inp, text), {"pmi": v})
         return v
 
+    def pmi_many(self, inputs: Sequence[JudgeInput], texts: Sequence[str]) -> list[float]:
+        """:meth:`pmi` for turns of one conversation: cached values first, the rest in one batch."""
+        out: list[float | None] = [None] * len(inputs)
+        if self.cache is not None:
+            for i, (inp, text) in enumerate(zip(inputs, texts)):
+                hit = self.cache.get(self._key(inp, text))
+                if hit is not None and isinstance(hit.get("pmi"), (int, float)):
+                    self.stats["cache_hits"] += 1
+                    out[i] = float(hit["pmi"])
+        todo = [i for i, v in enumerate(out) if v is None]
+        if todo:
+            t0 = time.perf_counter()
+            vals = grounding_pmi_many(self.store, self.lm.tokenizer, inputs[todo[0]], [texts[i] for i in todo])
+            self.stats["seconds"] += time.perf_counter() - t0
+            self.stats["model_runs"] += len(todo)
+            for i, v in zip(todo, vals):
+                out[i] = v
+                if self.cache is not None:
+                    self.cache.put(self._key(inputs[i], texts[i]), {"pmi": v})
+        return [float(v) for v in out]  # type: ignore[arg-type]
+
     def decide(self, offline: LabelRecord, pmi: float | None) -> tuple[str, float]:
         """(label, P(genuine)) from the offline verdict and the PMI (None: not a candidate)."""
         if pmi is None:
@@ -170,11 +247,15 @@ class HybridJudge:
         for inp in inputs:
             order.setdefault(json.dumps(inp.conversation(), sort_keys=True, ensure_ascii=False), []).append(inp)
         for group in order.values():
+            texts = {inp.record_id: split_roles(inp.raw_text)[0].text for inp in group}
+            cands = [inp for inp in group if (offline[inp.record_id].label in CANDIDATES
+                                              or offline[inp.record_id].rationale.startswith("R10a"))
+                     and bool(texts[inp.record_id].strip())]
+            pmis = self.pmi_many(cands, [texts[i.record_id] for i in cands]) if cands else []
+            by_id = {inp.record_id: v for inp, v in zip(cands, pmis)}
             for inp in group:
                 off = offline[inp.record_id]
-                text = split_roles(inp.raw_text)[0].text
-                cand = (off.label in CANDIDATES or off.rationale.startswith("R10a")) and bool(text.strip())
-                pmi = self.pmi(inp, text) if cand else None
+                pmi = by_id.get(inp.record_id)
                 label, p = self.decide(off, pmi)
                 why = f"offline {off.label} ({off.rationale.split(':', 1)[0]})"
                 if pmi is not None:

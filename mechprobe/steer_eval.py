@@ -329,3 +329,29 @@ def train_probe_direction(cache: Any, layer: int, train_rows: torch.Tensor, seed
     groups = [cache.item_ids[i] for i in rows.tolist()]
     tensors, _ = directions(x[:, None, :], [layer], yy, groups, seed=seed)
     return torch.from_numpy(tensors[f"probe_{layer}"])
+
+
+def hand_label_table(rows: Sequence[dict[str, Any]], label_keys: Sequence[str], base: str = "none"
+                     ) -> list[dict[str, Any]]:
+    """Genuine rate per steering condition and labelling, with the exact McNemar test against ``base``.
+
+    ``rows`` hold ``item_id``, ``condition`` and one label per key in ``label_keys`` (a hand labeller's or a
+    judge's), as in ``tests/fixtures/hand_labels_steer_q15.jsonl``. Why a separate table: the judge that
+    chose and scored the steering setting is not an independent witness of what steering did to the turns.
+    """
+    out = []
+    for key in label_keys:
+        by: dict[str, dict[str, bool]] = {}
+        for r in rows:
+            by.setdefault(r["condition"], {})[r["item_id"]] = r[key] == "genuine_followup"
+        if base not in by:
+            raise ValueError(f"no rows of the base condition {base!r}")
+        for cond, got in by.items():
+            k = sum(got.values())
+            lo, hi = wilson(k, len(got))
+            row = {"labels": key, "condition": cond, "n": len(got), "genuine": k, "rate": k / max(len(got), 1),
+                   "ci": (lo, hi)}
+            if cond != base:
+                row |= paired_vs_base(got, by[base])
+            out.append(row)
+    return out

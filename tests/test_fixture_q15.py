@@ -61,3 +61,35 @@ def test_hybrid_judge_does_not_regress_on_the_q15_fixture():
     c = _rows(C_FILE)
     got = {r.record_id: r.label for r in HybridJudge("qwen2.5-coder-1.5b-instruct").label_many(inputs_from_rows(c))}
     assert _binary_kappa(got, c) >= 0.39 - MARGIN  # measured 0.39 [0.20, 0.57] vs labeller C, all 90 rows
+
+
+STEER_FILE = FIXTURES / "hand_labels_steer_q15.jsonl"
+
+
+def test_steer_fixture_is_well_formed_blind_and_paired():
+    """144 turns = 48 held-out items x (unsteered, diff-of-means, random) of the 1.5B steering run, two labellings."""
+    rows = _rows(STEER_FILE)
+    assert len(rows) == 144 and len({r["record_id"] for r in rows}) == 144
+    by_cond: dict[str, set] = {}
+    for r in rows:
+        by_cond.setdefault(r["condition"], set()).add(r["item_id"])
+        assert r["label_e"] in LABELS and r["label_f"] in LABELS and r["hybrid_label"] in LABELS
+        assert r["condition"] not in r["record_id"]  # ids do not reveal the condition to a labeller
+    assert set(by_cond) == {"none", "diff_means", "random"}
+    assert all(len(v) == 48 for v in by_cond.values()) and len(set.union(*by_cond.values())) == 48
+
+
+def test_hand_label_table_counts_and_pairs():
+    from mechprobe.steer_eval import hand_label_table
+
+    rows = [{"item_id": f"i{k}", "condition": c, "a": lab}
+            for k, (c0, c1) in enumerate([("genuine_followup", "new_query"), ("new_query", "genuine_followup"),
+                                          ("new_query", "genuine_followup"), ("new_query", "new_query")])
+            for c, lab in (("none", c0), ("steer", c1))]
+    t = {r["condition"]: r for r in hand_label_table(rows, ["a"])}
+    assert (t["none"]["genuine"], t["steer"]["genuine"], t["steer"]["n"]) == (1, 2, 4)
+    assert (t["steer"]["b"], t["steer"]["c"], t["steer"]["n_paired"]) == (2, 1, 4)  # b: only steered genuine
+    with pytest.raises(ValueError, match="base condition"):
+        hand_label_table([r for r in rows if r["condition"] == "steer"], ["a"])
+    real = hand_label_table(_rows(STEER_FILE), ["label_e", "label_f", "hybrid_label"])
+    assert len(real) == 9 and all(0 <= r["genuine"] <= r["n"] == 48 for r in real)

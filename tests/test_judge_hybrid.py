@@ -94,3 +94,28 @@ def test_hybrid_labels_are_valid_and_grounded_turns_score_higher(smol, tmp_path)
     unrelated = j.pmi(base, "Write a poem about the ocean.")
     assert grounded > unrelated
     assert NULL_RESPONSE not in base.response and GENUINE in CANDIDATES
+
+
+@requires_smollm2
+def test_batched_turn_logprobs_equal_one_turn_at_a_time(smol):
+    """Turns of one conversation scored as one right-padded batch == each alone (fp32: summation order only).
+
+    Includes turns of different lengths (padding after the short ones must stay invisible), an empty turn
+    and a repeated one."""
+    from mechprobe.judge_hybrid import grounding_pmi, grounding_pmi_many, turn_logprobs
+
+    tok, model = smol.tokenizer, smol.model
+    conv = [{"role": "user", "content": "What is 12 times 7?"},
+            {"role": "assistant", "content": "12 times 7 is 84, because 10*7=70 and 2*7=14."}]
+    turns = ["Why did you split 12 into 10 and 2?", "Thanks!", "", "What about 13 times 7, and then 14 times 7?",
+             "Thanks!"]
+    alone = [turn_logprob(ChoiceScorer(model, tok, ["x"]), tok, conv, t, "real") for t in turns]
+    store = ChoiceScorer(model, tok, ["x"])
+    together = turn_logprobs(store, tok, conv, turns, "real", max_rows=3)  # two chunks
+    assert [n for _, n in together] == [n for _, n in alone]
+    for (a, _), (b, _) in zip(alone, together):
+        assert math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-3)
+    inp = JudgeInput(record_id="r", prompt=conv[0]["content"], response=conv[1]["content"], raw_text="")
+    many = grounding_pmi_many(ChoiceScorer(model, tok, ["x"]), tok, inp, turns[:2])
+    one = [grounding_pmi(ChoiceScorer(model, tok, ["x"]), tok, inp, t) for t in turns[:2]]
+    assert all(math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-4) for a, b in zip(many, one))
