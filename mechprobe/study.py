@@ -60,12 +60,12 @@ class Caps:
 
 
 CAPS: dict[str, dict[str, Caps]] = {
-    "full": {"smollm2-135m-instruct": Caps(256, 48), "qwen2.5-coder-0.5b-instruct": Caps(384, 64),
-             "qwen2.5-coder-1.5b-instruct": Caps(512, 64)},
+    "full": {"smollm2-135m-instruct": Caps(256, 48), "qwen2.5-coder-0.5b-instruct": Caps(384, 48),
+             "qwen2.5-coder-1.5b-instruct": Caps(512, 48)},
     "quick": {"smollm2-135m-instruct": Caps(128, 32), "qwen2.5-coder-0.5b-instruct": Caps(160, 32),
               "qwen2.5-coder-1.5b-instruct": Caps(192, 32)},
 }
-DEFAULT_CAPS = {"full": Caps(384, 64), "quick": Caps(160, 32)}
+DEFAULT_CAPS = {"full": Caps(384, 48), "quick": Caps(160, 32)}
 
 
 @dataclass(frozen=True)
@@ -79,9 +79,10 @@ class Profile:
 
 
 PROFILES = {
-    # ~25 items x 6 datasets x (1 + 4x4 main + 5 x (1 + 4) variants) user turns per model: hours on a CPU
-    # for the 1.5B model, resumable; see docs/study.md for the budget.
-    "full": Profile("full", 25, 4, (0.0, 0.4, 0.7, 1.0, 1.3)),
+    # 20 items x 6 datasets x (1 + 4x2 main + 5 x (1 + 2) variants) = 24 user turns per item and model,
+    # sized from the quick profile's measured stage times to ~3 h for all three models on a 2-core CPU
+    # (docs/study.md: the arithmetic); resumable.
+    "full": Profile("full", 20, 2, (0.0, 0.4, 0.7, 1.0, 1.3)),
     # sized for <= 20 min on the 1.5B model with llama.cpp for two datasets (docs/study.md: the arithmetic)
     "quick": Profile("quick", 4, 2, (0.0, 1.0, 1.3)),
 }
@@ -137,6 +138,19 @@ class StudyConfig:
         if not self.models or not self.datasets:
             raise UsageError("nothing to do: pass at least one --models and one --datasets")
         self.probe_config(self.models[0], self.datasets[0]).validate()
+
+
+BEST_JUDGE = "hybrid:qwen2.5-coder-1.5b-instruct"
+
+
+def default_judge() -> str:
+    """The best-validated judge this machine can run (docs/judge_agreement.md): the hybrid judge on the 1.5B model
+    when it is fetched, else the offline rules (the report names whichever labelled it)."""
+    why = model_unavailable(BEST_JUDGE.split(":", 1)[1])
+    if why:
+        print(f"judge: offline ({BEST_JUDGE} needs the model: {why})", file=sys.stderr)
+        return "offline"
+    return BEST_JUDGE
 
 
 def model_unavailable(model: str) -> str | None:
@@ -347,7 +361,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variants", nargs="+", default=None, help=f"default: {' '.join(VARIANTS)}")
     p.add_argument("--quick", action="store_true", help="few items, samples and temperatures (see docs/study.md)")
     p.add_argument("--report-only", action="store_true", help="regenerate the report and figures from the runs")
-    p.add_argument("--judge", default="offline", help="offline | openai:MODEL | local:MODEL (named in the report)")
+    p.add_argument("--judge", default=None,
+                   help="offline | hybrid:MODEL | openai:MODEL | local:MODEL (named in the report); default: the "
+                        "best-validated judge available, hybrid:qwen2.5-coder-1.5b-instruct when that model is "
+                        "fetched, else offline")
     p.add_argument("--engine", default="hf", choices=["hf", "vllm", "llamacpp"])
     p.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16", "float16"])
     p.add_argument("--limit", type=int, default=None, help="items per dataset (default: the profile's)")
@@ -366,7 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(a: argparse.Namespace) -> StudyConfig:
     return StudyConfig(models=_names(a.models) or list(MODELS), datasets=_names(a.datasets) or list(DATASETS),
-                       profile="quick" if a.quick else "full", root=a.root, judge=a.judge, engine=a.engine,
+                       profile="quick" if a.quick else "full", root=a.root, judge=a.judge or default_judge(), engine=a.engine,
                        dtype=a.dtype, limit=a.limit, samples=a.samples,
                        temperatures=_floats(a.temperatures) if a.temperatures else None,
                        variants=_names(a.variants) if a.variants is not None else list(VARIANTS),
