@@ -99,7 +99,7 @@ class LabelSource:
 
 
 def _is_judge_spec(spec: str) -> bool:
-    return spec in ("offline", "offline-lexical", "offline-embed") or spec.startswith(("openai:", "local:", "hybrid:"))
+    return spec in ("offline", "offline-lexical", "offline-embed") or spec.startswith(("openai:", "local:", "hybrid:", "hybrid2:"))
 
 
 def load_labels(path: str | Path, split: str | None = None, name: str | None = None) -> LabelSource:
@@ -269,7 +269,7 @@ def run_agreement_cli(a: argparse.Namespace) -> int:
     hybrid_opts = {"dtype": a.dtype, "threshold": a.threshold}
 
     def opts_for(spec: str) -> dict[str, Any]:
-        return local_opts if spec.startswith("local:") else hybrid_opts if spec.startswith("hybrid:") else {}
+        return local_opts if spec.startswith("local:") else hybrid_opts if spec.startswith(("hybrid:", "hybrid2:")) else {}
 
     if a.human_reference:
         from .human_reference import run

@@ -180,17 +180,22 @@ def make_judge(spec: str | None = "offline", **opts: Any) -> Judge:
 
         allowed = {"dtype", "device", "few_shot", "bias", "cache_dir", "loaded"}
         return LocalJudge(model, **{k: v for k, v in opts.items() if k in allowed})
-    if spec.startswith("hybrid:"):
+    if spec.startswith(("hybrid:", "hybrid2:")):
         model = spec.split(":", 1)[1]
         if not model:
             raise UsageError("--judge hybrid:MODEL needs a model: an embedded name (e.g. "
                              "hybrid:qwen2.5-coder-1.5b-instruct), a HF model directory or a .gguf file")
         from .judge_hybrid import HybridJudge
 
-        allowed = {"dtype", "device", "threshold", "veto", "cache_dir", "loaded", "embed"}
-        return HybridJudge(model, **{k: v for k, v in opts.items() if k in allowed})
-    raise UsageError(f"unknown judge {spec!r}: use 'offline', 'offline-lexical', 'openai:MODEL', 'local:MODEL' "
-                     "or 'hybrid:MODEL'")
+        allowed = {"dtype", "device", "threshold", "veto", "cache_dir", "loaded", "embed", "voice"}
+        kw = {k: v for k, v in opts.items() if k in allowed}
+        if spec.startswith("hybrid2:"):  # + the voice check at the margin chosen on the dev splits
+            from .judge_hybrid import DEFAULT_VOICE
+
+            kw.setdefault("voice", DEFAULT_VOICE)
+        return HybridJudge(model, **kw)
+    raise UsageError(f"unknown judge {spec!r}: use 'offline', 'offline-lexical', 'openai:MODEL', 'local:MODEL', "
+                     "'hybrid:MODEL' or 'hybrid2:MODEL'")
 
 
 # --------------------------------------------------------------------------- summary
@@ -427,7 +432,7 @@ def add_judge_args(p: argparse.ArgumentParser) -> None:
     """Arguments of ``mechprobe judge`` (the CLI module calls this and :func:`run_judge_cli`)."""
     p.add_argument("run_dir", help="probe run directory (holds user_turns.jsonl and assistant.jsonl)")
     p.add_argument("--judge", default=None,
-                   help="offline | offline-lexical | openai:MODEL | local:MODEL | hybrid:MODEL (default: openai:$MECHPROBE_JUDGE_MODEL "
+                   help="offline | offline-lexical | openai:MODEL | local:MODEL | hybrid:MODEL | hybrid2:MODEL (default: openai:$MECHPROBE_JUDGE_MODEL "
                         "if set, else offline)")
     p.add_argument("--base-url", default=None,
                    help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL, else api.openai.com)")
@@ -454,7 +459,7 @@ def run_judge_cli(a: argparse.Namespace) -> int:
         opts = {"base_url": a.base_url, "concurrency": a.concurrency, "timeout": a.timeout,
                 "max_retries": a.max_retries, "api_key": os.environ.get(a.api_key_env) or None}
         opts["cache_dir"] = False if a.no_cache else a.cache_dir
-    elif spec.startswith(("local:", "hybrid:")):
+    elif spec.startswith(("local:", "hybrid:", "hybrid2:")):
         opts = {"cache_dir": False if a.no_cache else a.cache_dir}
     try:
         s = judge_run(a.run_dir, spec, labels_file=a.labels, retry_errors=not a.keep_errors, limit=a.limit,

@@ -47,12 +47,14 @@ from .records import LabelRecord
 from .taxonomy import GENUINE, is_genuine
 
 HYBRID_VERSION = "hybrid-v1"
+HYBRID_V2 = "hybrid-v2"  # + the voice check (``--judge hybrid2:MODEL``)
 NULL_RESPONSE = "Sure, I can help with that."
 CANDIDATES = frozenset({GENUINE, "generic_followup", "new_query"})
 # Chosen on the dev split of tests/fixtures/hand_labels.jsonl (docs/judge_agreement.md); test untouched.
 DEFAULT_THRESHOLD = 0.3
 DEFAULT_VETO = 0.0
 SCALE = 0.1  # log-ratio units per logit of the reported P(genuine); only shapes probs, not labels
+DEFAULT_VOICE = 0.1  # chosen on the dev splits of both 1.5B fixtures (docs/judge_agreement.md); hybrid2: only
 
 
 @torch.inference_mode()
@@ -89,7 +91,7 @@ def turn_logprob(store: ChoiceScorer, tokenizer: Any, conv: list[dict[str, str]]
 
 @torch.inference_mode()
 def turn_logprobs(store: ChoiceScorer, tokenizer: Any, conv: list[dict[str, str]], turns: Sequence[str],
-                  slot: str, max_rows: int = 16) -> list[tuple[float, int]]:
+                  slot: str, max_rows: int = 16, header: str | None = None) -> list[tuple[float, int]]:
     """:func:`turn_logprob` for several turns after the same conversation, run as right-padded batches.
 
     Why: on a CPU a forward of a 1.5B model over a few dozen tokens costs about one read of its weights
@@ -102,15 +104,20 @@ def turn_logprobs(store: ChoiceScorer, tokenizer: Any, conv: list[dict[str, str]
     """
     from . import chat
 
-    pre_text = chat.render(tokenizer, conv) + chat.user_header(tokenizer)
+    pre_text = chat.render(tokenizer, conv) + (chat.user_header(tokenizer) if header is None else header)
     out: list[tuple[float, int] | None] = [None] * len(turns)
     groups: dict[tuple[int, ...], list[tuple[int, list[int]]]] = {}
     for i, turn in enumerate(turns):
         full = pre_text + turn
         ids, _ = chat.tokenize_rendered(tokenizer, full)
         pre = chat._cut_at(tokenizer, full, len(pre_text))
-        if len(ids) <= len(pre) or ids[:len(pre)] != list(pre):
-            out[i] = turn_logprob(store, tokenizer, conv, turn, slot) if len(ids) > len(pre) else (0.0, 0)
+        if len(ids) <= len(pre):
+            out[i] = (0.0, 0)
+            continue
+        if ids[:len(pre)] != list(pre):
+            if header is not None:  # turn_logprob knows only the user header
+                raise ValueError("turn tokenised across the header boundary; score it alone with the user header")
+            out[i] = turn_logprob(store, tokenizer, conv, turn, slot)
             continue
         groups.setdefault(tuple(pre), []).append((i, list(ids)))
     dev = next(store.model.parameters()).device
@@ -143,6 +150,36 @@ def grounding_pmi_many(store: ChoiceScorer, tokenizer: Any, inp: JudgeInput, tex
     return [(lr - ln) / max(n, 1) for (lr, n), (ln, _) in zip(real, nul)]
 
 
+def assistant_header(tokenizer: Any, conv: list[dict[str, str]]) -> str:
+    """The text the template puts before a new *assistant* turn after ``conv`` (its generation prompt).
+
+    Read from the template itself (render with and without ``add_generation_prompt`` after a placeholder user
+    turn), so no per-family strings: ``<|im_start|>assistant\n`` for ChatML, ``<start_of_turn>model\n`` for Gemma.
+    """
+    from . import chat
+
+    probe = conv + [{"role": "user", "content": "x"}]
+    a, b = chat.render(tokenizer, probe), chat.render(tokenizer, probe, add_generation_prompt=True)
+    if not b.startswith(a) or a == b:
+        raise ValueError("the chat template has no generation prompt to read the assistant header from")
+    return b[len(a):]
+
+
+def voice_scores(store: ChoiceScorer, tokenizer: Any, inp: JudgeInput, texts: Sequence[str]) -> list[float]:
+    """Per turn, mean per-token log p(turn as the next *user* message) - log p(turn as the next *assistant*
+    message), both after the real conversation: the **voice** margin.
+
+    Why: the grounding PMI cannot tell a user who challenges the answer's numbers from an assistant that
+    re-solves the problem with them; both need the answer. Whether the model finds the text likelier in the
+    user's slot than in the assistant's is exactly the voice question (hand labels, docs/judge_agreement.md:
+    AUROC 0.98 genuine vs assistant_continuation on the 1.5B fixture, 0.82 on steered turns).
+    """
+    conv = inp.conversation()
+    user = turn_logprobs(store, tokenizer, conv, texts, "real")
+    asst = turn_logprobs(store, tokenizer, conv, texts, "assistant", header=assistant_header(tokenizer, conv))
+    return [(lu - la) / max(n, 1) for (lu, n), (la, _) in zip(user, asst)]
+
+
 def grounding_pmi(store: ChoiceScorer, tokenizer: Any, inp: JudgeInput, text: str) -> float:
     """Mean per-token log p(turn | query, real answer) - log p(turn | query, contentless answer)."""
     conv = inp.conversation()
@@ -157,7 +194,8 @@ class HybridJudge:
 
     def __init__(self, model: str = DEFAULT_LOCAL_MODEL, *, dtype: str | torch.dtype | None = None,
                  device: str | None = None, threshold: float | None = None, veto: float | None = None,
-                 cache_dir: str | Path | bool | None = None, loaded: Any = None, embed: bool | None = None):
+                 cache_dir: str | Path | bool | None = None, loaded: Any = None, embed: bool | None = None,
+                 voice: float | None = None):
         from .judge_llm import JudgeCache, default_cache_dir
         from .judge_offline import OfflineJudge
 
@@ -174,7 +212,11 @@ class HybridJudge:
         if not (math.isfinite(self.threshold) and math.isfinite(self.veto)):
             raise ValueError(f"threshold and veto must be finite numbers, got {threshold!r}, {veto!r}")
         tag = ("" if threshold is None else f"+t{self.threshold:g}") + ("" if veto is None else f"+v{self.veto:g}")
-        self.name = f"hybrid:{self.model_name}@{HYBRID_VERSION}+{self.offline.name}{tag}"
+        self.voice = None if voice is None else float(voice)
+        if self.voice is not None and not math.isfinite(self.voice):
+            raise ValueError(f"voice must be a finite number, got {voice!r}")
+        version = HYBRID_VERSION if self.voice is None else f"{HYBRID_V2}+voice{self.voice:g}"
+        self.name = f"hybrid:{self.model_name}@{version}+{self.offline.name}{tag}"
         self.store = ChoiceScorer(loaded.model, loaded.tokenizer, ["x"])  # its KV prefix store
         if cache_dir is False:
             self.cache: Any = None
@@ -185,7 +227,8 @@ class HybridJudge:
     def public_config(self) -> dict[str, Any]:
         return {"model": self.model_name, "weight_hash": self.lm.weight_hash, "dtype": str(self.lm.dtype),
                 "version": HYBRID_VERSION, "offline": self.offline.name, "null_response": NULL_RESPONSE,
-                "threshold": self.threshold, "veto": self.veto, "cache": str(self.cache.root) if self.cache else None}
+                "threshold": self.threshold, "veto": self.veto, "voice": self.voice,
+                "cache": str(self.cache.root) if self.cache else None}
 
     def _key(self, inp: JudgeInput, text: str) -> str:
         # Keyed on what the PMI depends on (not the threshold): a re-tuned threshold reuses every forward.
@@ -229,6 +272,27 @@ class HybridJudge:
                     self.cache.put(self._key(inputs[i], texts[i]), {"pmi": v})
         return [float(v) for v in out]  # type: ignore[arg-type]
 
+    def voice_many(self, inputs: Sequence[JudgeInput], texts: Sequence[str]) -> list[float]:
+        """:func:`voice_scores` of turns of one conversation, through the judge's cache."""
+        keys = [self._key(inp, text) + ":voice" for inp, text in zip(inputs, texts)]
+        out: list[float | None] = [None] * len(inputs)
+        if self.cache is not None:
+            for i, k in enumerate(keys):
+                hit = self.cache.get(k)
+                if hit is not None and isinstance(hit.get("voice"), (int, float)):
+                    self.stats["cache_hits"] += 1
+                    out[i] = float(hit["voice"])
+        todo = [i for i, v in enumerate(out) if v is None]
+        if todo:
+            t0 = time.perf_counter()
+            vals = voice_scores(self.store, self.lm.tokenizer, inputs[todo[0]], [texts[i] for i in todo])
+            self.stats["seconds"] += time.perf_counter() - t0
+            for i, v in zip(todo, vals):
+                out[i] = v
+                if self.cache is not None:
+                    self.cache.put(keys[i], {"voice": v})
+        return [float(v) for v in out]  # type: ignore[arg-type]
+
     def decide(self, offline: LabelRecord, pmi: float | None) -> tuple[str, float]:
         """(label, P(genuine)) from the offline verdict and the PMI (None: not a candidate)."""
         if pmi is None:
@@ -253,18 +317,31 @@ class HybridJudge:
                      and bool(texts[inp.record_id].strip())]
             pmis = self.pmi_many(cands, [texts[i.record_id] for i in cands]) if cands else []
             by_id = {inp.record_id: v for inp, v in zip(cands, pmis)}
+            decided = {inp.record_id: self.decide(offline[inp.record_id], by_id.get(inp.record_id)) for inp in group}
+            voices: dict[str, float] = {}
+            if self.voice is not None:
+                gen = [inp for inp in group if decided[inp.record_id][0] == GENUINE]
+                if gen:
+                    voices = dict(zip([i.record_id for i in gen],
+                                      self.voice_many(gen, [texts[i.record_id] for i in gen])))
             for inp in group:
                 off = offline[inp.record_id]
                 pmi = by_id.get(inp.record_id)
-                label, p = self.decide(off, pmi)
+                label, p = decided[inp.record_id]
+                v = voices.get(inp.record_id)
+                if v is not None and v < self.voice:  # type: ignore[operator]
+                    label, p = "assistant_continuation", min(p, 0.49)
                 why = f"offline {off.label} ({off.rationale.split(':', 1)[0]})"
                 if pmi is not None:
                     why += f"; grounding PMI {pmi:+.3f} (threshold {self.threshold:g}, veto {self.veto:g})"
+                if v is not None:
+                    why += f"; voice {v:+.3f} (user minus assistant, min {self.voice:g})"
                 self.stats["judged"] += 1
-                probs = {GENUINE: round(p, 6)} | ({"pmi": round(pmi, 6)} if pmi is not None else {})
+                probs = {GENUINE: round(p, 6)} | ({"pmi": round(pmi, 6)} if pmi is not None else {}) \
+                    | ({"voice": round(v, 6)} if v is not None else {})
                 yield LabelRecord(record_id=inp.record_id, label=label, genuine=is_genuine(label), rationale=why,
                                   judge=self.name, probs=probs)
-            for slot in ("real", "null"):
+            for slot in ("real", "null", "assistant"):
                 self.store.forget(slot)
 
     def label(self, inp: JudgeInput) -> LabelRecord:

@@ -140,12 +140,12 @@ class StudyConfig:
         self.probe_config(self.models[0], self.datasets[0]).validate()
 
 
-BEST_JUDGE = "hybrid:qwen2.5-coder-1.5b-instruct"
+BEST_JUDGE = "hybrid2:qwen2.5-coder-1.5b-instruct"
 
 
 def default_judge() -> str:
-    """The best-validated judge this machine can run (docs/judge_agreement.md): the hybrid judge on the 1.5B model
-    when it is fetched, else the offline rules (the report names whichever labelled it)."""
+    """The best-validated judge this machine can run (docs/judge_agreement.md): the hybrid judge with the voice check
+    on the 1.5B model when that model is fetched, else the offline rules (the report names whichever labelled it)."""
     why = model_unavailable(BEST_JUDGE.split(":", 1)[1])
     if why:
         print(f"judge: offline ({BEST_JUDGE} needs the model: {why})", file=sys.stderr)
@@ -363,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report-only", action="store_true", help="regenerate the report and figures from the runs")
     p.add_argument("--judge", default=None,
                    help="offline | hybrid:MODEL | openai:MODEL | local:MODEL (named in the report); default: the "
-                        "best-validated judge available, hybrid:qwen2.5-coder-1.5b-instruct when that model is "
+                        "best-validated judge available, hybrid2:qwen2.5-coder-1.5b-instruct when that model is "
                         "fetched, else offline")
     p.add_argument("--engine", default="hf", choices=["hf", "vllm", "llamacpp"])
     p.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16", "float16"])

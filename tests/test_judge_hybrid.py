@@ -119,3 +119,54 @@ def test_batched_turn_logprobs_equal_one_turn_at_a_time(smol):
     many = grounding_pmi_many(ChoiceScorer(model, tok, ["x"]), tok, inp, turns[:2])
     one = [grounding_pmi(ChoiceScorer(model, tok, ["x"]), tok, inp, t) for t in turns[:2]]
     assert all(math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-4) for a, b in zip(many, one))
+
+
+@requires_smollm2
+def test_voice_margin_equals_full_forward_computation(smol):
+    """voice = mean log p(turn | user header) - mean log p(turn | assistant header), both after the conversation;
+    checked against one full forward per header (fp32: summation order only)."""
+    from mechprobe.judge_hybrid import assistant_header, voice_scores
+
+    tok, model = smol.tokenizer, smol.model
+    conv = [{"role": "user", "content": "What is 12 times 7?"},
+            {"role": "assistant", "content": "12 times 7 is 84, because 10*7=70 and 2*7=14."}]
+    head = assistant_header(tok, conv)
+    assert "assistant" in head and head != chat.user_header(tok)
+    turns = ["Why did you split 12 into 10 and 2?", "Sure! 12 x 7 = 84. Let me explain each step."]
+    inp = JudgeInput(record_id="r", prompt=conv[0]["content"], response=conv[1]["content"], raw_text="")
+    got = voice_scores(ChoiceScorer(model, tok, ["x"]), tok, inp, turns)
+
+    def mean_lp(pre_text: str, turn: str) -> float:
+        ids, _ = chat.tokenize_rendered(tok, pre_text + turn)
+        pre = chat._cut_at(tok, pre_text + turn, len(pre_text))
+        with torch.inference_mode():
+            logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+        return sum(float(logp[k - 1, ids[k]]) for k in range(len(pre), len(ids))) / (len(ids) - len(pre))
+
+    base = chat.render(tok, conv)
+    for g, turn in zip(got, turns):
+        want = mean_lp(base + chat.user_header(tok), turn) - mean_lp(base + head, turn)
+        assert math.isclose(g, want, rel_tol=1e-4, abs_tol=1e-4)
+
+
+@requires_smollm2
+def test_hybrid2_voice_check_only_demotes_genuine_turns(smol):
+    """With the voice check, a genuine verdict whose voice margin is below the minimum becomes
+    assistant_continuation; nothing else changes. Extreme minimums make the effect certain either way."""
+    rows = [r for r in read_jsonl(FIXTURE) if r["split"] == "dev"][:12]
+    inputs = inputs_from_rows(rows)
+    v1 = {r.record_id: r for r in HybridJudge(loaded=smol, cache_dir=False).label_many(inputs)}
+    lax = HybridJudge(loaded=smol, cache_dir=False, voice=-1e6)
+    strict = HybridJudge(loaded=smol, cache_dir=False, voice=1e6)
+    assert "hybrid-v2+voice" in lax.name and "hybrid-v1" in HybridJudge(loaded=smol, cache_dir=False).name
+    lax_l = {r.record_id: r for r in lax.label_many(inputs)}
+    strict_l = {r.record_id: r for r in strict.label_many(inputs)}
+    assert any(r.label == GENUINE for r in v1.values())  # the check has something to act on
+    for rid, r in v1.items():
+        assert lax_l[rid].label == r.label
+        if r.label == GENUINE:
+            assert strict_l[rid].label == "assistant_continuation" and "voice" in strict_l[rid].probs
+        else:
+            assert strict_l[rid].label == r.label
+    with pytest.raises(ValueError, match="voice"):
+        HybridJudge(loaded=smol, cache_dir=False, voice=float("nan"))
