@@ -363,7 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report-only", action="store_true", help="regenerate the report and figures from the runs")
     p.add_argument("--judge", default=None,
                    help="offline | hybrid:MODEL | openai:MODEL | local:MODEL (named in the report); default: the "
-                        "best-validated judge available, hybrid2:qwen2.5-coder-1.5b-instruct when that model is "
+                        "judge of the existing runs (plan.json), else the best-validated judge available, "
+                        "hybrid2:qwen2.5-coder-1.5b-instruct when that model is "
                         "fetched, else offline")
     p.add_argument("--engine", default="hf", choices=["hf", "vllm", "llamacpp"])
     p.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16", "float16"])
@@ -382,8 +383,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(a: argparse.Namespace) -> StudyConfig:
+    sc = _config_from_args(a)
+    if not a.judge:
+        # The judge the existing runs were labelled by (plan.json), so a resumed study or --report-only keeps
+        # reading the same labels; a new study root gets the best-validated judge available.
+        plan = sc.root_dir() / PLAN
+        sc.judge = (read_json(plan).get("judge") if plan.exists() else None) or default_judge()
+    return sc
+
+
+def _config_from_args(a: argparse.Namespace) -> StudyConfig:
     return StudyConfig(models=_names(a.models) or list(MODELS), datasets=_names(a.datasets) or list(DATASETS),
-                       profile="quick" if a.quick else "full", root=a.root, judge=a.judge or default_judge(), engine=a.engine,
+                       profile="quick" if a.quick else "full", root=a.root, judge=a.judge or "offline", engine=a.engine,
                        dtype=a.dtype, limit=a.limit, samples=a.samples,
                        temperatures=_floats(a.temperatures) if a.temperatures else None,
                        variants=_names(a.variants) if a.variants is not None else list(VARIANTS),
