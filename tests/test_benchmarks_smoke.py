@@ -41,3 +41,34 @@ def test_bench_llamacpp_rows_runs_and_counts_prefills(tmp_path):
     res = json.loads(out.read_text())["results"]
     assert [x["rows"] for x in res] == [1, 3]
     assert all(x["tokens"] == 6 and x["prefills"] == 1 for x in res)  # one item's prompt is prefilled once
+
+
+@pytest.mark.slow
+@requires_smollm2
+def test_bench_judge_runs_both_paths_on_a_real_run(tmp_path):
+    """bench_judge.py on a two-item run judged by the hybrid judge on the 135M model: both paths run and agree closely."""
+    from mechprobe.io import JsonlStore
+    from mechprobe.records import UserTurnRecord, make_record_id
+    from tests.study_helpers import assistant
+
+    run = tmp_path / "run"
+    sa, su = JsonlStore(run / "assistant.jsonl", key="item_id"), JsonlStore(run / "user_turns.jsonl", key="record_id")
+    turns = ["Why did you add 3 and 4 to get 7?", "Can you check the 7 again?", "What if Tom buys 5 more apples?"]
+    for item in ("a", "b"):
+        sa.append(assistant(item, prompt="Tom has 3 apples and buys 4 more. How many apples?",
+                            response="Tom has 3 + 4 = 7 apples.").to_dict())
+        for k, t in enumerate(turns):
+            su.append(UserTurnRecord(record_id=make_record_id(item, "sample", 1.0, k, "full"), item_id=item,
+                                     dataset="gsm8k", decoding="sample", temperature=1.0, sample_index=k, seed=k,
+                                     raw_text=t + "<|im_end|>", text=t, stop_reason="end_of_turn", prompt_ids=[1, 2],
+                                     boundary_index=1, assistant_span=(0, 1), variant="full").to_dict())
+    out = tmp_path / "judge.json"
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_judge.py"), str(run), "--model",
+                        "smollm2-135m-instruct", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["conversations"] >= 1 and res["turns"] >= 2
+    assert res["batched_s"] > 0 and res["one_at_a_time_s"] > 0
+    # the judge runs in bf16: batch shape moves log-probabilities by bf16 rounding steps (measured max 0.032 on the
+    # 1.5B model, 0.037 here); fp32 equality is tested in test_judge_hybrid.py
+    assert res["max_abs_pmi_diff"] < 0.1 and 0 <= res["labels_differing"] <= res["turns"]
