@@ -35,7 +35,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -251,47 +251,38 @@ class HybridJudge:
             self.cache.put(self._key(inp, text), {"pmi": v})
         return v
 
-    def pmi_many(self, inputs: Sequence[JudgeInput], texts: Sequence[str]) -> list[float]:
-        """:meth:`pmi` for turns of one conversation: cached values first, the rest in one batch."""
-        out: list[float | None] = [None] * len(inputs)
+    def _cached_many(self, keys: Sequence[str], field: str, inputs: Sequence[JudgeInput], texts: Sequence[str],
+                     compute: Callable[..., list[float]], count_runs: bool = False) -> list[float]:
+        """Per turn of one conversation: the cached ``field`` value, else ``compute`` on the misses in one batch."""
+        out: list[float | None] = [None] * len(keys)
         if self.cache is not None:
-            for i, (inp, text) in enumerate(zip(inputs, texts)):
-                hit = self.cache.get(self._key(inp, text))
-                if hit is not None and isinstance(hit.get("pmi"), (int, float)):
+            for i, k in enumerate(keys):
+                hit = self.cache.get(k)
+                if hit is not None and isinstance(hit.get(field), (int, float)):
                     self.stats["cache_hits"] += 1
-                    out[i] = float(hit["pmi"])
+                    out[i] = float(hit[field])
         todo = [i for i, v in enumerate(out) if v is None]
         if todo:
             t0 = time.perf_counter()
-            vals = grounding_pmi_many(self.store, self.lm.tokenizer, inputs[todo[0]], [texts[i] for i in todo])
+            vals = compute(self.store, self.lm.tokenizer, inputs[todo[0]], [texts[i] for i in todo])
             self.stats["seconds"] += time.perf_counter() - t0
-            self.stats["model_runs"] += len(todo)
+            if count_runs:
+                self.stats["model_runs"] += len(todo)
             for i, v in zip(todo, vals):
                 out[i] = v
                 if self.cache is not None:
-                    self.cache.put(self._key(inputs[i], texts[i]), {"pmi": v})
+                    self.cache.put(keys[i], {field: v})
         return [float(v) for v in out]  # type: ignore[arg-type]
+
+    def pmi_many(self, inputs: Sequence[JudgeInput], texts: Sequence[str]) -> list[float]:
+        """:meth:`pmi` for turns of one conversation: cached values first, the rest in one batch."""
+        keys = [self._key(inp, text) for inp, text in zip(inputs, texts)]
+        return self._cached_many(keys, "pmi", inputs, texts, grounding_pmi_many, count_runs=True)
 
     def voice_many(self, inputs: Sequence[JudgeInput], texts: Sequence[str]) -> list[float]:
         """:func:`voice_scores` of turns of one conversation, through the judge's cache."""
         keys = [self._key(inp, text) + ":voice" for inp, text in zip(inputs, texts)]
-        out: list[float | None] = [None] * len(inputs)
-        if self.cache is not None:
-            for i, k in enumerate(keys):
-                hit = self.cache.get(k)
-                if hit is not None and isinstance(hit.get("voice"), (int, float)):
-                    self.stats["cache_hits"] += 1
-                    out[i] = float(hit["voice"])
-        todo = [i for i, v in enumerate(out) if v is None]
-        if todo:
-            t0 = time.perf_counter()
-            vals = voice_scores(self.store, self.lm.tokenizer, inputs[todo[0]], [texts[i] for i in todo])
-            self.stats["seconds"] += time.perf_counter() - t0
-            for i, v in zip(todo, vals):
-                out[i] = v
-                if self.cache is not None:
-                    self.cache.put(keys[i], {"voice": v})
-        return [float(v) for v in out]  # type: ignore[arg-type]
+        return self._cached_many(keys, "voice", inputs, texts, voice_scores)
 
     def decide(self, offline: LabelRecord, pmi: float | None) -> tuple[str, float]:
         """(label, P(genuine)) from the offline verdict and the PMI (None: not a candidate)."""
