@@ -136,6 +136,35 @@ def inputs_from_rows(rows: Iterable[dict[str, Any]]) -> list[JudgeInput]:
 # --------------------------------------------------------------------------- judges
 
 
+BEST_JUDGE = "hybrid2:qwen2.5-coder-1.5b-instruct"
+
+
+def best_judge() -> str:
+    """The best-validated judge this machine can run (docs/judge_agreement.md): the hybrid judge with the voice check
+    on the 1.5B model when that model is fetched, else the offline rules (reports name whichever labelled them).
+
+    Why a function, not a constant: a fresh machine without the 1.5B weights must still run every entry point."""
+    why = model_unavailable(BEST_JUDGE.split(":", 1)[1])
+    if why:
+        print(f"judge: offline ({BEST_JUDGE} needs the model: {why})", file=sys.stderr)
+        return "offline"
+    return BEST_JUDGE
+
+
+def model_unavailable(model: str) -> str | None:
+    """Why ``model`` cannot run here (weights not fetched), or None. Only embedded names are checked:
+    a HF id or path fails at load time with its own message."""
+    from .models import EMBEDDED, ModelLoadError, embedded_gguf_path
+
+    if model not in EMBEDDED:
+        return None
+    try:
+        embedded_gguf_path(model)
+    except ModelLoadError as e:
+        return str(e)
+    return None
+
+
 def resolve_judge_spec(spec: str | None) -> str:
     """``None`` means: ``openai:$MECHPROBE_JUDGE_MODEL`` when that is set, else ``offline``."""
     if spec:

@@ -15,7 +15,7 @@ per layer with an item-bootstrap CI, in units of the base model's class gap at t
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,13 +70,17 @@ class Paired:
         return self.__dict__.copy()
 
 
-def paired_test(run_a: Path, run_b: Path) -> list[Paired]:
-    """McNemar exact per decoding over the record ids judged (without error) in both runs."""
+def paired_test(run_a: Path, run_b: Path, keep: Callable[[str], bool] | None = None) -> list[Paired]:
+    """McNemar exact per decoding over the record ids judged (without error) in both runs.
+
+    ``keep(item_id)`` restricts the pairs to some items (the baked-steering arm on the items its vector was
+    not built from)."""
     la, lb, ta = labels_of(run_a), labels_of(run_b), turns_of(run_a)
     out = []
     for dec in ("greedy", "sample"):
         ids = [r for r, t in ta.items() if t["decoding"] == dec and r in la and r in lb
-               and la[r]["genuine"] is not None and lb[r]["genuine"] is not None]
+               and la[r]["genuine"] is not None and lb[r]["genuine"] is not None
+               and (keep is None or keep(str(t.get("item_id", r.split("|")[0]))))]
         a = [bool(la[r]["genuine"]) for r in ids]
         b = [bool(lb[r]["genuine"]) for r in ids]
         only_a = sum(x and not y for x, y in zip(a, b))
@@ -276,6 +280,22 @@ def report_markdown(summary: dict[str, Any], train_info: dict[str, Any], shifts:
             for r in rows:
                 lines.append(f"| {comp} | {ds} | {r['decoding']} | {r['n']} | {r['both']} | {r['only_a']} | "
                              f"{r['only_b']} | {r['p']:.3g} |")
+    st = summary.get("steering")
+    if st:
+        def _r(d: dict[str, Any] | None) -> str:
+            if not d or d.get("followup_rate") is None:
+                return "?"
+            ci = d.get("ci") or [None, None]
+            return (f"{d['followup_rate']:.3f} [{ci[0]:.3f}, {ci[1]:.3f}] (n={d.get('n')})" if ci[0] is not None
+                    else f"{d['followup_rate']:.3f} (n={d.get('n')})")
+
+        lines += ["", "## Steering it vs training it", "",
+                  f"The baked arm is the base model with the difference-of-means vector of `{st['run']}` (residual "
+                  f"{st['layer']}, alpha {st['alpha']:g} {st.get('alpha_unit') or ''}, {st['how']}; judge "
+                  f"{st.get('judge')}) folded into its weights. In that steering run, greedy follow-up on its "
+                  f"held-out {st['dataset']} items: unsteered {_r(st.get('unsteered_heldout'))}, steered (hooks, "
+                  f"boundary + generated positions) {_r(st.get('steered_heldout'))}. The tables above give the same "
+                  "comparison for the baked weights (vector at every position) on this report's items."]
     lines += ["", "## Label distributions (pooled over datasets)", ""]
     for arm, per in summary["arms"].items():
         lines.append(f"- {arm}: " + ", ".join(f"{k} {v}" for k, v in per["all"]["labels"].items()))
@@ -340,10 +360,16 @@ def add_args(p: Any) -> None:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--max-assistant-tokens", type=int, default=192)
     p.add_argument("--max-user-tokens", type=int, default=48)
-    p.add_argument("--judge", default="offline", help="offline | openai:MODEL | local:MODEL")
+    p.add_argument("--judge", default=None,
+                   help="offline | hybrid2:MODEL | openai:MODEL | local:MODEL (default: the best-validated judge "
+                        "this machine can run: hybrid2 on the 1.5B Qwen when fetched, else offline)")
+    p.add_argument("--relabel", action="store_true",
+                   help="eval runs labelled by another judge: move those labels aside and relabel")
     p.add_argument("--steer-run", default=None,
                    help="run whose steering/results.json gives the baked-vector arm (default: the base model's "
-                        "gsm8k run, runs/<model>-gsm8k)")
+                        "gsm8k run runs/<model>-gsm8k when it has one, else <out>/steer-gsm8k, built with "
+                        "experiments/steer.py --select-on-train)")
+    p.add_argument("--no-steer", action="store_true", help="do not build a steering result for the baked arm")
 
 
 def _heldout_loss(pm: Any, examples: Sequence[Any], pad_id: int, adapter: bool) -> float:
@@ -364,15 +390,56 @@ def _heldout_loss(pm: Any, examples: Sequence[Any], pad_id: int, adapter: bool) 
     return tot / max(1, n)
 
 
-def _bake_arm(a: Any, out: Path, base_weight_hash: str, notes: list[str]) -> str | None:
-    """A model dir with the base model's steering vector baked in, or None (with a note saying why)."""
-    from .models import load_model
+STEER_DATASET = "gsm8k"
+
+
+def build_steering(model: str, run: Path, judge: str, relabel: bool = False) -> None:
+    """Build the base model's steering result at ``run`` with ``experiments/steer.py`` (layer and alpha chosen on
+    train items, difference-of-means only). Why a subprocess of the user-facing script: the same command a user
+    would type, so its artifacts (``steering/select.md``, ``results.md``, the figure) and its resume behaviour
+    are the ordinary ones."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "experiments" / "steer.py"
+    if not script.exists():
+        raise FileNotFoundError(f"{script} not found: the baked-steering arm needs the repository's experiments/ "
+                                "folder (run from a clone), or pass --steer-run / --no-steer")
+    cmd = [sys.executable, str(script), "--model", model, "--dataset", STEER_DATASET, "--run", str(run),
+           "--select-on-train", "--kinds", "diff_means", "--acc-kinds", "diff_means", "--judge", judge]
+    print("baked-steering arm: building the base model's steering vector:\n  " + " ".join(cmd[1:]), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def _steer_result(a: Any, out: Path, judge: str, notes: list[str]) -> Path | None:
+    """``<steer run>/steering/results.json`` for the baked arm: ``--steer-run``, else the base model's ordinary
+    GSM8K run when it has one, else ``<out>/steer-gsm8k`` (built here unless ``--no-steer``)."""
     from .pipeline import default_run_dir
     from .stages import probe_config
+
+    if a.steer_run:
+        return Path(a.steer_run) / "steering" / "results.json"
+    for run in (default_run_dir(probe_config(a.model, STEER_DATASET)), out / f"steer-{STEER_DATASET}"):
+        if (run / "steering" / "results.json").exists():
+            return run / "steering" / "results.json"
+    if a.no_steer:
+        notes.append("baked steering arm skipped (--no-steer)")
+        return None
+    run = out / f"steer-{STEER_DATASET}"
+    build_steering(a.model, run, judge)
+    return run / "steering" / "results.json"
+
+
+def _bake_arm(a: Any, out: Path, base_weight_hash: str, notes: list[str], judge: str = "offline"
+              ) -> tuple[str, dict[str, Any]] | None:
+    """(model dir with the base model's steering vector baked in, what was baked), or None with a note saying why."""
+    from .models import load_model
     from .steering import SteeringVector, bake
 
-    steer_run = Path(a.steer_run) if a.steer_run else default_run_dir(probe_config(a.model, "gsm8k"))
-    res_p = steer_run / "steering" / "results.json"
+    res_p = _steer_result(a, out, judge, notes)
+    if res_p is None:
+        return None
+    steer_run = res_p.parent.parent
     if not res_p.exists():
         notes.append(f"baked steering arm skipped: no steering result for the base model at {res_p} "
                      f"(run `python experiments/steer.py --run {steer_run}` first)")
@@ -399,9 +466,20 @@ def _bake_arm(a: Any, out: Path, base_weight_hash: str, notes: list[str]) -> str
         from .post_train import save_merged
 
         save_merged(lm.model, lm.tokenizer, dest, {"baked_from": str(res_p), "alpha": best["alpha"]})
+    sel = res.get("selection") or {}
+    how = ("chosen on train items (steering/select.md)" if sel.get("chosen", {}).get("alpha") == best["alpha"]
+           else "its best held-out follow-up rate: optimistic")
     notes.append(f"baked arm: diff-of-means vector of {steer_run} at residual {layer}, alpha {best['alpha']:g} "
-                 f"(its best held-out follow-up rate in {res_p}), added at every position")
-    return str(dest)
+                 f"({how}; {res_p}, judge {res.get('judge')}), added at every position; the vector came from "
+                 f"that run's train-split {STEER_DATASET} items, so its paired test is also given on the "
+                 f"held-out split only")
+    info = {"run": str(steer_run), "layer": layer, "alpha": best["alpha"], "alpha_unit": res.get("alpha_unit"),
+            "how": how, "judge": res.get("judge"), "dataset": STEER_DATASET,
+            "steered_heldout": {k: best.get(k) for k in ("n", "followup_rate", "ci", "degenerate_rate", "mcnemar")},
+            "unsteered_heldout": next(({k: r.get(k) for k in ("n", "followup_rate", "ci", "degenerate_rate")}
+                                       for r in res.get("heldout", []) if r.get("kind") == "diff_means"
+                                       and r.get("alpha") == 0), None)}
+    return str(dest), info
 
 
 def run_cli(a: Any) -> int:
@@ -481,13 +559,18 @@ def run_cli(a: Any) -> int:
     if a.no_eval:
         return 0
 
+    from .judge import best_judge
+
     notes: list[str] = []
+    judge_spec = a.judge or best_judge()
     arms: dict[str, str] = {"base": a.model, "post": str(merged_dir)}
-    baked = _bake_arm(a, out, base_hash, notes)
+    t0 = time.time()
+    baked = _bake_arm(a, out, base_hash, notes, judge_spec)
+    steer_seconds = round(time.time() - t0, 1)
     if baked:
-        arms["baked_steering"] = baked
+        arms["baked_steering"] = baked[0]
     runs: dict[str, dict[str, Path]] = {}
-    judge_name = a.judge
+    judge_name = judge_spec
     t0 = time.time()
     for arm, src in arms.items():
         runs[arm] = {}
@@ -495,16 +578,23 @@ def run_cli(a: Any) -> int:
             run = out / "eval" / f"{arm}-{ds}"
             pcfg = probe_config(src, ds, limit=a.eval_limit, samples=a.samples, temperatures=[0.0, a.temperature],
                                 max_assistant_tokens=a.max_assistant_tokens, max_user_tokens=a.max_user_tokens)
-            _, judge_name = ensure_stages(run, pcfg, a.judge)
+            _, judge_name = ensure_stages(run, pcfg, judge_spec, relabel=a.relabel)
             runs[arm][ds] = run
     summary: dict[str, Any] = {"judge": judge_name, "arms": {arm: arm_summary(r) for arm, r in runs.items()},
-                               "paired": {}, "eval_seconds": round(time.time() - t0, 1)}
+                               "paired": {}, "eval_seconds": round(time.time() - t0, 1),
+                               "steering": baked[1] if baked else None, "steer_seconds": steer_seconds}
     shifts: dict[str, list[dict[str, Any]]] = {}
     for arm in arms:
         if arm == "base":
             continue
         summary["paired"][f"base vs {arm}"] = {ds: [p.to_dict() for p in paired_test(runs["base"][ds], runs[arm][ds])]
                                                for ds in a.eval_datasets}
+        if arm == "baked_steering" and STEER_DATASET in a.eval_datasets:
+            from .steer_eval import split_of
+
+            summary["paired"][f"base vs {arm} (steering held-out items)"] = {STEER_DATASET: [
+                p.to_dict() for p in paired_test(runs["base"][STEER_DATASET], runs[arm][STEER_DATASET],
+                                                 keep=lambda i: split_of(i) == "heldout")]}
         for ds in a.eval_datasets:
             from .activations import ActivationCache
 

@@ -30,6 +30,8 @@ from typing import Any
 
 from .errors import UsageError, UserError
 from .io import JsonlStore, read_json, read_jsonl, write_json
+from .judge import BEST_JUDGE, model_unavailable  # noqa: F401  (BEST_JUDGE: re-exported)
+from .judge import best_judge as default_judge
 from .perturb import VARIANTS, check_variants
 from .pipeline import (
     ASSISTANT,
@@ -140,7 +142,6 @@ class StudyConfig:
         self.probe_config(self.models[0], self.datasets[0]).validate()
 
 
-BEST_JUDGE = "hybrid2:qwen2.5-coder-1.5b-instruct"
 
 
 def native_bf16_dtype() -> str | None:
@@ -158,30 +159,6 @@ def native_bf16_dtype() -> str | None:
     except OSError:
         return None
     return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else None
-
-
-def default_judge() -> str:
-    """The best-validated judge this machine can run (docs/judge_agreement.md): the hybrid judge with the voice check
-    on the 1.5B model when that model is fetched, else the offline rules (the report names whichever labelled it)."""
-    why = model_unavailable(BEST_JUDGE.split(":", 1)[1])
-    if why:
-        print(f"judge: offline ({BEST_JUDGE} needs the model: {why})", file=sys.stderr)
-        return "offline"
-    return BEST_JUDGE
-
-
-def model_unavailable(model: str) -> str | None:
-    """Why ``model`` cannot run here (weights not fetched), or None. Only embedded names are checked:
-    a HF id or path fails at load time with its own message."""
-    from .models import EMBEDDED, ModelLoadError, embedded_gguf_path
-
-    if model not in EMBEDDED:
-        return None
-    try:
-        embedded_gguf_path(model)
-    except ModelLoadError as e:
-        return str(e)
-    return None
 
 
 def _record_stage(run: Path, stage: str, seconds: float, new_rows: int) -> None:

@@ -80,3 +80,54 @@ def test_boundary_shift_recovers_planted_shift(tmp_path, monkeypatch):
     assert rows[0]["shift_gap"] == pytest.approx(0.5, abs=0.05)
     assert rows[0]["ci_gap"][0] < rows[0]["shift_gap"] < rows[0]["ci_gap"][1]
     assert rows[0]["ci_gap"][0] > 0.4
+
+
+def test_paired_test_keeps_only_selected_items(tmp_path):
+    ids = [f"i{k}|greedy|s0" for k in range(4)]
+    rb = _write(tmp_path / "b", dict.fromkeys(ids, False), [])
+    rp = _write(tmp_path / "p", dict.fromkeys(ids, True), [])
+    g = {p.decoding: p for p in ev.paired_test(rb, rp, keep=lambda i: i in ("i1", "i3"))}["greedy"]
+    assert (g.n, g.only_b) == (2, 2)
+    assert {p.decoding: p for p in ev.paired_test(rb, rp)}["greedy"].n == 4
+
+
+def _args(**kw):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    ev.add_args(p)
+    a = p.parse_args([])
+    for k, v in kw.items():
+        setattr(a, k, v)
+    return a
+
+
+def test_steer_result_resolution(tmp_path, monkeypatch):
+    """--steer-run wins; else an existing result in <out>/steer-gsm8k; else built (or skipped with --no-steer)."""
+    monkeypatch.chdir(tmp_path)  # runs/<model>-gsm8k resolves under here: absent
+    out = tmp_path / "out"
+    notes: list[str] = []
+    built: list[Path] = []
+    monkeypatch.setattr(ev, "build_steering", lambda model, run, judge, relabel=False: built.append(run))
+    assert ev._steer_result(_args(steer_run="elsewhere"), out, "offline", notes) == \
+        Path("elsewhere") / "steering" / "results.json"
+    assert ev._steer_result(_args(no_steer=True), out, "offline", notes) is None
+    assert notes == ["baked steering arm skipped (--no-steer)"] and not built
+    res = ev._steer_result(_args(), out, "offline", notes)
+    assert built == [out / "steer-gsm8k"] and res == out / "steer-gsm8k" / "steering" / "results.json"
+    res.parent.mkdir(parents=True)
+    res.write_text("{}")
+    built.clear()
+    assert ev._steer_result(_args(), out, "offline", notes) == res and not built  # reused, not rebuilt
+
+
+def test_judge_defaults_to_the_best_available(monkeypatch):
+    """No --judge: hybrid2 on the 1.5B when fetched, else offline (never a silent weaker default on a machine that
+    has the better judge)."""
+    from mechprobe import judge as jm
+
+    assert _args().judge is None
+    monkeypatch.setattr(jm, "model_unavailable", lambda m: None)
+    assert jm.best_judge() == jm.BEST_JUDGE
+    monkeypatch.setattr(jm, "model_unavailable", lambda m: "not fetched")
+    assert jm.best_judge() == "offline"
