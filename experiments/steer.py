@@ -200,20 +200,48 @@ def run_condition(lm, judge, vec, alpha, a, items, by_item, path: Path, system=N
         turns = with_base_nll(lm, turns, todo, vec if steered else None, alpha, a.positions, system, base)
         labels = judge_turns(judge, turns, by_item, key)
         for t in turns:
-            store.append({**asdict(t), "label": labels.get(f"{key}|{t.item_id}")})
+            store.append({**asdict(t), "label": labels.get(f"{key}|{t.item_id}"), "judge": judge.name})
     wanted = {x.item_id for x in items}
     rows = [r for r in read_jsonl(path, key="item_id") if r["item_id"] in wanted]
-    turns = [SteeredTurn(**{k: v for k, v in r.items() if k != "label"}) for r in rows]
+    turns = [SteeredTurn(**{k: v for k, v in r.items() if k not in ("label", "judge")}) for r in rows]
     missing = [t for t in turns if t.nll_base_text is None]
     if missing and (base is not None or not steered):  # rows of older versions: compute, do not rewrite the file
         fixed = {t.item_id: t for t in with_base_nll(lm, missing, [by_item[t.item_id] for t in missing],
                                                      vec if steered else None, alpha, a.positions, system, base)}
         turns = [fixed.get(t.item_id, t) for t in turns]
-    labels = {f"{key}|{r['item_id']}": r["label"] for r in rows}
+    labels = {f"{key}|{r['item_id']}": r["label"] for r in rows if r.get("judge") == judge.name}
+    labels.update(other_judge_labels(judge, turns, rows, by_item, key, path))
     res = summarize(turns, labels, key)
     nb = [t.nll_base_text for t in turns if t.nll_base_text is not None]
     res["nll_unsteered_text"] = sum(nb) / len(nb) if nb else None
     return {"kind": kind, "alpha": alpha, **res}, turns, genuine_by_item(turns, labels, key)
+
+
+def other_judge_labels(judge, turns: list[SteeredTurn], rows: list[dict], by_item: dict[str, AssistantRecord],
+                       key: str, path: Path) -> dict[str, str]:
+    """Labels by ``judge`` for rows another judge labelled (or older rows that do not say which judge did).
+
+    Why: a steering directory outlives its judge (docs/results.md: the 1.5B sweep was re-judged with ``hybrid2:``).
+    Reusing the stored label under another ``--judge`` would mix judges silently; regenerating would waste the turns.
+    So the turns are judged again, never regenerated, and the verdicts kept in ``<file>.labels.jsonl`` keyed by
+    judge and item (resumable; the generation file is never rewritten).
+    """
+    other = [r for r in rows if r.get("judge") != judge.name]
+    if not other:
+        return {}
+    side_p = path.with_name(path.stem + ".labels.jsonl")
+    side = {r["key"]: r["label"] for r in read_jsonl(side_p, key="key")}
+    need = [t for t in turns if any(r["item_id"] == t.item_id for r in other)
+            and f"{judge.name}|{t.item_id}" not in side]
+    if need:
+        got = judge_turns(judge, need, by_item, key)
+        store = JsonlStore(side_p, key="key")
+        for t in need:
+            lab = got.get(f"{key}|{t.item_id}")
+            store.append({"key": f"{judge.name}|{t.item_id}", "item_id": t.item_id, "judge": judge.name,
+                          "label": lab})
+            side[f"{judge.name}|{t.item_id}"] = lab
+    return {f"{key}|{r['item_id']}": side[f"{judge.name}|{r['item_id']}"] for r in other}
 
 
 def with_base_nll(lm, turns, items, vec, alpha, positions, system, base) -> list[SteeredTurn]:

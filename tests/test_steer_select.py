@@ -286,3 +286,37 @@ def test_probe_direction_for_steering_sees_train_rows_only():
     w2 = train_probe_direction(Cache(flipped), layer, train, seed=0)
     assert torch.equal(w, w2)
     assert float(torch.nn.functional.cosine_similarity(w, plant, dim=0)) > 0.6  # chance: ~0.25 (1/sqrt(16))
+
+
+def test_turns_judged_by_another_judge_are_rejudged_not_reused(tmp_path):
+    """A steering file written under judge A, read under judge B: B's verdicts, from the stored turns (no
+    generation), kept in a sidecar; A's rows untouched; B's verdicts reused on the next read."""
+    import json
+
+    m = _script()
+    calls: list[list[str]] = []
+
+    class FakeJudge:
+        name = "judge-B"
+
+        def label_many(self, inputs):
+            calls.append([x.item_id for x in inputs])
+            for x in inputs:
+                yield SimpleNamespace(record_id=x.record_id, label="genuine_followup" if "step" in x.raw_text
+                                      else "new_query")
+
+    path = tmp_path / "alpha_0.2_diff_means.jsonl"
+    turns = [SteeredTurn(f"i{k}", "diff_means", 0.2, 2, "boundary", t, t, "end_of_turn", 1.0)
+             for k, t in enumerate(["what about the second step?", "a new problem"])]
+    rows = [{**t.__dict__, "label": "new_query", "judge": "judge-A"} for t in turns[:1]] + \
+           [{**turns[1].__dict__, "label": "genuine_followup"}]  # an older row: no judge recorded
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    before = path.read_text()
+    by_item = {f"i{k}": AssistantRecord(item_id=f"i{k}", dataset="d", prompt="q", response="r", stop_reason="eos", n_tokens=1) for k in range(2)}
+    got = m.other_judge_labels(FakeJudge(), turns, rows, by_item, "diff_means|a0.2", path)
+    assert got == {"diff_means|a0.2|i0": "genuine_followup", "diff_means|a0.2|i1": "new_query"}
+    assert calls == [["i0", "i1"]] and path.read_text() == before
+    assert m.other_judge_labels(FakeJudge(), turns, rows, by_item, "diff_means|a0.2", path) == got
+    assert calls == [["i0", "i1"]]  # second read: from the sidecar, nothing judged again
+    same = [{**r, "judge": "judge-B"} for r in rows]
+    assert m.other_judge_labels(FakeJudge(), turns, same, by_item, "diff_means|a0.2", path) == {}
