@@ -126,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-heldout", type=int, default=None, help="cap held-out items (speed)")
     p.add_argument("--no-assistant-check", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steer-dir", default=None,
+                   help="where steered turns and results go (default <run>/steering, or steering_llamacpp)")
     p.add_argument("--figures", default=None,
                    help="folder for the figure (default: <run>/figures; --figures figures publishes into the repo)")
     return p
@@ -215,6 +217,32 @@ def run_condition(lm, judge, vec, alpha, a, items, by_item, path: Path, system=N
     nb = [t.nll_base_text for t in turns if t.nll_base_text is not None]
     res["nll_unsteered_text"] = sum(nb) / len(nb) if nb else None
     return {"kind": kind, "alpha": alpha, **res}, turns, genuine_by_item(turns, labels, key)
+
+
+def pin_vector(base: Path, vec: SteeringVector, turns_dir: Path | None = None) -> None:
+    """Save ``vec`` at ``base`` (.safetensors/.json), or check it equals the one saved there.
+
+    Why: steered turns are stored per (layer, kind, alpha), not per vector. The vector is a difference of means
+    over *judged* train rows, so relabelling the run with another judge changes it; turns generated with the old
+    vector must then not be reused as if they came from the new one. Tolerance: rtol 1e-4 of the vector's norm,
+    far above float summation-order noise of a mean over a few hundred rows, far below any change of labels.
+    """
+    st = base.with_name(base.name + ".safetensors")
+    if st.exists():
+        old = SteeringVector.load(base).vector.float()
+        new = vec.vector.detach().float().cpu()
+        if old.shape != new.shape or float((old - new).norm()) > 1e-4 * max(float(new.norm()), 1e-12):
+            raise UserError(f"{st} holds another steering vector than the one built now (the run's labels or cache "
+                            f"changed since, e.g. a relabel with another judge), so the turns stored beside it are "
+                            f"not this vector's. Pass --steer-dir NEW_DIR for a fresh steering directory, or move "
+                            f"{base.parent} aside")
+        return
+    made = sorted(turns_dir.glob("alpha_*.jsonl")) if turns_dir is not None and turns_dir.is_dir() else []
+    if made:
+        raise UserError(f"{turns_dir} holds steered turns ({made[0].name}, ...) but no record of the vector that made "
+                        f"them (a steering directory from an older version), so they cannot be checked against the "
+                        f"vector built now. Pass --steer-dir NEW_DIR, or move {turns_dir} aside")
+    vec.save(base)
 
 
 def other_judge_labels(judge, turns: list[SteeredTurn], rows: list[dict], by_item: dict[str, AssistantRecord],
@@ -360,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     train_items = [x for x in assistants if split_of(x.item_id) == "train"]
     heldout = [x for x in assistants if split_of(x.item_id) == "heldout"][: a.max_heldout]
     # Turns steered on llama.cpp are kept apart from HF-steered ones (other arithmetic, other tokens).
-    out_dir = run / ("steering_llamacpp" if GEN_ENGINE else "steering")
+    out_dir = Path(a.steer_dir) if a.steer_dir else run / ("steering_llamacpp" if GEN_ENGINE else "steering")
     out_dir.mkdir(parents=True, exist_ok=True)
     unit = a.alpha_unit
 
@@ -388,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def run_setting(items, layer: int, alpha: float) -> dict:
             vec = in_alpha_units(vec_at(layer), unit)
+            pin_vector(setting_dir(sel_dir, layer) / "vector_diff_means", vec, setting_dir(sel_dir, layer))
             r, _, _ = run_condition(lm, judge, vec, alpha, a, items, by_item,
                                     setting_dir(sel_dir, layer) / f"alpha_{alpha:g}_diff_means.jsonl", cfg.system)
             print(f"  train L{layer} alpha {alpha:g}: follow-up {r['followup_rate']:.3f} "
@@ -425,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     raw = vec_at(layer)
     resid_norm = raw.resid_norm
     v = in_alpha_units(raw, unit)
-    v.save(out_dir / f"vector_L{layer}_diff_means")  # in alpha units: bake(v, alpha) adds what steering added
+    pin_vector(out_dir / f"vector_L{layer}_diff_means", v, setting_dir(out_dir, layer))  # in alpha units: bake(v, alpha) adds what steering added
     print(raw.describe())
 
     kinds = a.kinds.split(",")

@@ -320,3 +320,22 @@ def test_turns_judged_by_another_judge_are_rejudged_not_reused(tmp_path):
     assert calls == [["i0", "i1"]]  # second read: from the sidecar, nothing judged again
     same = [{**r, "judge": "judge-B"} for r in rows]
     assert m.other_judge_labels(FakeJudge(), turns, same, by_item, "diff_means|a0.2", path) == {}
+
+
+def test_pinned_vector_refuses_turns_of_another_vector(tmp_path):
+    """Relabelling changes the difference of means: turns stored for the old vector must not pass as the new one's."""
+    from mechprobe.errors import UserError
+    from mechprobe.steering import SteeringVector
+
+    m = _script()
+    v = SteeringVector(torch.tensor([1.0, 2.0, 3.0]), 2, "diff_means", {})
+    d = tmp_path / "L2"
+    m.pin_vector(d / "vector_diff_means", v, d)  # first time: saved
+    m.pin_vector(d / "vector_diff_means", SteeringVector(v.vector * (1 + 1e-6), 2, "diff_means", {}), d)  # noise
+    with pytest.raises(UserError, match="another steering vector"):
+        m.pin_vector(d / "vector_diff_means", SteeringVector(torch.tensor([1.0, 2.0, 3.5]), 2, "diff_means", {}), d)
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "alpha_0.4_diff_means.jsonl").write_text("")
+    with pytest.raises(UserError, match="no record of the vector"):
+        m.pin_vector(old / "vector_diff_means", v, old)
