@@ -605,7 +605,8 @@ def run_cli(a: Any) -> int:
                 shifts[f"{arm} {ds}"] = []
                 continue
             shifts[f"{arm} {ds}"] = boundary_shift(runs["base"][ds], runs[arm][ds], dirs)
-            notes.append(f"{ds}: base direction {src}")
+            if f"{ds}: base direction {src}" not in notes:
+                notes.append(f"{ds}: base direction {src}")
     summary["boundary_shift"] = shifts
     write_json(out / "eval_summary.json", summary)
     fig = plot_eval(summary, shifts, out / "figures" / "post_train_eval.png",
