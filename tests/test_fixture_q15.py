@@ -93,3 +93,32 @@ def test_hand_label_table_counts_and_pairs():
         hand_label_table([r for r in rows if r["condition"] == "steer"], ["a"])
     real = hand_label_table(_rows(STEER_FILE), ["label_e", "label_f", "hybrid_label"])
     assert len(real) == 9 and all(0 <= r["genuine"] <= r["n"] == 48 for r in real)
+
+
+STEER2_FILE = FIXTURES / "hand_labels_steer2_q15.jsonl"
+
+
+def test_steer2_fixture_is_well_formed_blind_and_paired():
+    """192 turns = 48 held-out items x (unsteered, diff-of-means, random, probe) of the hybrid2-selected 1.5B
+    steering setting (residual 18, alpha 0.8), two blind labellings per turn."""
+    rows = _rows(STEER2_FILE)
+    assert len(rows) == 192 and len({r["record_id"] for r in rows}) == 192
+    by_cond: dict[str, set] = {}
+    for r in rows:
+        by_cond.setdefault(r["condition"], set()).add(r["item_id"])
+        assert r["label_g"] in LABELS and r["label_h"] in LABELS and r["hybrid2_label"] in LABELS
+        assert r["rationale_g"].strip() and r["rationale_h"].strip()
+        assert r["condition"] not in r["record_id"]
+    assert set(by_cond) == {"none", "diff_means", "random", "probe"}
+    assert all(len(v) == 48 for v in by_cond.values()) and len(set.union(*by_cond.values())) == 48
+
+
+def test_steer2_hand_labels_table_reproduces_the_documented_counts():
+    """The numbers docs/results.md quotes for the hybrid2-selected setting come from this fixture and this code."""
+    from mechprobe.steer_eval import hand_label_table
+
+    t = {(r["labels"], r["condition"]): r for r in hand_label_table(_rows(STEER2_FILE),
+                                                                      ["label_g", "label_h", "hybrid2_label"])}
+    assert all(t[(k, "none")]["genuine"] == 3 for k in ("label_g", "label_h", "hybrid2_label"))
+    assert (t[("label_g", "diff_means")]["genuine"], t[("label_h", "diff_means")]["genuine"]) == (25, 20)
+    assert t[("label_h", "diff_means")]["p"] < 1e-3  # the steered rise holds for the stricter labeller
