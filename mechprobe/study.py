@@ -161,10 +161,15 @@ def native_bf16_dtype() -> str | None:
     return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else None
 
 
-def _record_stage(run: Path, stage: str, seconds: float, new_rows: int) -> None:
-    """One row per command that did work on ``run``: the report sums them per stage."""
+def _record_stage(run: Path, stage: str, seconds: float, new_rows: int, cpu_seconds: float | None = None) -> None:
+    """One row per command that did work on ``run``: the report sums them per stage.
+
+    ``cpu_seconds`` (process CPU time, all threads) beside the wall seconds: wall time also counts time the process
+    was stopped or shared the CPU with other jobs, CPU time does not (on an idle machine with T threads busy,
+    wall ~ CPU / T)."""
     store = JsonlStore(run / STAGES, key="id")
-    store.append({"id": f"{stage}#{len(store)}", "stage": stage, "seconds": round(seconds, 2), "new_rows": new_rows})
+    store.append({"id": f"{stage}#{len(store)}", "stage": stage, "seconds": round(seconds, 2), "new_rows": new_rows,
+                  **({"cpu_seconds": round(cpu_seconds, 2)} if cpu_seconds is not None else {})})
 
 
 def _n_rows(path: Path) -> int:
@@ -223,9 +228,10 @@ def run_model_dataset(sc: StudyConfig, model: str, dataset: str, gen: _Generator
     else:
         lm, engine = gen.get()
         n0 = _n_rows(run / USER_TURNS) + _n_rows(run / ASSISTANT)
-        t = time.time()
+        t, c = time.time(), time.process_time()
         run_probe(cfg, run, lm=lm, engine=engine, progress=sc.progress)
-        _record_stage(run, "probe", time.time() - t, _n_rows(run / USER_TURNS) + _n_rows(run / ASSISTANT) - n0)
+        _record_stage(run, "probe", time.time() - t, _n_rows(run / USER_TURNS) + _n_rows(run / ASSISTANT) - n0,
+                      time.process_time() - c)
     plan = sc.variant_plan(cfg)
     for v in sc.variants:
         if v == "swap" and _n_rows(run / ASSISTANT) < 2:
@@ -235,9 +241,9 @@ def run_model_dataset(sc: StudyConfig, model: str, dataset: str, gen: _Generator
         lm, engine = gen.get()
         out = variant_dir(run, v)
         n0 = _n_rows(out / USER_TURNS)
-        t = time.time()
+        t, c = time.time(), time.process_time()
         run_variant(cfg, run, v, plan, lm=lm, engine=engine, progress=sc.progress)
-        _record_stage(run, "variants", time.time() - t, _n_rows(out / USER_TURNS) - n0)
+        _record_stage(run, "variants", time.time() - t, _n_rows(out / USER_TURNS) - n0, time.process_time() - c)
     _judge_dirs(sc, [run, *[variant_dir(run, v) for v in sc.variants if variant_dir(run, v).exists()]], judge, run)
 
 
@@ -245,13 +251,13 @@ def _judge_dirs(sc: StudyConfig, dirs: list[Path], judge: Any, stage_run: Path) 
     from .judge import judge_run
 
     labels = labels_file_for(sc.judge)
-    t, n = time.time(), 0
+    t, c, n = time.time(), time.process_time(), 0
     for d in dirs:
         before = _n_rows(d / labels)
         judge_run(d, judge.get(), labels_file=labels, progress=sc.progress)
         n += _n_rows(d / labels) - before
     if n:
-        _record_stage(stage_run, "judge", time.time() - t, n)
+        _record_stage(stage_run, "judge", time.time() - t, n, time.process_time() - c)
 
 
 class _LazyJudge:

@@ -138,6 +138,9 @@ def collect(root: str | Path, labels_file: str) -> StudyData:
             secs: dict[str, float] = {}
             for r in read_jsonl(ddir / STAGES):
                 secs[r["stage"]] = round(secs.get(r["stage"], 0.0) + float(r["seconds"]), 1)
+                if "cpu_seconds" in r:  # recorded since 2026-11-24; older rows have wall time only
+                    k = "cpu:" + r["stage"]
+                    secs[k] = round(secs.get(k, 0.0) + float(r["cpu_seconds"]), 1)
             stages[(mdir.name, ddir.name)] = secs
     plan = read_json(root / PLAN) if (root / PLAN).exists() else {}
     return StudyData(str(root), labels_file, full, variants, human, plan, stages)
@@ -581,10 +584,16 @@ def build_report(data: StudyData, figures: dict[str, str]) -> str:
     # stage times
     L += ["## Stage times", "", "Wall seconds summed over every command that did work on the run (from "
           "`study_stages.jsonl` in each run directory).", ""]
-    stage_names = sorted({s for v in data.stages.values() for s in v})
+    stage_names = sorted({s for v in data.stages.values() for s in v if not s.startswith("cpu:")})
     rows = [[m, d, *[_fmt_secs(data.stages[(m, d)][s]) if s in data.stages[(m, d)] else "—" for s in stage_names]]
             for (m, d) in sorted(data.stages)]
     L += _table(["model", "dataset", *stage_names], rows) if stage_names else ["No stage times recorded."]
+    wall = sum(v for st in data.stages.values() for k, v in st.items() if not k.startswith("cpu:"))
+    cpu = sum(v for st in data.stages.values() for k, v in st.items() if k.startswith("cpu:"))
+    if stage_names:
+        L += ["", f"Total wall time {_fmt_secs(wall)}. Wall time also counts any time a command was stopped or shared "
+              "the CPU with other jobs; process CPU time (all threads), recorded for later commands only: "
+              f"{_fmt_secs(cpu) if cpu else 'not recorded'}."]
     return "\n".join(L) + "\n"
 
 

@@ -35,6 +35,8 @@ def test_study_quick_on_the_real_135m_model(tmp_path):
         assert len(read_jsonl(run / "variants" / v / labels_file_for("offline-lexical"))) == 9
     stages = [json.loads(x)["stage"] for x in (run / "study_stages.jsonl").read_text().splitlines()]
     assert {"probe", "variants", "judge"} <= set(stages)
+    rows = [json.loads(x) for x in (run / "study_stages.jsonl").read_text().splitlines()]
+    assert all(r["cpu_seconds"] > 0 for r in rows)  # CPU time beside wall time (wall counts pauses and sharing)
     readme = (rep / "README.md").read_text()
     assert "offline-v" in readme and "| smollm2-135m-instruct | swap |" in readme
     # resume: a second identical command does no work and records no new stage rows

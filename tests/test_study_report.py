@@ -61,6 +61,7 @@ def test_report_is_deterministic_and_complete(tmp_path):
     assert "| 50.0% [" in first and "| 100.0% [" in first
     assert "answers at cap" in first and "16.7% [" in first  # 1 of 6 answers hit the cap
     assert "12 s" in first  # stage time summed from study_stages.jsonl
+    assert "process CPU time (all threads), recorded for later commands only: not recorded" in first
 
 
 def test_aggregates_from_synthetic_runs(tmp_path):
