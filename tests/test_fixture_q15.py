@@ -122,3 +122,6 @@ def test_steer2_hand_labels_table_reproduces_the_documented_counts():
     assert all(t[(k, "none")]["genuine"] == 3 for k in ("label_g", "label_h", "hybrid2_label"))
     assert (t[("label_g", "diff_means")]["genuine"], t[("label_h", "diff_means")]["genuine"]) == (25, 20)
     assert t[("label_h", "diff_means")]["p"] < 1e-3  # the steered rise holds for the stricter labeller
+    rows = _rows(STEER2_FILE)
+    g, h, j = ([r[k] == GENUINE for r in rows] for k in ("label_g", "label_h", "hybrid2_label"))
+    assert (round(cohen_kappa(g, h), 2), round(cohen_kappa(j, g), 2), round(cohen_kappa(j, h), 2)) == (0.83, 0.56, 0.50)
