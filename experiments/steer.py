@@ -259,8 +259,8 @@ def other_judge_labels(judge, turns: list[SteeredTurn], rows: list[dict], by_ite
         return {}
     side_p = path.with_name(path.stem + ".labels.jsonl")
     side = {r["key"]: r["label"] for r in read_jsonl(side_p, key="key")}
-    need = [t for t in turns if any(r["item_id"] == t.item_id for r in other)
-            and f"{judge.name}|{t.item_id}" not in side]
+    other_ids = {r["item_id"] for r in other}
+    need = [t for t in turns if t.item_id in other_ids and f"{judge.name}|{t.item_id}" not in side]
     if need:
         got = judge_turns(judge, need, by_item, key)
         store = JsonlStore(side_p, key="key")

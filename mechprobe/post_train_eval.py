@@ -393,7 +393,7 @@ def _heldout_loss(pm: Any, examples: Sequence[Any], pad_id: int, adapter: bool) 
 STEER_DATASET = "gsm8k"
 
 
-def build_steering(model: str, run: Path, judge: str, relabel: bool = False) -> None:
+def build_steering(model: str, run: Path, judge: str) -> None:
     """Build the base model's steering result at ``run`` with ``experiments/steer.py`` (layer and alpha chosen on
     train items, difference-of-means only). Why a subprocess of the user-facing script: the same command a user
     would type, so its artifacts (``steering/select.md``, ``results.md``, the figure) and its resume behaviour

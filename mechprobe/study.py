@@ -142,8 +142,6 @@ class StudyConfig:
         self.probe_config(self.models[0], self.datasets[0]).validate()
 
 
-
-
 def native_bf16_dtype() -> str | None:
     """``"bfloat16"`` when generation runs on a CPU with native bf16 matmuls (the study's default there), else None.
 

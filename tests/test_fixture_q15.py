@@ -66,17 +66,22 @@ def test_hybrid_judge_does_not_regress_on_the_q15_fixture():
 STEER_FILE = FIXTURES / "hand_labels_steer_q15.jsonl"
 
 
-def test_steer_fixture_is_well_formed_blind_and_paired():
-    """144 turns = 48 held-out items x (unsteered, diff-of-means, random) of the 1.5B steering run, two labellings."""
-    rows = _rows(STEER_FILE)
-    assert len(rows) == 144 and len({r["record_id"] for r in rows}) == 144
+def _check_blind_paired(rows: list[dict], label_keys: tuple[str, ...], conditions: set[str], n_items: int) -> None:
+    """Unique ids that hide the condition, valid labels with rationales, every item under every condition."""
+    assert len(rows) == n_items * len(conditions) and len({r["record_id"] for r in rows}) == len(rows)
     by_cond: dict[str, set] = {}
     for r in rows:
         by_cond.setdefault(r["condition"], set()).add(r["item_id"])
-        assert r["label_e"] in LABELS and r["label_f"] in LABELS and r["hybrid_label"] in LABELS
+        assert all(r[k] in LABELS for k in label_keys)
+        assert all(r["rationale_" + k[-1]].strip() for k in label_keys if k.startswith("label_"))
         assert r["condition"] not in r["record_id"]  # ids do not reveal the condition to a labeller
-    assert set(by_cond) == {"none", "diff_means", "random"}
-    assert all(len(v) == 48 for v in by_cond.values()) and len(set.union(*by_cond.values())) == 48
+    assert set(by_cond) == conditions
+    assert all(len(v) == n_items for v in by_cond.values()) and len(set.union(*by_cond.values())) == n_items
+
+
+def test_steer_fixture_is_well_formed_blind_and_paired():
+    """144 turns = 48 held-out items x (unsteered, diff-of-means, random) of the 1.5B steering run, two labellings."""
+    _check_blind_paired(_rows(STEER_FILE), ("label_e", "label_f", "hybrid_label"), {"none", "diff_means", "random"}, 48)
 
 
 def test_hand_label_table_counts_and_pairs():
@@ -101,16 +106,8 @@ STEER2_FILE = FIXTURES / "hand_labels_steer2_q15.jsonl"
 def test_steer2_fixture_is_well_formed_blind_and_paired():
     """192 turns = 48 held-out items x (unsteered, diff-of-means, random, probe) of the hybrid2-selected 1.5B
     steering setting (residual 18, alpha 0.8), two blind labellings per turn."""
-    rows = _rows(STEER2_FILE)
-    assert len(rows) == 192 and len({r["record_id"] for r in rows}) == 192
-    by_cond: dict[str, set] = {}
-    for r in rows:
-        by_cond.setdefault(r["condition"], set()).add(r["item_id"])
-        assert r["label_g"] in LABELS and r["label_h"] in LABELS and r["hybrid2_label"] in LABELS
-        assert r["rationale_g"].strip() and r["rationale_h"].strip()
-        assert r["condition"] not in r["record_id"]
-    assert set(by_cond) == {"none", "diff_means", "random", "probe"}
-    assert all(len(v) == 48 for v in by_cond.values()) and len(set.union(*by_cond.values())) == 48
+    _check_blind_paired(_rows(STEER2_FILE), ("label_g", "label_h", "hybrid2_label"),
+                        {"none", "diff_means", "random", "probe"}, 48)
 
 
 def test_steer2_hand_labels_table_reproduces_the_documented_counts():

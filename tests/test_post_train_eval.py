@@ -108,7 +108,7 @@ def test_steer_result_resolution(tmp_path, monkeypatch):
     out = tmp_path / "out"
     notes: list[str] = []
     built: list[Path] = []
-    monkeypatch.setattr(ev, "build_steering", lambda model, run, judge, relabel=False: built.append(run))
+    monkeypatch.setattr(ev, "build_steering", lambda model, run, judge: built.append(run))
     assert ev._steer_result(_args(steer_run="elsewhere"), out, "offline", notes) == \
         Path("elsewhere") / "steering" / "results.json"
     assert ev._steer_result(_args(no_steer=True), out, "offline", notes) is None
