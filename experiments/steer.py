@@ -1,8 +1,12 @@
 """Steering vectors that raise genuine follow-ups under greedy decoding, with controls.
 
-    python experiments/steer.py                                 # embedded default, ladder 0 0.05 .. 0.8 x resid norm
-    python experiments/steer.py --select-on-train               # choose (layer, alpha) on train items first
-    python experiments/steer.py --run runs/smol-gsm8k --layer 12 --alpha-unit raw --alpha 0 1 2 4 8
+    python experiments/steer.py                   # embedded default: (layer, alpha) chosen on train items, then held out
+    python experiments/steer.py --alpha 4         # the same, the train sweep's ladder running up to 4 x resid norm
+    python experiments/steer.py --no-select-on-train --run runs/smol-gsm8k --layer 12 --alpha-unit raw --alpha 0 1 2 4
+
+By default (layer, alpha) are chosen on train items only (``--select-on-train``: the diff-of-means vector at
+each candidate layer x each nonzero alpha on ``--select-items`` train items, judged), and held-out items are
+steered only at the chosen setting, for every vector kind. ``--no-select-on-train`` runs every alpha held out.
 
 ``--alpha-unit resid`` (default): alpha is the added vector's norm as a multiple of the mean residual norm
 at the steered layer (train boundary states), the same for every vector kind; ``raw``: alpha multiplies
@@ -10,7 +14,7 @@ the raw difference-of-means vector (CAA convention). See docs/steering.md.
 
 Writes ``<run>/steering/alpha_0_none.jsonl`` (unsteered held-out turns) and
 ``<run>/steering/L<layer>_<positions>_<unit>/alpha_<a>_<kind>.jsonl`` (steered, judged), ``results.json`` /
-``results.md``, ``select.json`` / ``select.md`` (with ``--select-on-train``) and
+``results.md``, ``select.json`` / ``select.md`` (unless ``--no-select-on-train``) and
 ``<run>/figures/steer_<run>.png``.
 
 An existing ``--run`` is resolved exactly like ``experiments/linear_probe.py`` does it
@@ -110,8 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alpha-unit", default="resid", choices=["resid", "raw"],
                    help="resid: alpha x mean residual norm at the layer, equal for every kind (default); "
                         "raw: alpha x the raw difference-of-means vector (CAA)")
-    p.add_argument("--select-on-train", action="store_true",
-                   help="choose (layer, alpha) on --select-items train items, then run only that alpha held out")
+    p.add_argument("--select-on-train", action=argparse.BooleanOptionalAction, default=True,
+                   help="choose (layer, alpha) on --select-items train items, then run only alpha 0 and the chosen "
+                        "alpha held out (default). --no-select-on-train: every alpha runs held out, at --layer or at "
+                        "the layer best on train items at the largest alpha")
     p.add_argument("--select-items", type=int, default=16, help="train items judged per swept setting")
     p.add_argument("--max-degenerate", type=float, default=0.2,
                    help="selection ignores settings whose train degeneration rate exceeds this")
@@ -158,7 +164,8 @@ def validate_args(a: argparse.Namespace) -> None:
         bad.append(f"--alpha {a.alpha[0]:g}: one value in resid units is the end of the sweep and must be > 0 "
                    "(give two or more values, e.g. --alpha 0 -0.4, to run exactly those)")
     if a.select_on_train and a.alpha is not None and not any(x != 0 for x in a.alpha):
-        bad.append("--select-on-train needs at least one nonzero --alpha to choose from")
+        bad.append("choosing (layer, alpha) on train items (the default) needs at least one nonzero --alpha to "
+                   "choose from; to run exactly these alphas held out, add --no-select-on-train")
     for la in ([a.layer] if a.layer is not None else []) + (a.candidate_layers or []):
         if la < 0:
             bad.append(f"layer {la} < 0: layers are residual indices 0..n_layers")

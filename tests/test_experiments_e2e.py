@@ -72,7 +72,7 @@ def test_linear_probe_and_steer_scripts(small_run, tmp_path):
     d = load_file(str(small_run / "probes" / "directions.safetensors"))
     assert d["probe_10"].shape == (576,) and d["diff_means_20"].shape == (576,)
 
-    p = _py("experiments/steer.py", "--run", str(small_run), "--layer", "10", "--alpha", "0", "2",
+    p = _py("experiments/steer.py", "--run", str(small_run), "--layer", "10", "--alpha", "0", "2", "--no-select-on-train",
             "--max-user-tokens", str(MAX_USER), "--no-assistant-check", "--kinds", "diff_means,random",
             "--figures", str(figs))
     res = json.loads((small_run / "steering" / "results.json").read_text())
@@ -103,7 +103,7 @@ def test_steer_script_on_the_llamacpp_engine(small_run, tmp_path):
         pytest.skip(str(e))
     items = sorted({r["item_id"] for r in read_jsonl(small_run / "assistant.jsonl")})
     _write_labels(small_run, set(items[::2]))
-    p = _py("experiments/steer.py", "--run", str(small_run), "--layer", "10", "--alpha", "0", "2",
+    p = _py("experiments/steer.py", "--run", str(small_run), "--layer", "10", "--alpha", "0", "2", "--no-select-on-train",
             "--max-user-tokens", str(MAX_USER), "--no-assistant-check", "--kinds", "diff_means",
             "--steer-engine", "llamacpp", "--figures", str(tmp_path), check=False)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -158,7 +158,7 @@ def test_item6_steer_on_existing_run_adds_nothing_and_uses_its_system_prompt_and
     assert len(train) >= 2 and heldout, "the fixed builtin ids must give both splits"
     _write_labels(system_run, set(train[::2]) | set(heldout[::2]))
     before = _files(system_run)
-    p = _py("experiments/steer.py", "--run", str(system_run), "--layer", "10", "--alpha", "0", "2",
+    p = _py("experiments/steer.py", "--run", str(system_run), "--layer", "10", "--alpha", "0", "2", "--no-select-on-train",
             "--no-assistant-check", "--kinds", "diff_means", "--figures", str(tmp_path), check=False)
     assert p.returncode == 0, p.stdout + p.stderr
     assert _files(system_run) == before  # no item generated, judged or cached into the user's run

@@ -227,14 +227,15 @@ def test_one_resid_alpha_is_the_end_of_the_ladder():
     assert m.resid_ladder(0.3) == [0.0, 0.05, 0.1, 0.2, 0.3]
     assert m.resid_ladder(0.8) == m.DEFAULT_ALPHAS["resid"]
     a = m.build_parser().parse_args([])
-    assert a.alpha_unit == "resid" and a.alpha is None and not a.select_on_train
+    assert a.alpha_unit == "resid" and a.alpha is None and a.select_on_train  # chosen on train by default
+    assert not m.build_parser().parse_args(["--no-select-on-train"]).select_on_train
     assert (a.select_items, a.max_degenerate) == (16, 0.2)
 
 
 @pytest.mark.parametrize("flags, needle", [(["--alpha", "-1"], "end of the sweep"),
                                            (["--max-degenerate", "1.5"], "--max-degenerate"),
                                            (["--select-items", "0"], "--select-items"),
-                                           (["--select-on-train", "--alpha", "0", "0"], "nonzero"),
+                                           (["--alpha", "0", "0"], "nonzero"),
                                            (["--acc-kinds", "bogus"], "--acc-kinds")])
 def test_new_flags_are_checked_before_any_stage(tmp_path, flags, needle):
     from mechprobe.errors import UserError

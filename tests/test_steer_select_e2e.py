@@ -42,6 +42,7 @@ def _script():
 
 
 def test_select_on_train_steers_heldout_only_at_the_chosen_setting(run_dir, tmp_path):
+    """The default path (no flag): (layer, alpha) chosen on train items, held-out items steered only there."""
     mod = _script()
     calls: list[tuple[str, list[str], int, float]] = []
     gen, nll = mod.steered_user_turns, mod.steered_nll
@@ -56,7 +57,7 @@ def test_select_on_train_steers_heldout_only_at_the_chosen_setting(run_dir, tmp_
         return nll(lm, prompts, conts, vector, alpha, *args, **kw)
 
     mod.steered_user_turns, mod.steered_nll = rec_gen, rec_nll
-    argv = ["--run", str(run_dir), "--select-on-train", "--candidate-layers", "10", "20", "--alpha", "0", "0.1",
+    argv = ["--run", str(run_dir), "--candidate-layers", "10", "20", "--alpha", "0", "0.1",
             "1.0", "--select-items", "4", "--kinds", "diff_means,random,negative", "--acc-items", "3",
             "--max-degenerate", "1.0", "--figures", str(tmp_path)]
     assert mod.main(argv) == 0
