@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .errors import UsageError, UserError
 from .io import JsonlStore, read_json, read_jsonl, write_json
 from .judge import BEST_JUDGE, model_unavailable  # noqa: F401  (BEST_JUDGE: re-exported)
@@ -201,7 +203,10 @@ class _Generator:
 
             t = time.time()
             self.lm, self.engine = load_generator(self.cfg)
-            print(f"loaded {self.cfg.model} ({self.cfg.engine}) in {time.time() - t:.1f} s")
+            # The thread count is fixed here, at load (models.cpu_threads): print it, so a model loaded while
+            # another job ran (1 thread on 2 cores, half speed for the rest of the study) can be seen and restarted.
+            print(f"loaded {self.cfg.model} ({self.cfg.engine}) in {time.time() - t:.1f} s, "
+                  f"{torch.get_num_threads()} torch threads")
         return self.lm, self.engine
 
 
