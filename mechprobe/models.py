@@ -697,3 +697,20 @@ def _main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(_main())
+
+
+def native_bf16_dtype() -> str | None:
+    """``"bfloat16"`` when generation runs on a CPU with native bf16 matmuls (the study's default there), else None.
+
+    Why: bf16 with automatic batches is 2-5x the fp32 path on such CPUs (benchmarks/README.md); on CPUs without
+    it bf16 is emulated and slower, and on a GPU the model's own default (bf16) already applies.
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else None

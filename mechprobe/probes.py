@@ -710,7 +710,9 @@ def add_probes_args(p: Any, figures: str | None = None) -> None:
     p.add_argument("--min-samples", type=int, default=2,
                    help="propensity target: drop items with fewer judged samples than this (judge errors skipped)")
     p.add_argument("--run", default=None, help="run directory (default runs/<model>-<dataset>)")
-    p.add_argument("--judge", default="offline", help="offline | openai:MODEL")
+    p.add_argument("--judge", default="auto",
+                   help="auto (default: the judge of the run's labels; else offline for the embedded default model, "
+                        "hybrid2:qwen2.5-coder-1.5b-instruct for other models) | offline | hybrid2:MODEL | openai:MODEL")
     p.add_argument("--layers", nargs="+", default="all",
                    help="all, or residual indices like 0 6 12 (or 0,6,12; 0 is always added): r = input of block r "
                         "(TransformerLens resid_pre), 0 = embeddings; steering-vectors/repeng/nnsight layer L = our L+1")
@@ -718,7 +720,9 @@ def add_probes_args(p: Any, figures: str | None = None) -> None:
                    help="labels.jsonl is from another judge (or judge version): move it aside and relabel")
     p.add_argument("--backend", default="hooks", choices=["hooks", "nnsight", "transformer-lens"])
     g = p.add_argument_group("probe stage (only used when turns are missing)")
-    g.add_argument("--limit", type=int, default=None)
+    g.add_argument("--limit", type=int, default=None,
+                   help="items per run (default: 60 for the embedded default model; for other models 200 items in "
+                        "all, split over --datasets)")
     g.add_argument("--samples", type=int, default=None)
     g.add_argument("--temperatures", type=float, nargs="+", default=None)
     g.add_argument("--max-assistant-tokens", type=int, default=None)
@@ -865,13 +869,22 @@ def validate_probes_args(a: argparse.Namespace) -> None:
 
 def run_probes_cli(a: Any) -> int:
     """probe -> judge -> cache (reused when complete), then the probes; 3 when positives are too few."""
-    from .stages import PASSTHROUGH, ensure_stages, resolve_run
+    from .stages import PASSTHROUGH, ensure_stages, finding_preset, finding_presets, resolve_run
 
     t0 = time.time()
     validate_probes_args(a)
     datasets = list(getattr(a, "datasets", None) or [])
     over = {k: getattr(a, k) for k in PASSTHROUGH}
-    resolved = [resolve_run(a.run, a.model, ds, **over) for ds in (datasets or [a.dataset])]
+    preset = finding_preset(a.model)
+    presets = [preset] * max(1, len(datasets))
+    if preset is not None:
+        presets = finding_presets(preset, datasets, a.limit)
+        print(f"new runs of {a.model} (not the embedded default) use the finding settings: "
+              f"{preset['samples']} samples at T=1, caps {preset['max_assistant_tokens']}/{preset['max_user_tokens']} "
+              f"tokens, engine {preset['engine']}{', ' + preset['dtype'] if preset.get('dtype') else ''}, items "
+              f"{' + '.join(str(p['limit']) for p in presets)}; existing runs keep their own, options override")
+    resolved = [resolve_run(a.run, a.model, ds, preset=pr, **over)
+                for ds, pr in zip(datasets or [a.dataset], presets, strict=True)]
     from .propensity import choose_target
 
     picks = [choose_target(getattr(a, "target", "turn"), c.samples, c.temperatures,

@@ -86,9 +86,101 @@ class Stages:
         return self
 
 
-def probe_config(model: str, dataset: str | None, **overrides: Any) -> ProbeConfig:
-    """The main job's config for ``model``/``dataset`` with explicit overrides (None values ignored)."""
-    kw = dict(MAIN_JOB)
+# What `linear_probe.py` / `steer.py --model M` use for a *new* run of a model other than the embedded default:
+# the settings of the documented 1.5B findings, not the main job's smoke-sized ones. Why these numbers: 200
+# items put the item-bootstrap CI of a Spearman rho near 0.25 at about +-0.13 (1.5B GSM8K: 0.247 [0.110, 0.364]),
+# where 60 items gave +-0.25; 8 samples at T=1 are the fewest that make the per-item follow-up propensity a
+# target (its split-half ceiling needs two halves of 4); caps 192 / 40 tokens are those runs' caps.
+FINDING = dict(limit=200, temperatures=[0.0, 1.0], samples=8, max_assistant_tokens=192, max_user_tokens=40,
+               batch_size=8)
+
+
+def fastest_engine(model: str) -> dict[str, str]:
+    """Generation engine (and dtype) for a finding-sized run of ``model`` on this machine.
+
+    llama.cpp when it is installed, no GPU is visible and ``model`` is a GGUF (embedded name or .gguf file):
+    measured ~14 s per item (192-token answer + 9 turns of 40 tokens, 1.5B, 2 cores), against ~30 s for bf16
+    HF. Else HF, in bf16 on CPUs with native bf16 matmuls (2-5x fp32 there), else the model's own default.
+    """
+    import importlib.util
+
+    import torch
+
+    from .models import native_bf16_dtype
+
+    if not torch.cuda.is_available() and importlib.util.find_spec("llama_cpp") is not None:
+        try:
+            from .llamacpp_backend import resolve_gguf
+
+            resolve_gguf(model)
+            return {"engine": "llamacpp"}
+        except UserError:
+            pass
+    dtype = native_bf16_dtype()
+    return {"engine": "hf", **({"dtype": dtype} if dtype else {})}
+
+
+def finding_preset(model: str | None) -> dict[str, Any] | None:
+    """:data:`FINDING` plus :func:`fastest_engine` for ``--model`` other than the embedded default, else None
+    (the main job's settings). Applied only to a run that does not exist yet: an existing run keeps its own."""
+    if model is None or model == DEFAULT_MODEL:
+        return None
+    return {**FINDING, **fastest_engine(model)}
+
+
+def share_items(total: int, sizes: list[int]) -> list[int]:
+    """Split ``total`` items over datasets of ``sizes`` rows as evenly as the sizes allow.
+
+    A dataset smaller than its even share gives all its rows and passes the rest on: 200 over GSM8K (1319)
+    and MT-Bench (80) is 120 + 80, so the pooled probe gets the 200 items it was sized for.
+    """
+    out = [0] * len(sizes)
+    left = total
+    order = sorted(range(len(sizes)), key=lambda i: sizes[i])
+    for k, i in enumerate(order):
+        out[i] = min(sizes[i], left // (len(order) - k))
+        left -= out[i]
+    return out
+
+
+def finding_presets(preset: dict[str, Any], datasets: list[str], limit: int | None) -> list[dict[str, Any]]:
+    """One preset per dataset: with several datasets and no ``--limit``, the preset's items split over them
+    (:func:`share_items`, dataset sizes read from the local files or the hub)."""
+    if len(datasets) < 2 or limit is not None:
+        return [preset] * max(1, len(datasets))
+    from .datasets import load_dataset
+
+    sizes = [len(load_dataset(ds).items) for ds in datasets]
+    return [{**preset, "limit": n} for n in share_items(preset["limit"], sizes)]
+
+
+def auto_judge(run: Path, model: str) -> str:
+    """The judge ``--judge auto`` means for ``run``: the one that wrote its labels, when it can be named again;
+    else ``offline`` for the embedded default and local checkpoints (fast, the main job's), else the judge people
+    agree with best (:func:`mechprobe.judge.best_judge`). ``$MECHPROBE_JUDGE_MODEL`` (OpenAI-compatible) wins."""
+    import os
+
+    if os.environ.get("MECHPROBE_JUDGE_MODEL"):
+        return f"openai:{os.environ['MECHPROBE_JUDGE_MODEL']}"
+    rows = read_jsonl(run / "labels.jsonl") if (run / "labels.jsonl").exists() else []
+    name = str(rows[0].get("judge", "")) if rows else ""
+    if name.startswith("offline"):
+        return "offline-lexical" if "lexical" in name else "offline"
+    if name.startswith("hybrid:") and "@" in name:
+        judge_model = name.split(":", 1)[1].split("@", 1)[0]
+        return f"{'hybrid2' if '+voice' in name else 'hybrid'}:{judge_model}"
+    local = Path(model).exists() or str(model).endswith(".gguf")
+    if model == DEFAULT_MODEL or local:
+        return "offline"
+    from .judge import best_judge
+
+    return best_judge()
+
+
+def probe_config(model: str, dataset: str | None, preset: dict[str, Any] | None = None,
+                 **overrides: Any) -> ProbeConfig:
+    """The main job's config (or ``preset``'s) for ``model``/``dataset`` with explicit overrides (None ignored)."""
+    kw = dict(preset if preset is not None else MAIN_JOB)
     kw.update({k: v for k, v in overrides.items() if v is not None})
     return ProbeConfig(model=model, dataset=dataset or default_dataset(), **kw)
 
@@ -117,16 +209,17 @@ def run_config(run: Path) -> ProbeConfig | None:
 
 
 def resolve_run(run: str | Path | None, model: str | None = None, dataset: str | None = None,
-                **overrides: Any) -> tuple[Path, ProbeConfig]:
+                preset: dict[str, Any] | None = None, **overrides: Any) -> tuple[Path, ProbeConfig]:
     """Run dir and full config. An existing run keeps its own config; explicit ``overrides`` (keys of
     :data:`PASSTHROUGH`, None = not given) replace single values, and the probe stage then refuses a
-    change that would mix configurations. Raises :class:`UserError` for invalid values, before any work.
+    change that would mix configurations. A new run starts from ``preset`` (e.g. :func:`finding_preset`),
+    else the main job's settings. Raises :class:`UserError` for invalid values, before any work.
     """
     over = {k: v for k, v in overrides.items() if v is not None}
     unknown = sorted(set(over) - set(PASSTHROUGH))
     if unknown:
         raise TypeError(f"resolve_run: unknown overrides {unknown}")
-    cfg = probe_config(model or DEFAULT_MODEL, dataset, **over)
+    cfg = probe_config(model or DEFAULT_MODEL, dataset, preset=preset, **over)
     path = Path(run) if run else default_run_dir(cfg)
     own = run_config(path)
     if own is not None:
@@ -196,6 +289,9 @@ def ensure_stages(run: Path, cfg: ProbeConfig, judge: str, backend: str = "hooks
     from .judge import JudgeMismatch
 
     st = stages if stages is not None else Stages(run, cfg)
+    if judge == "auto":
+        judge = auto_judge(run, cfg.model)
+        print(f"judge: {judge} (--judge auto; pass --judge to choose)")
     print(f"run: {run}  (model {cfg.model}, dataset {cfg.dataset}, {cfg.limit} items, temperatures "
           f"{cfg.temperatures}, {cfg.samples} samples)")
     if probe_complete(run, cfg):

@@ -34,6 +34,7 @@ from .errors import UsageError, UserError
 from .io import JsonlStore, read_json, read_jsonl, write_json
 from .judge import BEST_JUDGE, model_unavailable  # noqa: F401  (BEST_JUDGE: re-exported)
 from .judge import best_judge as default_judge
+from .models import native_bf16_dtype  # noqa: F401  (re-exported: was defined here)
 from .perturb import VARIANTS, check_variants
 from .pipeline import (
     ASSISTANT,
@@ -142,23 +143,6 @@ class StudyConfig:
         if not self.models or not self.datasets:
             raise UsageError("nothing to do: pass at least one --models and one --datasets")
         self.probe_config(self.models[0], self.datasets[0]).validate()
-
-
-def native_bf16_dtype() -> str | None:
-    """``"bfloat16"`` when generation runs on a CPU with native bf16 matmuls (the study's default there), else None.
-
-    Why: bf16 with automatic batches is 2-5x the fp32 path on such CPUs (benchmarks/README.md); on CPUs without
-    it bf16 is emulated and slower, and on a GPU the model's own default (bf16) already applies.
-    """
-    import torch
-
-    if torch.cuda.is_available():
-        return None
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
-    return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else None
 
 
 def _record_stage(run: Path, stage: str, seconds: float, new_rows: int, cpu_seconds: float | None = None) -> None:
