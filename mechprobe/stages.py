@@ -92,15 +92,17 @@ class Stages:
 # where 60 items gave +-0.25; 8 samples at T=1 are the fewest that make the per-item follow-up propensity a
 # target (its split-half ceiling needs two halves of 4); caps 192 / 40 tokens are those runs' caps.
 FINDING = dict(limit=200, temperatures=[0.0, 1.0], samples=8, max_assistant_tokens=192, max_user_tokens=40,
-               batch_size=8)
+               batch_size=None)  # None: rows per decode call from free memory (HF); llama.cpp decodes 32 rows
 
 
-def fastest_engine(model: str) -> dict[str, str]:
+def finding_engine(model: str) -> dict[str, str]:
     """Generation engine (and dtype) for a finding-sized run of ``model`` on this machine.
 
-    llama.cpp when it is installed, no GPU is visible and ``model`` is a GGUF (embedded name or .gguf file):
-    measured ~14 s per item (192-token answer + 9 turns of 40 tokens, 1.5B, 2 cores), against ~30 s for bf16
-    HF. Else HF, in bf16 on CPUs with native bf16 matmuls (2-5x fp32 there), else the model's own default.
+    llama.cpp when it is installed, no GPU is visible and ``model`` is a GGUF (embedded name or .gguf file): the
+    engine of the documented 1.5B findings (docs/results.md), so the default command reproduces their turns
+    (per-row seeds), at half the memory of bf16 HF (benchmarks/README.md: 2.7 vs 5.2 GB peak for the 1.5B). It is
+    not the fastest there: bf16 HF with automatic batches decoded 39 vs 24 tok/s in bench_speed.py (8 items), so
+    pass ``--engine hf --dtype bfloat16`` for speed. Else HF, in bf16 on CPUs with native bf16 matmuls.
     """
     import importlib.util
 
@@ -121,11 +123,11 @@ def fastest_engine(model: str) -> dict[str, str]:
 
 
 def finding_preset(model: str | None) -> dict[str, Any] | None:
-    """:data:`FINDING` plus :func:`fastest_engine` for ``--model`` other than the embedded default, else None
+    """:data:`FINDING` plus :func:`finding_engine` for ``--model`` other than the embedded default, else None
     (the main job's settings). Applied only to a run that does not exist yet: an existing run keeps its own."""
     if model is None or model == DEFAULT_MODEL:
         return None
-    return {**FINDING, **fastest_engine(model)}
+    return {**FINDING, **finding_engine(model)}
 
 
 def share_items(total: int, sizes: list[int]) -> list[int]:

@@ -6,7 +6,7 @@
 1. the probe stage (:func:`mechprobe.pipeline.run_probe`): assistant turns, then greedy + ``samples`` user
    turns per temperature of the profile;
 2. the perturbations (:func:`mechprobe.pipeline.run_variant`) of the same assistant records: greedy +
-   ``samples`` turns at T=1.0 each;
+   ``variant_samples`` turns at T=1.0 each;
 3. the judge (``--judge``, one labels file per judge spec) on the run and every variant;
 4. on HH-RLHF and Topical-Chat, the real next human turns, judged by the same judge;
 
@@ -75,19 +75,21 @@ DEFAULT_CAPS = {"full": Caps(384, 48), "quick": Caps(160, 32)}
 
 @dataclass(frozen=True)
 class Profile:
-    """Items per dataset, samples per temperature > 0 and the temperatures of the main run."""
+    """Items per dataset, samples per temperature > 0, the temperatures of the main run, and samples at T=1.0
+    per perturbation variant (beside its greedy turn)."""
 
     name: str
     limit: int
     samples: int
     temperatures: tuple[float, ...]
+    variant_samples: int = 2
 
 
 PROFILES = {
-    # 20 items x 6 datasets x (1 + 4x2 main + 5 x (1 + 2) variants) = 24 user turns per item and model,
-    # sized from the quick profile's measured stage times to ~3 h for all three models on a 2-core CPU
-    # (docs/study.md: the arithmetic); resumable.
-    "full": Profile("full", 20, 2, (0.0, 0.4, 0.7, 1.0, 1.3)),
+    # 20 items x 6 datasets x (1 + 4x2 main + 5 x (1 + 1) variants) = 19 user turns per item and model. The
+    # first full run (5 x (1 + 2) variants, 24 turns) measured ~3.2 h on an idle 2-core CPU, over the 3 h
+    # target; one sample per variant cuts a fifth of the turns (docs/study.md: the arithmetic); resumable.
+    "full": Profile("full", 20, 2, (0.0, 0.4, 0.7, 1.0, 1.3), variant_samples=1),
     # sized for <= 20 min on the 1.5B model with llama.cpp for two datasets (docs/study.md: the arithmetic)
     "quick": Profile("quick", 4, 2, (0.0, 1.0, 1.3)),
 }
@@ -104,6 +106,7 @@ class StudyConfig:
     dtype: str | None = None
     limit: int | None = None
     samples: int | None = None
+    variant_samples: int | None = None  # None: the profile's (a resumed root keeps what plan.json recorded)
     temperatures: list[float] | None = None
     variants: list[str] = field(default_factory=lambda: list(VARIANTS))
     max_assistant_tokens: int | None = None
@@ -128,8 +131,13 @@ class StudyConfig:
                            dtype=self.dtype, engine=self.engine)
 
     def variant_plan(self, cfg: ProbeConfig) -> list[tuple[str, float, int]]:
-        """Greedy + ``samples`` at T=1.0 for every variant (the temperature the claims compare at)."""
-        return decoding_plan([0.0, T_REF] if cfg.samples else [0.0], cfg.samples)
+        """Greedy + the variant samples at T=1.0 for every variant (the temperature the claims compare at)."""
+        k = self.variant_k()
+        return decoding_plan([0.0, T_REF] if k else [0.0], k)
+
+    def variant_k(self) -> int:
+        """Samples at T=1.0 per variant: ``--variant-samples``, else the profile's."""
+        return self.variant_samples if self.variant_samples is not None else PROFILES[self.profile].variant_samples
 
     def validate(self) -> None:
         if self.profile not in PROFILES:
@@ -163,7 +171,7 @@ def _n_rows(path: Path) -> int:
 def _update_plan(root: Path, sc: StudyConfig, unavailable: dict[str, str], errors: dict[str, str]) -> None:
     """``plan.json``: what was asked (merged over commands) and what could not run, for the report."""
     old = read_json(root / PLAN) if (root / PLAN).exists() else {}
-    plan = {"profile": sc.profile, "root": str(root), "judge": sc.judge,
+    plan = {"profile": sc.profile, "root": str(root), "judge": sc.judge, "variant_samples": sc.variant_k(),
             "models": sorted(set(old.get("models", [])) | set(sc.models)),
             "datasets": sorted(set(old.get("datasets", [])) | set(sc.datasets)),
             "variants": sorted(set(old.get("variants", [])) | set(sc.variants)),
@@ -359,6 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "benchmarks/README.md), else the model's default")
     p.add_argument("--limit", type=int, default=None, help="items per dataset (default: the profile's)")
     p.add_argument("--samples", type=int, default=None, help="samples per temperature > 0 (default: the profile's)")
+    p.add_argument("--variant-samples", type=int, default=None,
+                   help="samples at T=1.0 per perturbation variant, beside its greedy turn (default: the profile's: "
+                        "1 full, 2 quick; a resumed root keeps its own)")
     p.add_argument("--temperatures", nargs="+", default=None, help="main-run temperatures (default: the profile's)")
     p.add_argument("--max-assistant-tokens", type=int, default=None, help="default: per model (see docs/study.md)")
     p.add_argument("--max-user-tokens", type=int, default=None)
@@ -378,6 +389,11 @@ def config_from_args(a: argparse.Namespace) -> StudyConfig:
         # reading the same labels; a new study root gets the best-validated judge available.
         plan = sc.root_dir() / PLAN
         sc.judge = (read_json(plan).get("judge") if plan.exists() else None) or default_judge()
+    plan = sc.root_dir() / PLAN
+    if a.variant_samples is None and plan.exists():
+        # A root made before variant_samples was recorded ran its variants with `samples` (2): keep that, so
+        # resuming it neither mixes plans nor regenerates finished variants.
+        sc.variant_samples = read_json(plan).get("variant_samples", PROFILES[sc.profile].samples)
     return sc
 
 
@@ -385,6 +401,7 @@ def _config_from_args(a: argparse.Namespace) -> StudyConfig:
     return StudyConfig(models=_names(a.models) or list(MODELS), datasets=_names(a.datasets) or list(DATASETS),
                        profile="quick" if a.quick else "full", root=a.root, judge=a.judge or "offline", engine=a.engine,
                        dtype=a.dtype or native_bf16_dtype(), limit=a.limit, samples=a.samples,
+                       variant_samples=a.variant_samples,
                        temperatures=_floats(a.temperatures) if a.temperatures else None,
                        variants=_names(a.variants) if a.variants is not None else list(VARIANTS),
                        max_assistant_tokens=a.max_assistant_tokens, max_user_tokens=a.max_user_tokens,

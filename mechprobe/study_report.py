@@ -479,7 +479,8 @@ def build_report(data: StudyData, figures: dict[str, str]) -> str:
         f"caps {data.full[(m, data.datasets(m)[0])].config.get('max_assistant_tokens', '?')}/"
         f"{data.full[(m, data.datasets(m)[0])].config.get('max_user_tokens', '?')} tokens (answer/user turn), "
         f"{data.full[(m, data.datasets(m)[0])].config.get('samples', '?')} samples per temperature"
-        for m in data.models()) + ".", "",
+        for m in data.models()) + (f"; greedy + {plan['variant_samples']} sample(s) at T={T_REF:g} per perturbation "
+                                    "variant" if "variant_samples" in plan else "") + ".", "",
           "An answer that hit its token cap (`stop_reason == max_tokens`) is itself truncated: every table gives "
           "the share of such answers.", ""]
 

@@ -127,3 +127,30 @@ def test_unfetched_model_is_skipped_with_a_line_not_a_crash(tmp_path, monkeypatc
     text = out.read_text()
     assert "**qwen2.5-coder-1.5b-instruct skipped**" in text and "models fetch" in text
     assert "No runs yet" in text
+
+
+def test_variant_samples_profile_and_legacy_roots(tmp_path):
+    """The full profile samples each variant once (19 turns per item, was 24); a root made before this was
+    recorded keeps its 2 samples per variant, so resuming it neither mixes plans nor regenerates."""
+    import json
+
+    from mechprobe import study
+    from mechprobe.pipeline import ProbeConfig
+
+    cfg = ProbeConfig(model="m", dataset="builtin", temperatures=[0.0, 0.4, 0.7, 1.0, 1.3], samples=2)
+    main_turns = len(study.decoding_plan(cfg.temperatures, cfg.samples))
+    full = StudyConfig(models=["m"], datasets=["builtin"])
+    assert len(full.variant_plan(cfg)) == 2
+    assert main_turns + 5 * len(full.variant_plan(cfg)) == 19
+    assert len(StudyConfig(profile="quick").variant_plan(cfg)) == 3
+    assert len(StudyConfig(variant_samples=0).variant_plan(cfg)) == 1
+
+    fresh = study.config_from_args(study.build_parser().parse_args(["--root", str(tmp_path / "new"), "--judge", "x"]))
+    assert fresh.variant_k() == 1
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "plan.json").write_text(json.dumps({"profile": "full", "judge": "x"}))
+    legacy = study.config_from_args(study.build_parser().parse_args(["--root", str(old)]))
+    assert legacy.variant_k() == 2
+    forced = study.config_from_args(study.build_parser().parse_args(["--root", str(old), "--variant-samples", "1"]))
+    assert forced.variant_k() == 1
