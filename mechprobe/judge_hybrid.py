@@ -36,6 +36,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -141,10 +142,16 @@ def turn_logprobs(store: ChoiceScorer, tokenizer: Any, conv: list[dict[str, str]
     return [o if o is not None else (0.0, 0) for o in out]
 
 
-def grounding_pmi_many(store: ChoiceScorer, tokenizer: Any, inp: JudgeInput, texts: Sequence[str]) -> list[float]:
-    """:func:`grounding_pmi` of several turns after the same conversation (batched: :func:`turn_logprobs`)."""
+def grounding_pmi_many(store: ChoiceScorer, tokenizer: Any, inp: JudgeInput, texts: Sequence[str],
+                       memo: dict[str, tuple[float, int]] | None = None) -> list[float]:
+    """:func:`grounding_pmi` of several turns after the same conversation (batched: :func:`turn_logprobs`).
+
+    ``memo`` (text -> log p(turn | real conversation, user header), tokens) receives the "real" half, which
+    :func:`voice_scores` needs again for the same turns after the same conversation."""
     conv = inp.conversation()
     real = turn_logprobs(store, tokenizer, conv, texts, "real")
+    if memo is not None:
+        memo.update(zip(texts, real))
     null = conv[:-1] + [{"role": "assistant", "content": NULL_RESPONSE}]
     nul = turn_logprobs(store, tokenizer, null, texts, "null")
     return [(lr - ln) / max(n, 1) for (lr, n), (ln, _) in zip(real, nul)]
@@ -165,7 +172,8 @@ def assistant_header(tokenizer: Any, conv: list[dict[str, str]]) -> str:
     return b[len(a):]
 
 
-def voice_scores(store: ChoiceScorer, tokenizer: Any, inp: JudgeInput, texts: Sequence[str]) -> list[float]:
+def voice_scores(store: ChoiceScorer, tokenizer: Any, inp: JudgeInput, texts: Sequence[str],
+                 memo: dict[str, tuple[float, int]] | None = None) -> list[float]:
     """Per turn, mean per-token log p(turn as the next *user* message) - log p(turn as the next *assistant*
     message), both after the real conversation: the **voice** margin.
 
@@ -175,7 +183,12 @@ def voice_scores(store: ChoiceScorer, tokenizer: Any, inp: JudgeInput, texts: Se
     AUROC 0.98 genuine vs assistant_continuation on the 1.5B fixture, 0.82 on steered turns).
     """
     conv = inp.conversation()
-    user = turn_logprobs(store, tokenizer, conv, texts, "real")
+    memo = memo or {}
+    # The user-slot half is grounding_pmi_many's "real" half: reuse it (one of the four turn passes a genuine
+    # candidate costs; the judge is compute-bound in exactly these forwards, per py-spy).
+    need = [t for t in dict.fromkeys(texts) if t not in memo]
+    got = dict(zip(need, turn_logprobs(store, tokenizer, conv, need, "real"))) if need else {}
+    user = [memo[t] if t in memo else got[t] for t in texts]
     asst = turn_logprobs(store, tokenizer, conv, texts, "assistant", header=assistant_header(tokenizer, conv))
     return [(lu - la) / max(n, 1) for (lu, n), (la, _) in zip(user, asst)]
 
@@ -274,15 +287,18 @@ class HybridJudge:
                     self.cache.put(keys[i], {field: v})
         return [float(v) for v in out]  # type: ignore[arg-type]
 
-    def pmi_many(self, inputs: Sequence[JudgeInput], texts: Sequence[str]) -> list[float]:
+    def pmi_many(self, inputs: Sequence[JudgeInput], texts: Sequence[str],
+                 memo: dict[str, tuple[float, int]] | None = None) -> list[float]:
         """:meth:`pmi` for turns of one conversation: cached values first, the rest in one batch."""
         keys = [self._key(inp, text) for inp, text in zip(inputs, texts)]
-        return self._cached_many(keys, "pmi", inputs, texts, grounding_pmi_many, count_runs=True)
+        return self._cached_many(keys, "pmi", inputs, texts, partial(grounding_pmi_many, memo=memo), count_runs=True)
 
-    def voice_many(self, inputs: Sequence[JudgeInput], texts: Sequence[str]) -> list[float]:
-        """:func:`voice_scores` of turns of one conversation, through the judge's cache."""
+    def voice_many(self, inputs: Sequence[JudgeInput], texts: Sequence[str],
+                   memo: dict[str, tuple[float, int]] | None = None) -> list[float]:
+        """:func:`voice_scores` of turns of one conversation, through the judge's cache (``memo``: the grounding
+        pass's user-slot log-probs of these turns, reused)."""
         keys = [self._key(inp, text) + ":voice" for inp, text in zip(inputs, texts)]
-        return self._cached_many(keys, "voice", inputs, texts, voice_scores)
+        return self._cached_many(keys, "voice", inputs, texts, partial(voice_scores, memo=memo))
 
     def decide(self, offline: LabelRecord, pmi: float | None) -> tuple[str, float]:
         """(label, P(genuine)) from the offline verdict and the PMI (None: not a candidate)."""
@@ -306,7 +322,8 @@ class HybridJudge:
             cands = [inp for inp in group if (offline[inp.record_id].label in CANDIDATES
                                               or offline[inp.record_id].rationale.startswith("R10a"))
                      and bool(texts[inp.record_id].strip())]
-            pmis = self.pmi_many(cands, [texts[i.record_id] for i in cands]) if cands else []
+            memo: dict[str, tuple[float, int]] = {}  # this conversation's user-slot turn log-probs
+            pmis = self.pmi_many(cands, [texts[i.record_id] for i in cands], memo) if cands else []
             by_id = {inp.record_id: v for inp, v in zip(cands, pmis)}
             decided = {inp.record_id: self.decide(offline[inp.record_id], by_id.get(inp.record_id)) for inp in group}
             voices: dict[str, float] = {}
@@ -314,7 +331,7 @@ class HybridJudge:
                 gen = [inp for inp in group if decided[inp.record_id][0] == GENUINE]
                 if gen:
                     voices = dict(zip([i.record_id for i in gen],
-                                      self.voice_many(gen, [texts[i.record_id] for i in gen])))
+                                      self.voice_many(gen, [texts[i.record_id] for i in gen], memo)))
             for inp in group:
                 off = offline[inp.record_id]
                 pmi = by_id.get(inp.record_id)

@@ -170,3 +170,30 @@ def test_hybrid2_voice_check_only_demotes_genuine_turns(smol):
             assert strict_l[rid].label == r.label
     with pytest.raises(ValueError, match="voice"):
         HybridJudge(loaded=smol, cache_dir=False, voice=float("nan"))
+
+
+@requires_smollm2
+def test_voice_reuses_the_grounding_pass_user_logprobs(smol):
+    """voice_scores with the memo filled by grounding_pmi_many equals voice_scores computed alone (the user-slot
+    log-probs are the same quantity; fp32, batches of other shapes: summation order only, 1e-4), and the memo
+    spares exactly the user-slot turn forwards."""
+    from mechprobe.judge_hybrid import grounding_pmi_many, voice_scores
+
+    tok, model = smol.tokenizer, smol.model
+    inp = JudgeInput(record_id="r", prompt="What is 12 times 7?", response="12 times 7 is 84: 10*7=70 and 2*7=14.",
+                     raw_text="")
+    turns = ["Why did you split 12 into 10 and 2?", "Sure! 12 x 7 = 84. Let me explain.", "And 13 times 7?"]
+    alone_store = ChoiceScorer(model, tok, ["x"])
+    alone = voice_scores(alone_store, tok, inp, turns[:2])
+    memo: dict = {}
+    store = ChoiceScorer(model, tok, ["x"])
+    grounding_pmi_many(store, tok, inp, turns, memo)
+    assert set(memo) == set(turns)
+    before = store.stats["turn_tokens"]
+    reused = voice_scores(store, tok, inp, turns[:2], memo)
+    spent = store.stats["turn_tokens"] - before
+    for a, b in zip(alone, reused, strict=True):
+        assert math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-4)
+    # only the assistant slot ran: fewer turn tokens than voice_scores spends alone on the same two turns (user +
+    # assistant slots; the assistant header is longer than the user one, so not exactly half)
+    assert 0 < spent < 0.75 * alone_store.stats["turn_tokens"]
