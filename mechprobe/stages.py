@@ -160,10 +160,11 @@ def auto_judge(run: Path, model: str) -> str:
     """The judge ``--judge auto`` means for ``run``: the one that wrote its labels, when it can be named again;
     else ``offline`` for the embedded default and local checkpoints (fast, the main job's), else the judge people
     agree with best (:func:`mechprobe.judge.best_judge`). ``$MECHPROBE_JUDGE_MODEL`` (OpenAI-compatible) wins."""
-    import os
+    from .judge import best_judge, resolve_judge_spec
 
-    if os.environ.get("MECHPROBE_JUDGE_MODEL"):
-        return f"openai:{os.environ['MECHPROBE_JUDGE_MODEL']}"
+    env = resolve_judge_spec(None)  # openai:$MECHPROBE_JUDGE_MODEL when set (the judge CLI's own rule), else offline
+    if env != "offline":
+        return env
     rows = read_jsonl(run / "labels.jsonl") if (run / "labels.jsonl").exists() else []
     name = str(rows[0].get("judge", "")) if rows else ""
     if name.startswith("offline"):
@@ -172,11 +173,7 @@ def auto_judge(run: Path, model: str) -> str:
         judge_model = name.split(":", 1)[1].split("@", 1)[0]
         return f"{'hybrid2' if '+voice' in name else 'hybrid'}:{judge_model}"
     local = Path(model).exists() or str(model).endswith(".gguf")
-    if model == DEFAULT_MODEL or local:
-        return "offline"
-    from .judge import best_judge
-
-    return best_judge()
+    return "offline" if model == DEFAULT_MODEL or local else best_judge()
 
 
 def probe_config(model: str, dataset: str | None, preset: dict[str, Any] | None = None,
