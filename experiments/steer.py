@@ -42,18 +42,19 @@ from mechprobe.cli import friendly  # noqa: E402
 from mechprobe.errors import UserError  # noqa: E402
 from mechprobe.io import JsonlStore, read_json, read_jsonl, write_json  # noqa: E402
 from mechprobe.judge import JudgeInput, make_judge  # noqa: E402
+from mechprobe.models import load_model, native_bf16_dtype  # noqa: E402
 from mechprobe.plots import plot_steering  # noqa: E402
 from mechprobe.probes import figures_dir  # noqa: E402
 from mechprobe.records import AssistantRecord  # noqa: E402
 from mechprobe.stages import Stages, auto_judge, ensure_stages, finding_preset, resolve_run  # noqa: E402
 from mechprobe.steer_eval import (  # noqa: E402
+    NllScorer,
     SteeredTurn,
     assistant_accuracy,
     genuine_by_item,
     paired_vs_base,
     select_on_train,
     split_of,
-    steered_nll,
     steered_user_turns,
     summarize,
     train_probe_direction,
@@ -122,7 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="choose (layer, alpha) on --select-items train items, then run only alpha 0 and the chosen "
                         "alpha held out (default). --no-select-on-train: every alpha runs held out, at --layer or at "
                         "the layer best on train items at the largest alpha")
-    p.add_argument("--select-items", type=int, default=16, help="train items judged per swept setting")
+    p.add_argument("--select-items", type=int, default=None,
+                   help="train items judged per swept setting (default: 32 for models other than the embedded "
+                        "default, whose findings need it: 16 items give each rate a CI of +/-0.22 and the choice "
+                        "among ~20 settings did not replicate held out; 16 for the embedded default)")
+    p.add_argument("--sweep-past-break", action="store_true",
+                   help="run every swept alpha; by default a layer's larger alphas are skipped once its train "
+                        "degeneration exceeds --max-degenerate (they cannot be chosen)")
     p.add_argument("--max-degenerate", type=float, default=0.2,
                    help="selection ignores settings whose train degeneration rate exceeds this")
     p.add_argument("--positions", default="boundary+generated",
@@ -158,7 +165,7 @@ def validate_args(a: argparse.Namespace) -> None:
         bad.append(f"--max-user-tokens must be >= 1, got {a.max_user_tokens}")
     if a.max_heldout is not None and a.max_heldout < 1:
         bad.append(f"--max-heldout must be >= 1, got {a.max_heldout}")
-    if a.select_items < 1:
+    if a.select_items is not None and a.select_items < 1:
         bad.append(f"--select-items must be >= 1, got {a.select_items}")
     if a.acc_items < 1:
         bad.append(f"--acc-items must be >= 1, got {a.acc_items}")
@@ -194,7 +201,8 @@ def base_token_ids(lm, turn: SteeredTurn) -> list[int]:
 
 
 def run_condition(lm, judge, vec, alpha, a, items, by_item, path: Path, system=None,
-                  base: dict[str, SteeredTurn] | None = None) -> tuple[dict, list[SteeredTurn], dict[str, bool]]:
+                  base: dict[str, SteeredTurn] | None = None, scorer: NllScorer | None = None
+                  ) -> tuple[dict, list[SteeredTurn], dict[str, bool]]:
     """Generate (resuming ``path``), judge and summarise one (vector, alpha) on ``items``.
 
     With ``base`` (the alpha-0 turns of the same items), each turn also gets ``nll_base_text``: the NLL
@@ -208,9 +216,10 @@ def run_condition(lm, judge, vec, alpha, a, items, by_item, path: Path, system=N
     done = {r["item_id"] for r in read_jsonl(path, key="item_id")}
     todo = [x for x in items if x.item_id not in done]
     if todo:
+        scorer = scorer or NllScorer(lm)
         turns = steered_user_turns(lm, todo, vec if steered else None, alpha, a.positions, a.max_user_tokens,
-                                   system=system, engine=GEN_ENGINE.get("engine"))
-        turns = with_base_nll(lm, turns, todo, vec if steered else None, alpha, a.positions, system, base)
+                                   system=system, engine=GEN_ENGINE.get("engine"), nll=scorer)
+        turns = with_base_nll(lm, turns, todo, vec if steered else None, alpha, a.positions, system, base, scorer)
         labels = judge_turns(judge, turns, by_item, key)
         for t in turns:
             store.append({**asdict(t), "label": labels.get(f"{key}|{t.item_id}"), "judge": judge.name})
@@ -220,7 +229,8 @@ def run_condition(lm, judge, vec, alpha, a, items, by_item, path: Path, system=N
     missing = [t for t in turns if t.nll_base_text is None]
     if missing and (base is not None or not steered):  # rows of older versions: compute, do not rewrite the file
         fixed = {t.item_id: t for t in with_base_nll(lm, missing, [by_item[t.item_id] for t in missing],
-                                                     vec if steered else None, alpha, a.positions, system, base)}
+                                                     vec if steered else None, alpha, a.positions, system, base,
+                                                     scorer or NllScorer(lm))}
         turns = [fixed.get(t.item_id, t) for t in turns]
     labels = {f"{key}|{r['item_id']}": r["label"] for r in rows if r.get("judge") == judge.name}
     labels.update(other_judge_labels(judge, turns, rows, by_item, key, path))
@@ -283,17 +293,36 @@ def other_judge_labels(judge, turns: list[SteeredTurn], rows: list[dict], by_ite
     return {f"{key}|{r['item_id']}": side[f"{judge.name}|{r['item_id']}"] for r in other}
 
 
-def with_base_nll(lm, turns, items, vec, alpha, positions, system, base) -> list[SteeredTurn]:
+def with_base_nll(lm, turns, items, vec, alpha, positions, system, base, scorer: NllScorer) -> list[SteeredTurn]:
     """Fill ``nll_base_text``: at alpha 0 the turn is its own base text; steered, score the base turns."""
     if vec is None:
         return [replace(t, nll_base_text=t.nll) for t in turns]
     if base is None:
         return turns
     have = [(t, x) for t, x in zip(turns, items) if x.item_id in base]
-    nlls = steered_nll(lm, probe_prompt_ids(lm, [x for _, x in have], system),
-                       [base_token_ids(lm, base[x.item_id]) for _, x in have], vec, alpha, positions)
+    nlls = scorer(probe_prompt_ids(lm, [x for _, x in have], system),
+                  [base_token_ids(lm, base[x.item_id]) for _, x in have], vec, alpha, positions)
     got = {t.item_id: n for (t, _), n in zip(have, nlls)}
     return [replace(t, nll_base_text=got.get(t.item_id)) for t in turns]
+
+
+def pin_nll_dtype(out_dir: Path, wanted: str | None, legacy: str | None) -> str | None:
+    """The dtype of the HF model that scores NLLs in ``out_dir``, pinned in ``nll.json`` on first use.
+
+    Why: one table compares NLLs across conditions, and bf16 and fp32 scores of the same text differ by
+    ~0.01 per token (1.5B model), a tenth of the smallest steering effect reported; a resumed run must not
+    mix them. A directory with steered turns but no pin was scored by the run's own model (``legacy``).
+    ``None`` means the model's default dtype.
+    """
+    pin = out_dir / "nll.json"
+    if pin.exists():
+        dt = read_json(pin)["dtype"]
+        if dt != wanted:
+            print(f"note: NLLs in {out_dir} were scored in {dt or 'the default dtype'}; kept for this run")
+        return dt
+    dt = legacy if any(out_dir.rglob("alpha_*.jsonl")) else wanted
+    write_json(pin, {"dtype": dt})
+    return dt
 
 
 def candidate_layers(a, run: Path, n_layers: int) -> list[int]:
@@ -325,6 +354,14 @@ def select_md(sel: dict, unit: str, judge_name: str) -> str:
                      f"| {fmt(r.get('delta_norm'), '.4g')} | {r['followup_rate']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] "
                      f"| {r['degenerate_rate']:.3f} [{r['degenerate_ci'][0]:.3f}, {r['degenerate_ci'][1]:.3f}] "
                      f"| {nll} |")
+    by_layer: dict[tuple[int, float], list[float]] = {}
+    for r in sel.get("skipped", []):
+        by_layer.setdefault((r["layer"], r["broke_at"]), []).append(r["alpha"])
+    if by_layer:
+        lines += ["", "Not run (degeneration past the cap at a smaller alpha on the same layer; "
+                      "`--sweep-past-break` runs them): "
+                  + "; ".join(f"layer {la} alpha {', '.join(f'{x:g}' for x in xs)} (broke at {b:g})"
+                              for (la, b), xs in by_layer.items())]
     return "\n".join(lines) + "\n"
 
 
@@ -380,12 +417,28 @@ def main(argv: list[str] | None = None) -> int:
     elif a.max_user_tokens != cfg.max_user_tokens:
         print(f"note: --max-user-tokens {a.max_user_tokens} differs from the run's {cfg.max_user_tokens}: alpha 0 "
               "will not reproduce the run's own turns")
-    lm = st.model()
+    # Turns steered on llama.cpp are kept apart from HF-steered ones (other arithmetic, other tokens).
+    out_dir = Path(a.steer_dir) if a.steer_dir else run / ("steering_llamacpp" if a.steer_engine == "llamacpp"
+                                                           else "steering")
+    out_dir.mkdir(parents=True, exist_ok=True)
     if a.steer_engine == "llamacpp":  # steered generation on llama.cpp (rows together, control vectors)
         from mechprobe.llamacpp_backend import load_engine
 
         GEN_ENGINE["engine"] = load_engine(cfg.model, chat_template=cfg.chat_template)[1]
+        # The HF model only scores NLLs here, so it need not match the run's dtype: bf16 where native.
+        nll_dtype = pin_nll_dtype(out_dir, native_bf16_dtype() or cfg.dtype, legacy=cfg.dtype)
+        if nll_dtype == cfg.dtype:
+            lm = st.model()
+        else:
+            st.lm = None  # the run's model (if the cache stage loaded it) is not needed any more
+            lm = load_model(cfg.model, device=cfg.device, dtype=nll_dtype, chat_template=cfg.chat_template)
+    else:
+        lm = st.model()  # generation and NLLs on the run's own model, so alpha 0 reproduces its turns
+    scorer = NllScorer(lm)
+    print(f"NLLs: HF model in {scorer.dtype}")
     judge = make_judge(a.judge)
+    if a.select_items is None:
+        a.select_items = 16 if finding_preset(cfg.model) is None else 32
 
     cache = ActivationCache.load(run)
     mask = cache.labeled_mask()
@@ -404,9 +457,6 @@ def main(argv: list[str] | None = None) -> int:
     by_item = {x.item_id: x for x in assistants}
     train_items = [x for x in assistants if split_of(x.item_id) == "train"]
     heldout = [x for x in assistants if split_of(x.item_id) == "heldout"][: a.max_heldout]
-    # Turns steered on llama.cpp are kept apart from HF-steered ones (other arithmetic, other tokens).
-    out_dir = Path(a.steer_dir) if a.steer_dir else run / ("steering_llamacpp" if GEN_ENGINE else "steering")
-    out_dir.mkdir(parents=True, exist_ok=True)
     unit = a.alpha_unit
 
     def vec_at(layer: int) -> SteeringVector:
@@ -435,16 +485,18 @@ def main(argv: list[str] | None = None) -> int:
             vec = in_alpha_units(vec_at(layer), unit)
             pin_vector(setting_dir(sel_dir, layer) / "vector_diff_means", vec, setting_dir(sel_dir, layer))
             r, _, _ = run_condition(lm, judge, vec, alpha, a, items, by_item,
-                                    setting_dir(sel_dir, layer) / f"alpha_{alpha:g}_diff_means.jsonl", cfg.system)
+                                    setting_dir(sel_dir, layer) / f"alpha_{alpha:g}_diff_means.jsonl", cfg.system,
+                                    scorer=scorer)
             print(f"  train L{layer} alpha {alpha:g}: follow-up {r['followup_rate']:.3f} "
                   f"degenerate {r['degenerate_rate']:.3f}")
             return {"alpha_unit": unit, "resid_norm": vec.resid_norm, "delta_norm": abs(alpha) * vec.norm,
                     **{k: r[k] for k in ("n", "genuine", "followup_rate", "ci", "degenerate", "degenerate_rate",
                                          "degenerate_ci", "mean_nll", "labels")}}
 
-        selection = select_on_train(run_setting, sel_items, layers, alphas, a.max_degenerate)
+        selection = select_on_train(run_setting, sel_items, layers, alphas, a.max_degenerate,
+                                    stop_at_break=not a.sweep_past_break)
         base_tr, _, _ = run_condition(lm, judge, None, 0.0, a, sel_items, by_item, sel_dir / "alpha_0_none.jsonl",
-                                      cfg.system)
+                                      cfg.system, scorer=scorer)
         selection.update(train_alpha0={k: base_tr[k] for k in ("n", "followup_rate", "ci", "degenerate_rate")},
                          alpha_unit=unit, positions=a.positions, judge=judge.name)
         layer, alphas = selection["chosen"]["layer"], [0.0, selection["chosen"]["alpha"]]
@@ -461,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         for cand in candidate_layers(a, run, n_layers):
             v = in_alpha_units(vec_at(cand), unit)
             turns = steered_user_turns(lm, train_items, v, alpha_sel, a.positions, a.max_user_tokens,
-                                       system=cfg.system, engine=GEN_ENGINE.get("engine"))
+                                       system=cfg.system, engine=GEN_ENGINE.get("engine"), nll=scorer)
             key = f"sweep|L{cand}"
             s = summarize(turns, judge_turns(judge, turns, by_item, key), key)
             sweep.append({"layer": cand, "alpha": alpha_sel, **s})
@@ -487,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
                                                      kind="probe"), unit))
 
     base, base_turns, base_g = run_condition(lm, judge, None, 0.0, a, heldout, by_item, out_dir / "alpha_0_none.jsonl",
-                                             cfg.system)
+                                             cfg.system, scorer=scorer)
     base_by_item = {t.item_id: t for t in base_turns}
     acc_store = JsonlStore(out_dir / "accuracy.jsonl", key="cond")
     acc_done = {r["cond"]: r["accuracy"] for r in read_jsonl(out_dir / "accuracy.jsonl", key="cond")}
@@ -518,11 +570,12 @@ def main(argv: list[str] | None = None) -> int:
         for alpha in sorted(set(alphas) - {0.0}):
             r, _, g = run_condition(lm, judge, vec, alpha, a, heldout, by_item,
                                     setting_dir(out_dir, layer) / f"alpha_{alpha:g}_{vec.kind}.jsonl", cfg.system,
-                                    base=base_by_item)
+                                    base=base_by_item, scorer=scorer)
             rows.append(annotate(r, vec, alpha, g))
     header = (f"layer {layer}, positions {a.positions}, {len(heldout)} held-out items, judge {judge.name}, alpha unit "
               f"{unit} (mean boundary residual norm {resid_norm:.4g} on train rows); {raw.describe()}"
               + (f"; (layer, alpha) chosen on {len(selection['items'])} train items (select.md)" if selection else "")
+              + f"; NLLs by the HF model in {scorer.dtype}"
               + f"\n\ntask accuracy: assistant turn with the vector on at every position, first {n_acc} held-out "
                 "items; McNemar: paired exact test vs alpha 0 on the same items (+ genuine only when steered, "
                 "- genuine only unsteered)")
@@ -533,7 +586,8 @@ def main(argv: list[str] | None = None) -> int:
                                           "vector": raw.describe(), "vector_meta": v.meta, "sweep_train": sweep,
                                           "selection": selection, "heldout": rows,
                                           "assistant_accuracy_items": None if a.no_assistant_check else n_acc,
-                                          "judge": judge.name, "seconds": round(time.time() - t0, 1)})
+                                          "judge": judge.name, "nll_dtype": scorer.dtype,
+                                          "seconds": round(time.time() - t0, 1)})
     xlabel = ("alpha (x mean residual norm at the layer; equal |delta| for every kind)" if unit == "resid"
               else "alpha (multiplies the raw difference-of-means vector)")
     fig = plot_steering(rows, figures_dir(a.figures, run) / f"steer_{run.name}.png",

@@ -9,6 +9,7 @@ discordant pairs.
 
 from __future__ import annotations
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -21,6 +22,7 @@ from mechprobe.models import tiny_model
 from mechprobe.records import AssistantRecord
 from mechprobe.stats import mcnemar_exact
 from mechprobe.steer_eval import (
+    NllScorer,
     SteeredTurn,
     choose_setting,
     paired_vs_base,
@@ -135,6 +137,32 @@ def test_steered_nll_at_alpha_zero_is_the_unsteered_nll(model, lm):
     assert steered_nll(lm, PROMPTS[:2], [[], [7]], None, 0.0, "all")[0] is None
 
 
+@pytest.mark.parametrize("positions", ["boundary+generated", "generated", "all"])
+def test_nll_scorer_with_shared_prefixes_equals_steered_nll(model, lm, positions):
+    """The prefix-sharing scorer == :func:`steered_nll` (itself == a token-by-token replay), steered or not,
+    in batches of rows with different prompt lengths, and again from its kept prefixes (which must not have
+    been changed by the first scores). Other positions fall back to steered_nll (equal by construction)."""
+    dm, _ = _kinds(model)
+    u = in_alpha_units(dm, "resid")
+    sc = NllScorer(lm, batch_size=2)  # 2: the three rows span two batches, one of them ragged
+    for _ in range(2):
+        # Tolerance 1e-4: left-padded keys/values vs unpadded rows differ only by float32 summation order.
+        assert sc(PROMPTS, CONTS) == pytest.approx(turn_nll(lm, PROMPTS, CONTS), abs=1e-4)
+        got = sc(PROMPTS, CONTS, u, 0.5, positions)
+        assert got == pytest.approx(steered_nll(lm, PROMPTS, CONTS, u, 0.5, positions), abs=1e-4)
+    assert len(sc._kv) == len(PROMPTS)  # one kept prefix per prompt, reused by every later score
+    assert sc(PROMPTS[:2], [[], [7]])[0] is None
+    assert sc(PROMPTS, CONTS, u, 0.0, positions) == pytest.approx(sc(PROMPTS, CONTS), abs=1e-6)
+
+
+def test_nll_scorer_bounds_its_kept_prefixes(model, lm):
+    sc = NllScorer(lm, max_items=2)
+    ref = turn_nll(lm, PROMPTS, CONTS)
+    assert sc(PROMPTS, CONTS) == pytest.approx(ref, abs=1e-4)
+    assert len(sc._kv) <= 2
+    assert sc(PROMPTS[::-1], CONTS[::-1]) == pytest.approx(ref[::-1], abs=1e-4)  # evicted ones recomputed
+
+
 def test_turn_nll_in_chunks_on_kept_positions_equals_the_full_logits_computation(model, lm):
     """The memory-bounded turn_nll (chunks, LM head on the continuation's positions) == full logits, any chunking.
 
@@ -229,7 +257,7 @@ def test_one_resid_alpha_is_the_end_of_the_ladder():
     a = m.build_parser().parse_args([])
     assert a.alpha_unit == "resid" and a.alpha is None and a.select_on_train  # chosen on train by default
     assert not m.build_parser().parse_args(["--no-select-on-train"]).select_on_train
-    assert (a.select_items, a.max_degenerate) == (16, 0.2)
+    assert (a.select_items, a.max_degenerate) == (None, 0.2)  # None: 16 for the embedded default, else 32
 
 
 @pytest.mark.parametrize("flags, needle", [(["--alpha", "-1"], "end of the sweep"),
@@ -340,3 +368,40 @@ def test_pinned_vector_refuses_turns_of_another_vector(tmp_path):
     (old / "alpha_0.4_diff_means.jsonl").write_text("")
     with pytest.raises(UserError, match="no record of the vector"):
         m.pin_vector(old / "vector_diff_means", v, old)
+
+
+def test_selection_stops_a_layer_once_its_text_breaks():
+    train = [x for x in _records() if split_of(x.item_id) == "train"][:6]
+    calls = []
+
+    def run_setting(items, layer, alpha):
+        calls.append((layer, alpha))
+        broken = abs(alpha) >= (0.4 if layer == 2 else 1.6)
+        return {"followup_rate": 0.3 if alpha == -0.1 else 0.1, "degenerate_rate": 0.9 if broken else 0.0}
+
+    alphas = [0.0, 0.1, 0.2, 0.4, 0.8, 1.6, -0.1, -0.4, -0.8]
+    sel = select_on_train(run_setting, train, [2, 3], alphas, max_degenerate=0.2)
+    assert set(calls) == {(2, 0.1), (2, 0.2), (2, 0.4), (2, -0.1), (2, -0.4), (3, 0.1), (3, 0.2), (3, 0.4),
+                          (3, 0.8), (3, 1.6), (3, -0.1), (3, -0.4), (3, -0.8)}
+    assert len(calls) == len(set(calls))
+    assert {(r["layer"], r["alpha"], r["broke_at"]) for r in sel["skipped"]} == {
+        (2, 0.8, 0.4), (2, 1.6, 0.4), (2, -0.8, -0.4)}
+    assert sel["chosen"] == {"layer": 2, "alpha": -0.1}
+    assert [(r["layer"], r["alpha"]) for r in sel["sweep"]][:5] == [(2, -0.4), (2, -0.1), (2, 0.1), (2, 0.2),
+                                                                   (2, 0.4)]
+    calls.clear()
+    full = select_on_train(run_setting, train, [2, 3], alphas, max_degenerate=0.2, stop_at_break=False)
+    assert len(calls) == 16 and not full["skipped"]
+
+
+def test_nll_dtype_is_pinned_per_steering_directory(tmp_path):
+    m = _script()
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    assert m.pin_nll_dtype(fresh, "bfloat16", legacy=None) == "bfloat16"
+    assert m.pin_nll_dtype(fresh, None, legacy=None) == "bfloat16"  # pinned: a resume keeps it
+    old = tmp_path / "old"
+    (old / "select" / "L9_boundary+generated_resid").mkdir(parents=True)
+    (old / "select" / "L9_boundary+generated_resid" / "alpha_0.4_diff_means.jsonl").write_text("{}\n")
+    assert m.pin_nll_dtype(old, "bfloat16", legacy=None) is None  # scored by the run's own model before
+    assert json.loads((old / "nll.json").read_text()) == {"dtype": None}

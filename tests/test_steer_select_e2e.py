@@ -45,18 +45,19 @@ def test_select_on_train_steers_heldout_only_at_the_chosen_setting(run_dir, tmp_
     """The default path (no flag): (layer, alpha) chosen on train items, held-out items steered only there."""
     mod = _script()
     calls: list[tuple[str, list[str], int, float]] = []
-    gen, nll = mod.steered_user_turns, mod.steered_nll
+    gen = mod.steered_user_turns
 
     def rec_gen(lm, items, vector, alpha, *args, **kw):
         if vector is not None and alpha != 0:
             calls.append(("gen", [x.item_id for x in items], vector.layer, alpha))
         return gen(lm, items, vector, alpha, *args, **kw)
 
-    def rec_nll(lm, prompts, conts, vector, alpha, *args, **kw):
-        calls.append(("nll", [], vector.layer if vector is not None else -1, alpha))
-        return nll(lm, prompts, conts, vector, alpha, *args, **kw)
+    class RecScorer(mod.NllScorer):
+        def __call__(self, prompts, conts, vector=None, alpha=0.0, *args, **kw):
+            calls.append(("nll", [], vector.layer if vector is not None else -1, alpha))
+            return super().__call__(prompts, conts, vector, alpha, *args, **kw)
 
-    mod.steered_user_turns, mod.steered_nll = rec_gen, rec_nll
+    mod.steered_user_turns, mod.NllScorer = rec_gen, RecScorer
     argv = ["--run", str(run_dir), "--candidate-layers", "10", "20", "--alpha", "0", "0.1",
             "1.0", "--select-items", "4", "--kinds", "diff_means,random,negative", "--acc-items", "3",
             "--max-degenerate", "1.0", "--figures", str(tmp_path)]
