@@ -469,6 +469,7 @@ class PropensityReport:
     counts: dict[str, Any]
     folds: Folds = field(repr=False, default_factory=list)
     scores: dict[int, np.ndarray] = field(repr=False, default_factory=dict)
+    nested_scores: np.ndarray | None = field(repr=False, default=None)  # out of fold, the nested layer's
 
     def layer(self, layer: int) -> PropensityLayer:
         return self.per_layer[self.layers.index(layer)]
@@ -546,7 +547,7 @@ def propensity_probe_layers(stack: np.ndarray, layers: Sequence[int], targets: I
               "median_propensity": float(np.median(y)), "greedy_items": int(gmask.sum()),
               "greedy_genuine_items": int(yg[gmask].sum()), "greedy_probe": bool(can_greedy),
               "fold_test_items": [len(te) for _, te in folds]}
-    return PropensityReport(list(layers), per, best, nested, counts, folds, scores)
+    return PropensityReport(list(layers), per, best, nested, counts, folds, scores, s_n)
 
 
 def _restrict_folds(folds: Folds, keep: np.ndarray) -> Folds:
@@ -585,10 +586,85 @@ def propensity_controls(report: PropensityReport, stack: np.ndarray, targets: It
     if response_lengths is not None:
         f = np.log1p(np.asarray(response_lengths, float))
         out["response_length"] = rho_metric(y, signed_scores(f, y, report.folds), idx)
+        z = length_design(np.asarray(response_lengths, float), targets.datasets)
+        out["length_by_dataset"] = rho_metric(y, oof_ols(z, y, report.folds), idx)
+        if report.nested_scores is not None:
+            out["probe_beyond_length"] = partial_rho_metric(y, report.nested_scores, response_lengths,
+                                                            targets.datasets, idx)
     rel = split_half_reliability(targets.samples, n_splits_ceiling, seed, n_boot)
     out["split_half_reliability"] = rel
     out["split_half_ceiling"] = attenuation_ceiling(rel)
     return out
+
+
+def _ranks_within(v: np.ndarray, ds: np.ndarray) -> np.ndarray:
+    """Ranks of ``v`` within each dataset, scaled to (0, 1]."""
+    from scipy.stats import rankdata
+
+    out = np.zeros(len(v))
+    for d in set(ds.tolist()):
+        m = ds == d
+        out[m] = rankdata(v[m]) / m.sum()
+    return out
+
+
+def length_design(lengths: np.ndarray, datasets: Sequence[str]) -> np.ndarray:
+    """Covariates of the length control: an intercept, dataset offsets and a length slope per dataset.
+
+    Why: pooled over datasets, length separates them (MT-Bench answers end early, GSM8K ones hit the cap),
+    so a pooled length score mixes "long answers" with "which dataset"; a slope per dataset is the length
+    signal a probe could be riding on within each dataset. Length enters as its rank within its dataset
+    (lengths only, never targets, so it leaks nothing out of fold).
+    """
+    ds = np.asarray(datasets)
+    names = sorted(set(ds.tolist()))
+    r = _ranks_within(np.asarray(lengths, float), ds)
+    cols = [np.ones(len(ds))] + [(ds == d).astype(float) for d in names[1:]]
+    cols += [r * (ds == d) for d in names]
+    return np.stack(cols, 1)
+
+
+def oof_ols(z: np.ndarray, y: np.ndarray, folds: Folds) -> np.ndarray:
+    """Out-of-fold least-squares predictions of ``y`` from covariates ``z`` (minimum-norm where rank-deficient)."""
+    out = np.zeros(len(y))
+    for tr, te in folds:
+        beta = np.linalg.lstsq(z[tr], y[tr], rcond=None)[0]
+        out[te] = z[te] @ beta
+    return out
+
+
+def _partial_rank_corr(y: np.ndarray, s: np.ndarray, lengths: np.ndarray, ds: np.ndarray) -> float:
+    """Within each dataset: ranks of ``y`` and ``s`` regressed on the rank of length; residuals pooled and correlated.
+
+    A stratified partial Spearman: ranks make any monotone length effect linear, strata remove dataset effects.
+    """
+    res = []
+    for d in set(ds.tolist()):
+        m = ds == d
+        if m.sum() < 4:
+            continue
+        z = np.c_[np.ones(m.sum()), _ranks_within(lengths[m], ds[m])]
+        r = np.stack([_ranks_within(y[m], ds[m]), _ranks_within(s[m], ds[m])], 1)
+        res.append(r - z @ np.linalg.lstsq(z, r, rcond=None)[0])
+    if not res:
+        return float("nan")
+    e = np.concatenate(res)
+    if e.std(0).min() <= 1e-12:
+        return float("nan")
+    return float(np.corrcoef(e[:, 0], e[:, 1])[0, 1])
+
+
+def partial_rho_metric(y: np.ndarray, s: np.ndarray, lengths: np.ndarray, datasets: Sequence[str],
+                       idx: np.ndarray) -> Metric:
+    """Partial Spearman of probe score ``s`` and target ``y`` given length, within datasets; item-bootstrap 95% CI.
+
+    Why: "does the probe know more than the answer's length?" A probe that only read length (or which
+    dataset an item is from) scores ~0 here however high its plain rho; ``s`` is out of fold.
+    """
+    y, s, ln, ds = (np.asarray(y, float), np.asarray(s, float), np.asarray(lengths, float),
+                    np.asarray(datasets))
+    boots = np.array([_partial_rank_corr(y[b], s[b], ln[b], ds[b]) for b in idx])
+    return _percentile_ci(_partial_rank_corr(y, s, ln, ds), boots)
 
 
 def attenuation_ceiling(reliability: Metric) -> Metric:
@@ -729,7 +805,10 @@ def propensity_table(report: PropensityReport, ctrl: Mapping[str, Metric], targe
              "random_direction": f"random directions (layer {best.layer}; 95% over directions)",
              "embedding_layer": "embedding layer (residual 0)",
              "text_ridge": "text-only ridge (TF-IDF + length of prompt + response)",
-             "response_length": "response length alone (sign fitted per fold)"}
+             "response_length": "response length alone (sign fitted per fold)",
+             "length_by_dataset": "response length (rank within dataset), a slope per dataset + dataset offsets, "
+                                  "least squares out of fold",
+             "probe_beyond_length": "**nested probe beyond length**: partial rho given length, within datasets"}
     lines += [f"| {names[k]}: rho | {_fmt(v)} |" for k, v in ctrl.items() if k in names]
     lines += ["", "| residual | rho [95% CI] | AUROC > median | greedy-label AUROC | shuffled rho | random dirs rho | "
               "alpha per fold |", "|---|---|---|---|---|---|---|"]

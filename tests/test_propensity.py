@@ -159,7 +159,7 @@ def _targets(p, samples, datasets=None, greedy=None):
                        samples=[list(s) for s in samples], temperature=1.0, min_samples=2)
 
 
-def _planted(n=120, d=24, k=16, seed=0, layers=(0, 1, 2, 3), planted=2, strength=2.0):
+def _planted(n=120, d=24, k=16, seed=0, layers=(0, 1, 2, 3), planted=2, strength=2.0, with_logit=False):
     """Activations [n, L, d]; only layer ``planted`` carries w.x, and propensity = sigmoid(w.x) + noise
     (through k Bernoulli samples). Layer 0 is constant, as the embedding layer is at the boundary."""
     rng = np.random.default_rng(seed)
@@ -169,7 +169,8 @@ def _planted(n=120, d=24, k=16, seed=0, layers=(0, 1, 2, 3), planted=2, strength
     true_p = 1 / (1 + np.exp(-strength * stack[:, layers.index(planted)] @ w * 2))
     samples = (rng.random((n, k)) < true_p[:, None]).astype(int)
     greedy = (true_p > 0.5).astype(float)
-    return stack, list(layers), _targets(samples.mean(1), samples, greedy=greedy)
+    out = stack, list(layers), _targets(samples.mean(1), samples, greedy=greedy)
+    return (*out, stack[:, layers.index(planted)] @ w) if with_logit else out
 
 
 def test_planted_signal_is_recovered_and_nested_picks_its_layer():
@@ -287,3 +288,26 @@ def test_constant_score_has_rho_zero_not_nan():
     assert m.value == 0.0 and m.lo == 0.0 and m.hi == 0.0
     assert rho_metric(y, y, bootstrap_indices(5, 50, 0)).value == pytest.approx(1.0)
     assert np.isnan(spearman(np.ones(5), y))  # the plain statistic stays undefined
+
+
+def test_probe_beyond_length_is_zero_when_length_carries_the_signal():
+    """A planted state signal that the answer's length also carries: the plain length control and the probe both
+    score high, the partial rho given length (slope per dataset) does not; with length unrelated it keeps the
+    probe's rho. Two datasets with different length ranges, as GSM8K (capped) and MT-Bench."""
+    stack, layers, t, logit = _planted(n=200, seed=3, with_logit=True)
+    ds = ["a" if i % 2 else "b" for i in range(len(t))]
+    t2 = _targets(t.propensity, t.samples, datasets=ds)
+    rep = propensity_probe_layers(stack, layers, t2, n_splits=5, seed=0, n_boot=200, n_random=0, progress=False)
+    assert rep.nested["rho"].lo > 0.3
+    offset = np.where(np.asarray(ds) == "a", 0.0, 3.0)  # dataset b's answers are longer
+    riding = np.exp(logit + offset)  # length = a monotone function of the state's signal
+    ctrl = propensity_controls(rep, stack, t2, None, riding, seed=0, n_boot=200, n_splits_ceiling=20)
+    assert ctrl["length_by_dataset"].value > 0.4
+    b = ctrl["probe_beyond_length"]
+    assert abs(b.value) < 0.2 and b.lo < 0.1, b
+    unrelated = np.exp(np.random.default_rng(0).standard_normal(len(t)) + offset)
+    ctrl = propensity_controls(rep, stack, t2, None, unrelated, seed=0, n_boot=200, n_splits_ceiling=20)
+    assert abs(ctrl["length_by_dataset"].value) < 0.2
+    b = ctrl["probe_beyond_length"]
+    assert b.value > 0.3 and b.lo > 0.1, b
+    assert "beyond length" in propensity_table(rep, ctrl, t2)
