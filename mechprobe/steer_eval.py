@@ -100,11 +100,11 @@ def steered_user_turns(lm: LoadedModel, assistants: Sequence[AssistantRecord], v
         else:
             gens = generate(lm.model, prompts, stop_ids=stops, max_new_tokens=max_new_tokens, pad_id=tok.pad_token_id)
         nlls = (nll or (lambda p, c: turn_nll(lm, p, c)))(prompts, [g.token_ids for g in gens])
-        for a, g, nll in zip(assistants[i:i + batch_size], gens, nlls):
+        for a, g, n_ll in zip(assistants[i:i + batch_size], gens, nlls):
             raw, text = decode(tok, g)
             out.append(SteeredTurn(a.item_id, vector.kind if vector is not None else "none", alpha,
                                    vector.layer if vector is not None else -1, positions, raw, text,
-                                   g.stop_reason, nll, list(g.token_ids)))
+                                   g.stop_reason, n_ll, list(g.token_ids)))
     return out
 
 

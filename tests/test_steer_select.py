@@ -405,3 +405,23 @@ def test_nll_dtype_is_pinned_per_steering_directory(tmp_path):
     (old / "select" / "L9_boundary+generated_resid" / "alpha_0.4_diff_means.jsonl").write_text("{}\n")
     assert m.pin_nll_dtype(old, "bfloat16", legacy=None) is None  # scored by the run's own model before
     assert json.loads((old / "nll.json").read_text()) == {"dtype": None}
+
+
+def test_steered_user_turns_with_a_scorer_over_several_batches(smol):
+    """Real 135M model, 3 items in batches of 2: the scorer's NLLs equal turn_nll's on every batch (the loop
+    variable once shadowed the ``nll`` argument, so a second batch called a float)."""
+    from mechprobe import chat
+    from mechprobe.steer_eval import steered_user_turns
+
+    items = [AssistantRecord(item_id=f"b{i}", dataset="builtin", prompt=q, response=r, stop_reason="end_of_turn",
+                             n_tokens=5) for i, (q, r) in enumerate([("What is 2+2?", "2+2 = 4."),
+                                                                      ("Name a colour.", "Blue."),
+                                                                      ("Capital of France?", "Paris.")])]
+    sc = NllScorer(smol)
+    got = steered_user_turns(smol, items, None, 0.0, "boundary+generated", 8, batch_size=2, nll=sc)
+    ref = steered_user_turns(smol, items, None, 0.0, "boundary+generated", 8, batch_size=2)
+    assert [t.token_ids for t in got] == [t.token_ids for t in ref]
+    # Tolerance 1e-4: kept-prefix scoring vs one padded forward differ only by float32 summation order.
+    assert [t.nll for t in got] == pytest.approx([t.nll for t in ref], abs=1e-4)
+    prompts = [list(chat.build_probe_prompt(smol.tokenizer, x.prompt, x.response).input_ids) for x in items]
+    assert [t.nll for t in ref] == pytest.approx(turn_nll(smol, prompts, [t.token_ids for t in ref]), abs=1e-6)
