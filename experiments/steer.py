@@ -32,6 +32,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 # A fresh clone runs without `pip install -e .` too: the package sits next to this folder.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -155,7 +156,8 @@ def judge_turns(judge, turns: list[SteeredTurn], by_item: dict[str, AssistantRec
                          response=by_item[t.item_id].response, raw_text=t.raw_text, text=t.text,
                          stop_reason=t.stop_reason, dataset=by_item[t.item_id].dataset, decoding="greedy",
                          item_id=t.item_id) for t in turns]
-    return {r.record_id: r.label for r in judge.label_many(inputs)}
+    bar = tqdm(judge.label_many(inputs), total=len(inputs), desc=f"judge {key}", unit="turn", leave=False)
+    return {r.record_id: r.label for r in bar}
 
 
 def validate_args(a: argparse.Namespace) -> None:
@@ -217,10 +219,14 @@ def run_condition(lm, judge, vec, alpha, a, items, by_item, path: Path, system=N
     todo = [x for x in items if x.item_id not in done]
     if todo:
         scorer = scorer or NllScorer(lm)
+        t0 = time.perf_counter()
         turns = steered_user_turns(lm, todo, vec if steered else None, alpha, a.positions, a.max_user_tokens,
                                    system=system, engine=GEN_ENGINE.get("engine"), nll=scorer)
         turns = with_base_nll(lm, turns, todo, vec if steered else None, alpha, a.positions, system, base, scorer)
+        t1 = time.perf_counter()
         labels = judge_turns(judge, turns, by_item, key)
+        print(f"{path.parent.name}/{path.name}: {len(todo)} turns generated + NLLs in {t1 - t0:.0f} s, "
+              f"judged in {time.perf_counter() - t1:.0f} s", flush=True)
         for t in turns:
             store.append({**asdict(t), "label": labels.get(f"{key}|{t.item_id}"), "judge": judge.name})
     wanted = {x.item_id for x in items}

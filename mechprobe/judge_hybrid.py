@@ -55,6 +55,7 @@ CANDIDATES = frozenset({GENUINE, "generic_followup", "new_query"})
 DEFAULT_THRESHOLD = 0.3
 DEFAULT_VETO = 0.0
 SCALE = 0.1  # log-ratio units per logit of the reported P(genuine); only shapes probs, not labels
+DEFAULT_POOL_MB = 2048.0  # kept conversation prefixes: ~1.5 GB for 96 GSM8K items on the 1.5B judge (bf16)
 DEFAULT_VOICE = 0.1  # chosen on the dev splits of both 1.5B fixtures (docs/judge_agreement.md); hybrid2: only
 
 
@@ -208,7 +209,7 @@ class HybridJudge:
     def __init__(self, model: str = DEFAULT_LOCAL_MODEL, *, dtype: str | torch.dtype | None = None,
                  device: str | None = None, threshold: float | None = None, veto: float | None = None,
                  cache_dir: str | Path | bool | None = None, loaded: Any = None, embed: bool | None = None,
-                 voice: float | None = None):
+                 voice: float | None = None, pool_mb: float = DEFAULT_POOL_MB):
         from .judge_llm import JudgeCache, default_cache_dir
         from .judge_offline import OfflineJudge
 
@@ -230,7 +231,9 @@ class HybridJudge:
             raise ValueError(f"voice must be a finite number, got {voice!r}")
         version = HYBRID_VERSION if self.voice is None else f"{HYBRID_V2}+voice{self.voice:g}"
         self.name = f"hybrid:{self.model_name}@{version}+{self.offline.name}{tag}"
-        self.store = ChoiceScorer(loaded.model, loaded.tokenizer, ["x"])  # its KV prefix store
+        # its KV prefix store; conversations judged again in a later call (steering conditions, study variants)
+        # take their prefixes from the pool instead of a new prefill
+        self.store = ChoiceScorer(loaded.model, loaded.tokenizer, ["x"], pool_bytes=int(pool_mb * 2**20))
         if cache_dir is False:
             self.cache: Any = None
         else:
@@ -350,7 +353,7 @@ class HybridJudge:
                 yield LabelRecord(record_id=inp.record_id, label=label, genuine=is_genuine(label), rationale=why,
                                   judge=self.name, probs=probs)
             for slot in ("real", "null", "assistant"):
-                self.store.forget(slot)
+                self.store.forget(slot, pool=True)
 
     def label(self, inp: JudgeInput) -> LabelRecord:
         return next(self.label_many([inp]))

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -90,9 +91,16 @@ class ChoiceScorer:
     summed log-probability of the choice's tokens after ``ids``. Only the tokens after the longest
     kept prefix are run; the choices run as one right-padded batch (padding sits after every real
     token, so causal attention makes it invisible: no mask needed).
+
+    ``pool_bytes`` > 0 keeps prefixes that :meth:`forget` is told to ``pool`` in a least-recently-used
+    store of that many bytes, and :meth:`remember` of exactly the same ids takes them back instead of
+    running them again. Why: a steering sweep or a study variant judges the *same* conversations once
+    per condition; without the pool each call re-ran every conversation's prefill (py-spy: most of the
+    held-out stage of ``steer.py``). Exact ids only, never a partial match, so a pooled prefix is the
+    very tensors a fresh :meth:`remember` made the first time: verdicts do not depend on call order.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, choices: Sequence[str]):
+    def __init__(self, model: Any, tokenizer: Any, choices: Sequence[str], pool_bytes: int = 0):
         self.model = model
         self.tokenizer = tokenizer
         self.choices = list(choices)
@@ -100,7 +108,10 @@ class ChoiceScorer:
         if any(not c for c in self.choice_ids):
             raise ValueError("a choice tokenises to nothing")
         self._kept: dict[str, tuple[list[int], KV]] = {}
-        self.stats = {"prefix_tokens": 0, "turn_tokens": 0, "choice_tokens": 0}
+        self.pool_bytes = int(pool_bytes)
+        self._pool: OrderedDict[tuple[int, ...], tuple[KV, int]] = OrderedDict()
+        self._pool_used = 0
+        self.stats = {"prefix_tokens": 0, "turn_tokens": 0, "choice_tokens": 0, "pool_hits": 0}
 
     @property
     def device(self) -> torch.device:
@@ -132,11 +143,33 @@ class ChoiceScorer:
         if slot in self._kept and self._kept[slot][0] == list(ids):
             return
         self._kept.pop(slot, None)
+        hit = self._pool.get(tuple(ids))
+        if hit is not None:
+            self._pool.move_to_end(tuple(ids))
+            self.stats["pool_hits"] += 1
+            self._kept[slot] = (list(ids), hit[0])
+            return
         kv, _ = self._run(ids, "prefix_tokens")
         self._kept[slot] = (list(ids), kv)
 
-    def forget(self, slot: str) -> None:
-        self._kept.pop(slot, None)
+    def forget(self, slot: str, pool: bool = False) -> None:
+        """Drop ``slot``; with ``pool`` (and ``pool_bytes`` > 0) keep its prefix for a later exact
+        :meth:`remember`, evicting the least recently used pooled prefixes beyond ``pool_bytes``."""
+        got = self._kept.pop(slot, None)
+        if not pool or got is None or self.pool_bytes <= 0:
+            return
+        key = tuple(got[0])
+        if key in self._pool:
+            self._pool.move_to_end(key)
+            return
+        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in got[1])
+        if size > self.pool_bytes:
+            return
+        self._pool[key] = (got[1], size)
+        self._pool_used += size
+        while self._pool_used > self.pool_bytes:
+            _, (_, old) = self._pool.popitem(last=False)
+            self._pool_used -= old
 
     @torch.inference_mode()
     def score(self, ids: Sequence[int]) -> list[float]:

@@ -197,3 +197,58 @@ def test_voice_reuses_the_grounding_pass_user_logprobs(smol):
     # only the assistant slot ran: fewer turn tokens than voice_scores spends alone on the same two turns (user +
     # assistant slots; the assistant header is longer than the user one, so not exactly half)
     assert 0 < spent < 0.75 * alone_store.stats["turn_tokens"]
+
+
+@requires_smollm2
+def test_prefix_pool_spares_the_prefill_of_a_conversation_judged_again(smol):
+    """Steering conditions judge the same conversations once per call. With the pool, a second call over the
+    same conversations (other turns, as another condition writes) runs no prefix tokens and gives the verdicts
+    a pool-less judge gives. Labels exact; P(genuine) to 1e-5 (the pooled tensors are the first prefill's, and
+    the pool-less judge repeats the same single-row forward, so only a non-deterministic kernel could move it)."""
+    rows = [r for r in read_jsonl(FIXTURE) if r["split"] == "dev"][:12]
+    inputs = inputs_from_rows(rows)
+    by_conv: dict[str, list[JudgeInput]] = {}
+    for inp in inputs:
+        by_conv.setdefault(inp.prompt + inp.response, []).append(inp)
+    convs = [g for g in by_conv.values()]
+    assert len(convs) >= 2
+    first = [g[0] for g in convs]
+    second = [g[-1] for g in convs]  # the same conversations again (another turn where the fixture has one)
+    pooled = HybridJudge(loaded=smol, cache_dir=False)
+    plain = HybridJudge(loaded=smol, cache_dir=False, pool_mb=0)
+
+    def spend(j: HybridJudge, inputs: list[JudgeInput]) -> tuple[list[LabelRecord], int]:
+        before = j.store.stats["prefix_tokens"]
+        return list(j.label_many(inputs)), j.store.stats["prefix_tokens"] - before
+
+    (a1, p1), (b1, q1) = spend(pooled, first), spend(plain, first)
+    assert p1 == q1 > 0 and pooled.store.stats["pool_hits"] == 0
+    (a2, p2), (b2, q2) = spend(pooled, second), spend(plain, second)
+    assert p2 <= q2  # other turns may need slots the first call did not run (voice); never more
+    (a3, p3), (b3, q3) = spend(pooled, first), spend(plain, first)
+    assert p3 == 0 and q3 == q1  # the same conversations again: every prefix from the pool
+    assert pooled.store.stats["pool_hits"] >= len(convs)
+    for x, y in zip(a1 + a2 + a3, b1 + b2 + b3, strict=True):
+        assert x.label == y.label and x.record_id == y.record_id
+        assert math.isclose(x.probs[GENUINE], y.probs[GENUINE], abs_tol=1e-5)
+
+
+@requires_smollm2
+def test_prefix_pool_stays_within_its_bytes_least_recently_used_first(smol):
+    tok = smol.tokenizer
+    ids = [list(tok(f"Conversation number {i} about eggs and boiling water.")["input_ids"]) for i in range(3)]
+    probe = ChoiceScorer(smol.model, tok, ["x"])
+    probe.remember("s", ids[0])
+    one = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in probe._kept["s"][1])
+    store = ChoiceScorer(smol.model, tok, ["x"], pool_bytes=int(2.5 * one))  # room for two of these
+    for x in ids:
+        store.remember("s", x)
+        store.forget("s", pool=True)
+    assert store._pool_used <= store.pool_bytes and len(store._pool) == 2
+    assert tuple(ids[0]) not in store._pool  # the oldest went first
+    before = store.stats["prefix_tokens"]
+    store.remember("s", ids[2])
+    assert store.stats["prefix_tokens"] == before and store.stats["pool_hits"] == 1
+    store.forget("s")  # not pooled: dropped
+    store.remember("s", ids[0])
+    assert store.stats["prefix_tokens"] > before  # evicted, so run again
