@@ -55,7 +55,7 @@ CANDIDATES = frozenset({GENUINE, "generic_followup", "new_query"})
 DEFAULT_THRESHOLD = 0.3
 DEFAULT_VETO = 0.0
 SCALE = 0.1  # log-ratio units per logit of the reported P(genuine); only shapes probs, not labels
-DEFAULT_POOL_MB = 2048.0  # kept conversation prefixes: ~1.5 GB for 96 GSM8K items on the 1.5B judge (bf16)
+DEFAULT_POOL_MB = 1024.0  # kept conversation prefixes: ~0.5 GB for 96 GSM8K items on the 1.5B judge (bf16)
 DEFAULT_VOICE = 0.1  # chosen on the dev splits of both 1.5B fixtures (docs/judge_agreement.md); hybrid2: only
 
 
@@ -352,8 +352,11 @@ class HybridJudge:
                     | ({"voice": round(v, 6)} if v is not None else {})
                 yield LabelRecord(record_id=inp.record_id, label=label, genuine=is_genuine(label), rationale=why,
                                   judge=self.name, probs=probs)
-            for slot in ("real", "null", "assistant"):
-                self.store.forget(slot, pool=True)
+            # Pool only the real conversation: the null and assistant slots share all but a few tokens with it,
+            # so they rebuild from it in one short forward (as they did the first time), at a third of the memory.
+            self.store.forget("real", pool=True)
+            for slot in ("null", "assistant"):
+                self.store.forget(slot)
 
     def label(self, inp: JudgeInput) -> LabelRecord:
         return next(self.label_many([inp]))

@@ -202,8 +202,8 @@ def test_voice_reuses_the_grounding_pass_user_logprobs(smol):
 @requires_smollm2
 def test_prefix_pool_spares_the_prefill_of_a_conversation_judged_again(smol):
     """Steering conditions judge the same conversations once per call. With the pool, a second call over the
-    same conversations (other turns, as another condition writes) runs no prefix tokens and gives the verdicts
-    a pool-less judge gives. Labels exact; P(genuine) to 1e-5 (the pooled tensors are the first prefill's, and
+    same conversations (other turns, as another condition writes) runs only the few prefix tokens where the null
+    and assistant slots differ from the pooled real conversation, and gives the verdicts a pool-less judge gives. Labels exact; P(genuine) to 1e-5 (the pooled tensors are the first prefill's, and
     the pool-less judge repeats the same single-row forward, so only a non-deterministic kernel could move it)."""
     rows = [r for r in read_jsonl(FIXTURE) if r["split"] == "dev"][:12]
     inputs = inputs_from_rows(rows)
@@ -226,8 +226,10 @@ def test_prefix_pool_spares_the_prefill_of_a_conversation_judged_again(smol):
     (a2, p2), (b2, q2) = spend(pooled, second), spend(plain, second)
     assert p2 <= q2  # other turns may need slots the first call did not run (voice); never more
     (a3, p3), (b3, q3) = spend(pooled, first), spend(plain, first)
-    assert p3 == 0 and q3 == q1  # the same conversations again: every prefix from the pool
-    assert pooled.store.stats["pool_hits"] >= len(convs)
+    # the same conversations again: the real conversations come from the pool; only the null and assistant slots
+    # rebuild from them (their few differing tokens: 26 of 417 here)
+    assert q3 == q1 and p3 < 0.2 * q3
+    assert pooled.store.stats["pool_hits"] > 0 and len(pooled.store._pool) <= len(convs)  # real slots only
     for x, y in zip(a1 + a2 + a3, b1 + b2 + b3, strict=True):
         assert x.label == y.label and x.record_id == y.record_id
         assert math.isclose(x.probs[GENUINE], y.probs[GENUINE], abs_tol=1e-5)
