@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from .models import kv_kw, out_cache
+
 
 @dataclass
 class Generation:
@@ -116,9 +118,9 @@ def generate(
     for step in range(max_new_tokens):
         # Not logits_to_keep=1: measured 2x *slower* prefill in bf16 on CPU (benchmarks/bench_speed.py --prefill).
         out = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
-                    past_key_values=cache, use_cache=True)
+                    **kv_kw(model, cache), use_cache=True)
         logits = out.logits[:, -1, :].float()
-        cache = out.past_key_values
+        cache = out_cache(out)
         if step == 0 and share:  # expand the unique prompts' prefill to one row per requested prompt
             idx = torch.tensor(inverse, device=dev)
             cache.reorder_cache(idx)

@@ -44,6 +44,7 @@ import torch
 
 from .judge import JudgeInput
 from .judge_local import DEFAULT_LOCAL_MODEL, ChoiceScorer, _cache_of, _crop
+from .models import kv_kw
 from .records import LabelRecord
 from .taxonomy import GENUINE, is_genuine
 
@@ -82,7 +83,7 @@ def turn_logprob(store: ChoiceScorer, tokenizer: Any, conv: list[dict[str, str]]
     if kv is not None:
         kv = _crop(kv, n)
     x = torch.tensor([ids[n:]], device=next(store.model.parameters()).device)
-    out = store.model(input_ids=x, past_key_values=_cache_of(kv) if kv is not None and n > 0 else None,
+    out = store.model(input_ids=x, **kv_kw(store.model, _cache_of(kv) if kv is not None and n > 0 else None),
                       use_cache=True)
     logp = torch.log_softmax(out.logits[0].float(), -1)
     idx = torch.arange(len(pre) - 1 - n, len(ids) - 1 - n)
@@ -132,7 +133,7 @@ def turn_logprobs(store: ChoiceScorer, tokenizer: Any, conv: list[dict[str, str]
             chunk = rows[s:s + max_rows]
             width = max(len(ids) - n for _, ids in chunk)
             x = torch.tensor([ids[n:] + [ids[-1]] * (width - (len(ids) - n)) for _, ids in chunk], device=dev)
-            res = store.model(input_ids=x, past_key_values=_cache_of(kv, repeat=len(chunk)) if kv else None,
+            res = store.model(input_ids=x, **kv_kw(store.model, _cache_of(kv, repeat=len(chunk)) if kv else None),
                               use_cache=True)
             logp = torch.log_softmax(res.logits.float(), -1)
             for r, (i, ids) in enumerate(chunk):

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from .judge import JudgeInput
-from .models import logits_kept
+from .models import kv_kw, logits_kept, out_cache
 from .records import LabelRecord
 from .taxonomy import LABELS, TAXONOMY_VERSION, is_genuine
 
@@ -134,9 +134,9 @@ class ChoiceScorer:
         n, kv = self._best(ids)
         cache = _cache_of(kv) if kv is not None else None
         x = torch.tensor([list(ids[n:])], device=self.device)
-        out = logits_kept(self.model, 1, input_ids=x, past_key_values=cache, use_cache=True)
+        out = logits_kept(self.model, 1, input_ids=x, **kv_kw(self.model, cache), use_cache=True)
         self.stats[count] += len(ids) - n
-        return _kv_of(out.past_key_values), torch.log_softmax(out.logits[0, -1].float(), -1)
+        return _kv_of(out_cache(out)), torch.log_softmax(out.logits[0, -1].float(), -1)
 
     def remember(self, slot: str, ids: Sequence[int]) -> None:
         """Keep the KV of prefix ``ids`` under ``slot`` (replacing what the slot held)."""
@@ -181,7 +181,7 @@ class ChoiceScorer:
             b = len(self.choice_ids)
             rows = [c[:-1] + [c[0]] * (longest - len(c)) for c in self.choice_ids]  # pad after real tokens
             x = torch.tensor(rows, device=self.device)
-            res = self.model(input_ids=x, past_key_values=_cache_of(kv, repeat=b), use_cache=True)
+            res = self.model(input_ids=x, **kv_kw(self.model, _cache_of(kv, repeat=b)), use_cache=True)
             logp = torch.log_softmax(res.logits.float(), -1)
             self.stats["choice_tokens"] += sum(len(c) - 1 for c in self.choice_ids)
             for r, c in enumerate(self.choice_ids):

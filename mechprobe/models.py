@@ -608,6 +608,39 @@ def compact_lm_head_input(model: nn.Module) -> Iterator[None]:
         h.remove()
 
 
+def kv_kw(model: Any, cache: Any) -> dict[str, Any]:
+    """``{name: cache}`` under the KV-cache keyword ``model.forward`` takes.
+
+    Why: transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name warns and is removed in 5.40),
+    while older releases only know ``past_key_values``; the signature is the one source that is right for both.
+    """
+    return {_cache_kw(type(model)): cache}
+
+
+_CACHE_KW: dict[type, str] = {}
+
+
+def _cache_kw(cls: type) -> str:
+    if cls not in _CACHE_KW:
+        import inspect
+
+        try:
+            params = inspect.signature(cls.forward).parameters
+        except (TypeError, ValueError, AttributeError):
+            params = {}
+        _CACHE_KW[cls] = "cache" if "cache" in params else "past_key_values"
+    return _CACHE_KW[cls]
+
+
+def out_cache(out: Any) -> Any:
+    """The KV cache a forward returned: ``out.cache`` (transformers >= 5.24) or ``out.past_key_values``."""
+    try:
+        c = out["cache"] if "cache" in out else None
+    except TypeError:
+        c = getattr(out, "cache", None)
+    return c if c is not None else getattr(out, "past_key_values", None)
+
+
 def logits_kept(model: nn.Module, keep: int, **inputs: Any) -> Any:
     """``model(**inputs, logits_to_keep=keep)`` with the LM head on the last ``keep`` positions only, at full
     speed in bf16 on CPU (:func:`compact_lm_head_input`). Returns the model's output object."""

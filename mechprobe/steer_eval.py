@@ -31,7 +31,7 @@ import torch
 
 from . import chat
 from .generation import decode, generate, input_device, left_pad
-from .models import LoadedModel
+from .models import LoadedModel, kv_kw
 from .records import AssistantRecord
 from .stats import mcnemar_exact, wilson
 from .steering import SteeringVector, steer
@@ -218,7 +218,7 @@ def steered_nll(lm: LoadedModel, prompts: Sequence[Sequence[int]], continuations
             kv = DynamicCache()
             # Only the boundary's logits are needed: the full [batch, prompt, vocab] tensor is GBs on a 152k vocab.
             first_logits = _last_logits(model, 1, input_ids=ids, attention_mask=mask, position_ids=pos,
-                                        past_key_values=kv, use_cache=True)
+                                        **kv_kw(model, kv), use_cache=True)
             lp_first = torch.log_softmax(first_logits[:, -1].float(), -1)
             width = max((len(c) for c in cs), default=0) - 1
             lp_rest = None
@@ -232,7 +232,7 @@ def steered_nll(lm: LoadedModel, prompts: Sequence[Sequence[int]], continuations
                         cmask[r, :n] = 1
                 cpos = pos[:, -1:] + 1 + torch.arange(width, device=dev)[None]
                 rest = model(input_ids=cids, attention_mask=torch.cat([mask, cmask], 1), position_ids=cpos,
-                             past_key_values=kv, use_cache=True)
+                             **kv_kw(model, kv), use_cache=True)
                 lp_rest = torch.log_softmax(rest.logits.float(), -1)
         for r, c in enumerate(cs):
             if not c:
@@ -287,7 +287,7 @@ class NllScorer:
             chunk = need[s:s + self.batch_size]
             ids, mask, pos = left_pad([list(k) for k in chunk], pad, dev)
             kv = DynamicCache()
-            _last_logits(model, 1, input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=kv,
+            _last_logits(model, 1, input_ids=ids, attention_mask=mask, position_ids=pos, **kv_kw(model, kv),
                          use_cache=True)
             width = ids.shape[1]
             for r, k in enumerate(chunk):
@@ -343,7 +343,7 @@ class NllScorer:
         ctx = steer(model, vector, alpha, positions) if vector is not None else contextlib.nullcontext()
         with ctx:
             logits = _last_logits(model, width_c, input_ids=ids, attention_mask=mask, position_ids=pos,
-                                  past_key_values=kv, use_cache=True)
+                                  **kv_kw(model, kv), use_cache=True)
         got: dict[int, float] = {}
         for i, r in enumerate(rows):
             n = len(cs[r])

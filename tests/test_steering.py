@@ -159,6 +159,25 @@ def test_generated_only_cannot_change_the_first_token(model):
     assert steered != base
 
 
+@pytest.mark.parametrize("name", ["cache", "past_key_values"])
+def test_decode_steps_are_recognised_under_either_cache_keyword(name):
+    """transformers 5.24 renamed the forward's ``past_key_values`` to ``cache``; HF generate passes the new name
+    and older releases (and callers on the old name) the other. A decode step under either name is generated
+    text, never a fresh prompt -- the bug that once steered every decode step as if it were the boundary."""
+    from transformers import DynamicCache
+
+    from mechprobe.steering import _CallTracker
+
+    cache = DynamicCache()
+    k = torch.zeros(1, 1, 5, 4)
+    cache.update(k, k, 0)  # 5 positions already cached
+    tr = _CallTracker()
+    tr.pre(None, (), {"input_ids": torch.zeros(1, 5, dtype=torch.long), name: None})
+    assert (tr.call.boundary, tr.call.gen_start) == (4, 5)  # a prefill: its last position is the boundary
+    tr.pre(None, (), {"input_ids": torch.zeros(1, 1, dtype=torch.long), name: cache})
+    assert (tr.call.boundary, tr.call.gen_start) == (None, 0)  # a decode step: all generated
+
+
 @pytest.mark.parametrize("layer", [0, 1, 2])
 @pytest.mark.parametrize("positions", ["boundary", "all"])
 @pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
