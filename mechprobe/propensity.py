@@ -223,9 +223,10 @@ def rho_metric(y: np.ndarray, s: np.ndarray, idx: np.ndarray) -> Metric:
 
 
 def auroc_metric(y: np.ndarray, s: np.ndarray, idx: np.ndarray) -> Metric | None:
-    """AUROC with an item-bootstrap 95% CI (None when ``y`` has one class)."""
+    """AUROC with an item-bootstrap 95% CI (None when ``y`` has one class, or some item has no score: an
+    out-of-fold probe that could not be fitted on a fold, see :func:`oof_logreg`)."""
     y = np.asarray(y).astype(int)
-    if len(set(y.tolist())) < 2:
+    if len(set(y.tolist())) < 2 or not np.all(np.isfinite(np.asarray(s, float))):
         return None
     w = np.zeros((len(idx), len(y)))
     for b in range(len(idx)):
@@ -373,7 +374,10 @@ def oof_ridge(x: np.ndarray, y: np.ndarray, folds: Folds, seed: int = 0, alphas:
 def oof_logreg(x: np.ndarray, y: np.ndarray, folds: Folds, seed: int = 0) -> tuple[np.ndarray, list[float]]:
     """Out-of-fold logistic scores (C by inner CV, :func:`mechprobe.probes.fit_logreg`) and inner AUROCs.
 
-    A training fold with fewer than two items of a class scores its test items 0 (and inner AUROC 0.5).
+    A training fold with fewer than two items of a class cannot be fitted: its test items score NaN (and inner
+    AUROC 0.5), so :func:`auroc_metric` reports nothing. Why not 0: a constant 0 for the rare class's fold sits
+    above the other folds' mostly negative decision values and manufactured AUROC ~0.8 at every layer from 2
+    positives out of 200 (the 0.5B model's greedy labels).
     """
     y = np.asarray(y).astype(int)
     s = np.zeros(len(y))
@@ -382,6 +386,7 @@ def oof_logreg(x: np.ndarray, y: np.ndarray, folds: Folds, seed: int = 0) -> tup
     for tr, te in folds:
         if not _logreg_ok(y[tr]):
             inner.append(0.5)
+            s[te] = np.nan
             continue
         fit = fit_logreg(x[tr], y[tr], keys[tr], seed)
         s[te] = fit.model.decision_function(x[te])

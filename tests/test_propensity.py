@@ -198,6 +198,19 @@ def test_planted_signal_is_recovered_and_nested_picks_its_layer():
     assert abs(ctrl["split_half_ceiling"].value - np.sqrt(max(r.value, 0))) < 1e-12
 
 
+def test_greedy_auroc_is_not_reported_when_a_fold_cannot_be_fitted():
+    """Two greedy positives in 120 items (the 0.5B model had 2/200): a fold whose training part holds one positive
+    cannot fit a logistic probe. Scoring its items 0 once put the positives above the other folds' negative
+    decision values -- AUROC ~0.8 at every layer, signal or not. Such a layer must report no greedy AUROC."""
+    stack, layers, t = _planted()
+    g = np.zeros(len(t))
+    g[[3, 50]] = 1.0  # two positives, uncorrelated with the states
+    t = _targets(t.propensity, t.samples, greedy=g)
+    rep = propensity_probe_layers(stack, layers, t, n_splits=5, seed=0, n_boot=50, n_random=0, progress=False)
+    assert all(r.greedy_auroc is None for r in rep.per_layer), [r.greedy_auroc for r in rep.per_layer]
+    assert rep.layer(2).rho.lo > 0  # the rest of the report is unaffected
+
+
 def test_shuffled_target_is_not_recovered():
     stack, layers, t = _planted(seed=1)
     rng = np.random.default_rng(5)
