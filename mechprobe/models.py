@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import json
 import os
 import shutil
@@ -622,8 +623,6 @@ _CACHE_KW: dict[type, str] = {}
 
 def _cache_kw(cls: type) -> str:
     if cls not in _CACHE_KW:
-        import inspect
-
         try:
             params = inspect.signature(cls.forward).parameters
         except (TypeError, ValueError, AttributeError):
@@ -634,10 +633,7 @@ def _cache_kw(cls: type) -> str:
 
 def out_cache(out: Any) -> Any:
     """The KV cache a forward returned: ``out.cache`` (transformers >= 5.24) or ``out.past_key_values``."""
-    try:
-        c = out["cache"] if "cache" in out else None
-    except TypeError:
-        c = getattr(out, "cache", None)
+    c = getattr(out, "cache", None)
     return c if c is not None else getattr(out, "past_key_values", None)
 
 

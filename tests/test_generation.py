@@ -233,3 +233,29 @@ def test_auto_batch_size_gives_the_same_tokens_as_fixed_batches(tmp_path):
     together = generate(model, prompts[:rows], stop_ids={}, max_new_tokens=5, pad_id=0)
     alone = [generate(model, [p], stop_ids={}, max_new_tokens=5, pad_id=0)[0] for p in prompts]
     assert [g.token_ids for g in together] == [g.token_ids for g in alone]
+
+
+def test_kv_keyword_follows_each_models_signature_and_no_deprecation_is_hit():
+    """transformers 5.24 renamed ``past_key_values`` to ``cache``: ``kv_kw`` must pick the name the model's
+    forward declares (a model on the old name keeps it), and a cached generation must not go through the
+    deprecated name (it is removed in 5.40)."""
+    import inspect
+    import warnings
+
+    from torch import nn
+
+    from mechprobe.models import kv_kw, out_cache
+
+    model = tiny_model("llama")
+    name = next(iter(kv_kw(model, None)))
+    assert name in inspect.signature(type(model).forward).parameters
+
+    class OldStyle(nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None):
+            return None
+
+    assert kv_kw(OldStyle(), 1) == {"past_key_values": 1}
+    assert out_cache(type("O", (), {"past_key_values": 7})()) == 7  # an output object of an old release
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        generate(model, [[1, 2, 3]], stop_ids={}, max_new_tokens=3, pad_id=0)
