@@ -36,11 +36,11 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from mechprobe import chat  # noqa: E402
-from mechprobe.backends import BACKENDS, make_backend  # noqa: E402
-from mechprobe.generation import left_pad  # noqa: E402
+from mechprobe.activations.backends import BACKENDS, make_backend  # noqa: E402
 from mechprobe.io import JsonlStore, versions  # noqa: E402
-from mechprobe.models import LoadedModel, load_model  # noqa: E402
+from mechprobe.lm import chat  # noqa: E402
+from mechprobe.lm.generation import left_pad  # noqa: E402
+from mechprobe.lm.models import LoadedModel, load_model  # noqa: E402
 from mechprobe.records import UserTurnRecord  # noqa: E402
 
 QA = [("What is 17 * 23?", "17 * 23 = 391."),
@@ -202,7 +202,7 @@ import torch
 torch.set_num_threads({threads})
 sys.path.insert(0, {here!r})
 from bench_cache import load, make_records, write_run
-from mechprobe.activations import cache_run
+from mechprobe.activations.cache import cache_run
 lm = load({model!r}, {random!r}, {device!r})
 recs = make_records(lm, {n})
 with torch.inference_mode():  # touch every weight page first (snapshots are memory-mapped)

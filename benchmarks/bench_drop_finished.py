@@ -14,9 +14,9 @@ import time  # noqa: E402
 
 import torch  # noqa: E402
 
-from mechprobe import chat  # noqa: E402
-from mechprobe.generation import generate  # noqa: E402
-from mechprobe.models import load_model  # noqa: E402
+from mechprobe.lm import chat  # noqa: E402
+from mechprobe.lm.generation import generate  # noqa: E402
+from mechprobe.lm.models import load_model  # noqa: E402
 
 lm = load_model(sys.argv[1] if len(sys.argv) > 1 else "qwen2.5-coder-0.5b-instruct", dtype="bfloat16")
 tok = lm.tokenizer

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from mechprobe import chat
-from mechprobe.generation import generate, input_device, left_pad
-from mechprobe.models import load_model
+from mechprobe.lm import chat
+from mechprobe.lm.generation import generate, input_device, left_pad
+from mechprobe.lm.models import load_model
 
 QUESTIONS = [
     "What is 17 * 23?", "Explain photosynthesis in two sentences.", "Give me three tips for a job interview.",

@@ -30,10 +30,10 @@ def main() -> int:
 
     import torch
 
-    from mechprobe.judge import inputs_from_run
-    from mechprobe.judge_hybrid import CANDIDATES, HybridJudge
-    from mechprobe.judge_offline import split_roles
-    from mechprobe.models import cpu_threads
+    from mechprobe.judges.base import inputs_from_run
+    from mechprobe.judges.hybrid import CANDIDATES, HybridJudge
+    from mechprobe.judges.offline import split_roles
+    from mechprobe.lm.models import cpu_threads
 
     torch.set_num_threads(cpu_threads())
     j = HybridJudge(a.model, cache_dir=False)

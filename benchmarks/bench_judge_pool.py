@@ -27,9 +27,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from mechprobe.io import read_jsonl, versions  # noqa: E402
-from mechprobe.judge import JudgeInput  # noqa: E402
-from mechprobe.judge_hybrid import DEFAULT_POOL_MB, DEFAULT_VOICE, HybridJudge  # noqa: E402
-from mechprobe.models import load_model  # noqa: E402
+from mechprobe.judges.base import JudgeInput  # noqa: E402
+from mechprobe.judges.hybrid import DEFAULT_POOL_MB, DEFAULT_VOICE, HybridJudge  # noqa: E402
+from mechprobe.lm.models import load_model  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

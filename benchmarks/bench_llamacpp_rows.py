@@ -32,10 +32,10 @@ def main() -> None:
     p.add_argument("--out", default=None)
     a = p.parse_args()
 
-    from mechprobe import chat
-    from mechprobe.datasets import load_dataset
-    from mechprobe.llamacpp_backend import load_engine
-    from mechprobe.models import cpu_threads
+    from mechprobe.lm import chat
+    from mechprobe.lm.llamacpp import load_engine
+    from mechprobe.lm.models import cpu_threads
+    from mechprobe.turns.datasets import load_dataset
 
     lm, eng = load_engine(a.model)
     items = load_dataset("gsm8k", limit=a.items).items

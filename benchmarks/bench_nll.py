@@ -26,13 +26,13 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from mechprobe import chat  # noqa: E402
-from mechprobe.generation import input_device, left_pad  # noqa: E402
 from mechprobe.io import read_json, read_jsonl, versions  # noqa: E402
-from mechprobe.models import load_model  # noqa: E402
+from mechprobe.lm import chat  # noqa: E402
+from mechprobe.lm.generation import input_device, left_pad  # noqa: E402
+from mechprobe.lm.models import load_model  # noqa: E402
 from mechprobe.records import AssistantRecord  # noqa: E402
-from mechprobe.steer_eval import NllScorer, steered_nll  # noqa: E402
-from mechprobe.steering import SteeringVector  # noqa: E402
+from mechprobe.steering.evaluate import NllScorer, steered_nll  # noqa: E402
+from mechprobe.steering.vector import SteeringVector  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,7 @@
     nice -n 10 python benchmarks/bench_speed.py --models smollm2-135m-instruct qwen2.5-coder-0.5b-instruct \
         --configs hf-fp32 hf-bf16 llamacpp --items 4 --samples 2
 
-Every (model, option) runs the probe's real assistant and user stages (``mechprobe.pipeline``) on the same
+Every (model, option) runs the probe's real assistant and user stages (``mechprobe.turns.pipeline``) on the same
 GSM8K items in a *fresh process*, so its peak RSS is its own. Options:
 
 * ``hf-fp32``: the HF engine in float32 (list it first: the first option is the baseline of every ratio);
@@ -12,7 +12,7 @@ GSM8K items in a *fresh process*, so its peak RSS is its own. Options:
 * a suffix ``@N`` sets the batch size (``hf-bf16@16``); for ``llamacpp`` the rows decoded together
   (``llamacpp@1`` = one row at a time, the engine before multi-row decoding); ``@auto`` = ``--batch-size auto``
   (rows chosen from free memory; the JSON's ``batch`` lists the rows picked per stage); the default is ``--batch-size``;
-* a suffix ``:tN`` sets the threads (``hf-fp32:t1``); default: :func:`mechprobe.models.cpu_threads`
+* a suffix ``:tN`` sets the threads (``hf-fp32:t1``); default: :func:`mechprobe.lm.models.cpu_threads`
   (the idle cores, or ``$MECHPROBE_THREADS``) for both engines.
 
 Also, per model (``--parity``, fp32 and bf16 both in memory, so keep it to models <= 0.5B on a shared
@@ -43,9 +43,9 @@ def _child(model: str, option: str, out: str, a: argparse.Namespace) -> dict:
     """Run the probe's two stages with one option; return timings and token counts."""
     import torch
 
-    from mechprobe import pipeline
     from mechprobe.io import read_jsonl
     from mechprobe.records import AssistantRecord
+    from mechprobe.turns import pipeline
 
     name, _, threads = option.partition(":t")
     name, _, bs = name.partition("@")
@@ -57,8 +57,8 @@ def _child(model: str, option: str, out: str, a: argparse.Namespace) -> dict:
             if rec.getMessage().startswith("--batch-size auto"):
                 chosen.append(int(rec.args[0]))
 
-    logging.getLogger("mechprobe.pipeline").addHandler(_Rows())
-    logging.getLogger("mechprobe.pipeline").setLevel(logging.INFO)
+    logging.getLogger("mechprobe.turns.pipeline").addHandler(_Rows())
+    logging.getLogger("mechprobe.turns.pipeline").setLevel(logging.INFO)
     if threads:
         torch.set_num_threads(int(threads))
         os.environ["MECHPROBE_THREADS"] = threads
@@ -70,12 +70,12 @@ def _child(model: str, option: str, out: str, a: argparse.Namespace) -> dict:
     n_threads = None
     t0 = time.perf_counter()
     if engine == "llamacpp":
-        from mechprobe.llamacpp_backend import load_engine
+        from mechprobe.lm.llamacpp import load_engine
 
         lm, eng = load_engine(model, **({"max_rows": batch} if batch else {}))
         n_threads = eng.llm.n_threads if hasattr(eng.llm, "n_threads") else None
     else:
-        from mechprobe.models import load_model
+        from mechprobe.lm.models import load_model
 
         lm, eng = load_model(model, dtype=dtype), None
     load_s = time.perf_counter() - t0
@@ -108,9 +108,9 @@ def _parity(model: str, runs: dict[str, str]) -> dict:
     """bf16 vs fp32 boundary activations on the fp32 run's probe prompts; greedy agreement of every option."""
     import torch
 
-    from mechprobe.backends import capture
+    from mechprobe.activations.backends import capture
     from mechprobe.io import read_jsonl
-    from mechprobe.models import load_model
+    from mechprobe.lm.models import load_model
 
     base = next(d for k, d in runs.items() if k.startswith("hf-fp32"))
     recs = [r for r in read_jsonl(Path(base) / "user_turns.jsonl") if r["decoding"] == "greedy"]
@@ -156,9 +156,10 @@ def _prefill(model: str, a: argparse.Namespace) -> dict:
     """Prefill of probe-sized prompts, LM head on every position vs the last only (HF slice, and with compact strides)."""
     import torch
 
-    from mechprobe import chat, pipeline
-    from mechprobe.generation import left_pad
-    from mechprobe.models import load_model
+    from mechprobe.lm import chat
+    from mechprobe.lm.generation import left_pad
+    from mechprobe.lm.models import load_model
+    from mechprobe.turns import pipeline
 
     lm = load_model(model, dtype="bfloat16")
     cfg = pipeline.ProbeConfig(model=model, dataset=a.dataset, limit=a.items)
@@ -167,7 +168,7 @@ def _prefill(model: str, a: argparse.Namespace) -> dict:
     prompts = [chat.build_probe_prompt(lm.tokenizer, it.prompt, answer).input_ids for it in items]
     ids, mask, pos = left_pad(prompts, lm.tokenizer.pad_token_id, lm.device)
     out: dict = {"model": model, "rows": len(prompts), "prompt_tokens": int(mask.sum()), "threads": torch.get_num_threads()}
-    from mechprobe.models import compact_lm_head_input
+    from mechprobe.lm.models import compact_lm_head_input
 
     with torch.inference_mode():
         for keep, compact in [(0, False), (1, False), (1, True)] * 3:

@@ -34,11 +34,11 @@ def main() -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from mechprobe.agreement import cohen_kappa
-    from mechprobe.judge import JudgeInput
-    from mechprobe.judge_hybrid import HybridJudge, voice_scores
-    from mechprobe.judge_offline import split_roles
-    from mechprobe.models import cpu_threads
+    from mechprobe.judges.agreement import cohen_kappa
+    from mechprobe.judges.base import JudgeInput
+    from mechprobe.judges.hybrid import HybridJudge, voice_scores
+    from mechprobe.judges.offline import split_roles
+    from mechprobe.lm.models import cpu_threads
 
     torch.set_num_threads(cpu_threads())
     d_lab = {r["record_id"]: r["label"] for r in _jsonl(FIX / "hand_labels_q15_d.jsonl")}

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from mechprobe.generation import generate, left_pad
-from mechprobe.models import get_blocks, load_model
+from mechprobe.lm.generation import generate, left_pad
+from mechprobe.lm.models import get_blocks, load_model
 
 CONFIGS = {
     # Qwen2.5-0.5B's shapes (the paper's lineage), random weights.
@@ -160,7 +160,7 @@ def main() -> int:
     res["caching"] = {"raw_tok_s": n_tok / t_raw, "hooks_tok_s": n_tok / t_hook, "ratio": t_raw / t_hook}
 
     try:
-        from mechprobe import steering
+        from mechprobe.steering import vector as steering
 
         vec = torch.randn(cfg.hidden_size, generator=g).to(dev)
         base = generate(model, prompts[:4], stop_ids={}, max_new_tokens=16, pad_id=0)
@@ -228,7 +228,7 @@ def _load_without_tokenizer(d: str, device_map: str | None = None):
     """``load_model``'s placement logic for a directory without a tokenizer (random-init checkpoints)."""
     from transformers import AutoModelForCausalLM
 
-    from mechprobe.models import default_device, default_dtype
+    from mechprobe.lm.models import default_device, default_dtype
 
     dev = default_device()
     kw = {"dtype": default_dtype(dev)}

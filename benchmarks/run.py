@@ -32,11 +32,11 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from mechprobe import chat  # noqa: E402
-from mechprobe.backends import capture  # noqa: E402
-from mechprobe.generation import generate, input_device, left_pad  # noqa: E402
-from mechprobe.models import load_model  # noqa: E402
-from mechprobe.steering import SteeringVector, steer  # noqa: E402
+from mechprobe.activations.backends import capture  # noqa: E402
+from mechprobe.lm import chat  # noqa: E402
+from mechprobe.lm.generation import generate, input_device, left_pad  # noqa: E402
+from mechprobe.lm.models import load_model  # noqa: E402
+from mechprobe.steering.vector import SteeringVector, steer  # noqa: E402
 
 QA = [("What is 17 * 23?", "17 * 23 = 391."),
       ("Explain photosynthesis briefly.", "Plants turn light, water and CO2 into sugar and oxygen."),
@@ -114,8 +114,8 @@ def bench_generation(lm, prompts, reps, new_tokens=32, batch=8) -> dict:
 
 
 def bench_judge(n=2000) -> dict:
-    from mechprobe.judge import JudgeInput
-    from mechprobe.judge_offline import OfflineJudge
+    from mechprobe.judges.base import JudgeInput
+    from mechprobe.judges.offline import OfflineJudge
 
     turns = ["Why did you multiply by 3 in the second step?", "Thanks!", "What is the capital of Peru?",
              "<|im_start|>assistant\nSure, here is", "As an AI language model I cannot", "hello hello hello hello"]
@@ -135,9 +135,9 @@ def bench_judge(n=2000) -> dict:
 
 
 def bench_pipeline(model: str) -> dict:
-    from mechprobe.activations import cache_run
-    from mechprobe.judge import judge_run
-    from mechprobe.pipeline import ProbeConfig, run_probe
+    from mechprobe.activations.cache import cache_run
+    from mechprobe.judges.run import judge_run
+    from mechprobe.turns.pipeline import ProbeConfig, run_probe
 
     with tempfile.TemporaryDirectory() as d:
         lm = load_model(model)
@@ -165,7 +165,7 @@ def bench_user_stage(lm, reps: int, samples: int = 4, new_tokens: int = 48, batc
     (the default: plus one prefill per unique prompt). Also the prefill's share of the ``sorted`` time,
     which is what says where the cost is on this device.
     """
-    from mechprobe.generation import batches_by_length
+    from mechprobe.lm.generation import batches_by_length
 
     tok = lm.tokenizer
     stops = chat.stop_token_ids(tok, lm.model)
@@ -217,7 +217,7 @@ def bench_user_stage(lm, reps: int, samples: int = 4, new_tokens: int = 48, batc
 def load_times(model: str) -> dict:
     """Fresh-process load: first with an empty cache dir (GGUF dequantise + convert), then from the snapshot."""
     code = (f"import sys, time; sys.path.insert(0, {str(HERE.parent)!r}); t = time.perf_counter(); "
-            f"from mechprobe.models import load_model; load_model({model!r}); print(time.perf_counter() - t)")
+            f"from mechprobe.lm.models import load_model; load_model({model!r}); print(time.perf_counter() - t)")
     with tempfile.TemporaryDirectory() as d:
         env = {**os.environ, "MECHPROBE_CACHE": d}
         run = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
@@ -233,11 +233,11 @@ def cache_rss(model: str, n_items: int) -> dict:
     code = f"""
 import resource, tempfile, json, sys
 sys.path.insert(0, {str(HERE.parent)!r})
-from mechprobe.models import load_model
-from mechprobe import chat
+from mechprobe.lm.models import load_model
+from mechprobe.lm import chat
 from mechprobe.io import JsonlStore
 from mechprobe.records import UserTurnRecord
-from mechprobe.activations import cache_run
+from mechprobe.activations.cache import cache_run
 import threading, time
 def vmrss():
     for line in open("/proc/self/status"):

@@ -1,7 +1,6 @@
 """Run the user-turn probe: ``python experiments/probe.py --dataset gsm8k --limit 50 --out runs/smol-gsm8k``.
 
-Generates the assistant turn with the model itself, then greedy and sampled user turns after the
-model's own user-role header. Re-running the same command resumes; see ``mechprobe probe --help``.
+Thin wrapper over :mod:`mechprobe.cli.probe` (the same code as the ``mechprobe`` command); see its module and README.md.
 """
 
 import sys
@@ -10,7 +9,8 @@ from pathlib import Path
 # A fresh clone runs without `pip install -e .` too: the package sits next to this folder.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mechprobe.cli import main  # noqa: E402
+from mechprobe.cli.common import friendly  # noqa: E402
+from mechprobe.cli.probe import main  # noqa: E402
 
 if __name__ == "__main__":
-    raise SystemExit(main(["probe", *sys.argv[1:]]))
+    raise SystemExit(friendly(lambda: main(sys.argv[1:])))

@@ -1,7 +1,6 @@
 """The paper's studies over the embedded chat models: ``python experiments/study.py [--quick] [--report-only]``.
 
-Runs (or resumes) every model x dataset, its perturbations and the human reference, judges them and
-writes ``reports/study/README.md`` with ``figures/study_*.png``. See docs/study.md.
+Thin wrapper over :mod:`mechprobe.cli.study` (the same code as the ``mechprobe`` command); see its module and README.md.
 """
 
 import sys
@@ -10,7 +9,8 @@ from pathlib import Path
 # A fresh clone runs without `pip install -e .` too: the package sits next to this folder.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mechprobe.study import main  # noqa: E402
+from mechprobe.cli.common import friendly  # noqa: E402
+from mechprobe.cli.study import main  # noqa: E402
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(friendly(lambda: main(sys.argv[1:])))

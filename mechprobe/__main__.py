@@ -1,6 +1,6 @@
 """``python -m mechprobe``: the same command line as the ``mechprobe`` script (:mod:`mechprobe.cli`)."""
 
-from .cli import main
+from mechprobe.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
+from mechprobe.errors import UserError
 
 log = logging.getLogger(__name__)
 

@@ -15,16 +15,24 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
-from .io import read_json, read_jsonl
-from .models import DEFAULT_MODEL, LoadedModel, load_model
-from .pipeline import ASSISTANT, SKIPPED, USER_TURNS, ProbeConfig, decoding_plan, default_run_dir, run_probe
+from mechprobe.errors import UserError
+from mechprobe.io import read_json, read_jsonl
+from mechprobe.lm.models import DEFAULT_MODEL, LoadedModel, load_model
+from mechprobe.turns.pipeline import (
+    ASSISTANT,
+    SKIPPED,
+    USER_TURNS,
+    ProbeConfig,
+    decoding_plan,
+    default_run_dir,
+    run_probe,
+)
 
 
 def default_dataset() -> str:
     """GSM8K when the shared data folder is reachable, else the bundled prompts (offline machines)."""
     try:
-        from .datasets import find_data_dir
+        from mechprobe.turns.datasets import find_data_dir
 
         return "gsm8k" if find_data_dir() is not None else "builtin"
     except (ImportError, FileNotFoundError):
@@ -69,12 +77,12 @@ class Stages:
         return self._timed("probe", lambda: run_probe(self.cfg, self.run_dir, lm=self.model()))
 
     def labels(self, judge: str = "offline", **opts: Any) -> Any:
-        from .judge import judge_run
+        from mechprobe.judges.run import judge_run
 
         return self._timed("judge", lambda: judge_run(self.run_dir, judge=judge, **opts))
 
     def cache(self, backend: str = "hooks", positions: tuple[str, ...] = ("boundary",), **opts: Any) -> Path:
-        from .activations import cache_run
+        from mechprobe.activations.cache import cache_run
 
         return self._timed("cache", lambda: cache_run(self.run_dir, model=self.model(), backend=backend,
                                                       positions=positions, **opts))
@@ -108,11 +116,11 @@ def finding_engine(model: str) -> dict[str, str]:
 
     import torch
 
-    from .models import native_bf16_dtype
+    from mechprobe.lm.models import native_bf16_dtype
 
     if not torch.cuda.is_available() and importlib.util.find_spec("llama_cpp") is not None:
         try:
-            from .llamacpp_backend import resolve_gguf
+            from mechprobe.lm.llamacpp import resolve_gguf
 
             resolve_gguf(model)
             return {"engine": "llamacpp"}
@@ -150,7 +158,7 @@ def finding_presets(preset: dict[str, Any], datasets: list[str], limit: int | No
     (:func:`share_items`, dataset sizes read from the local files or the hub)."""
     if len(datasets) < 2 or limit is not None:
         return [preset] * max(1, len(datasets))
-    from .datasets import load_dataset
+    from mechprobe.turns.datasets import load_dataset
 
     sizes = [len(load_dataset(ds).items) for ds in datasets]
     return [{**preset, "limit": n} for n in share_items(preset["limit"], sizes)]
@@ -159,8 +167,8 @@ def finding_presets(preset: dict[str, Any], datasets: list[str], limit: int | No
 def auto_judge(run: Path, model: str) -> str:
     """The judge ``--judge auto`` means for ``run``: the one that wrote its labels, when it can be named again;
     else ``offline`` for the embedded default and local checkpoints (fast, the main job's), else the judge people
-    agree with best (:func:`mechprobe.judge.best_judge`). ``$MECHPROBE_JUDGE_MODEL`` (OpenAI-compatible) wins."""
-    from .judge import best_judge, resolve_judge_spec
+    agree with best (:func:`mechprobe.judges.run.best_judge`). ``$MECHPROBE_JUDGE_MODEL`` (OpenAI-compatible) wins."""
+    from mechprobe.judges.factory import best_judge, resolve_judge_spec
 
     env = resolve_judge_spec(None)  # openai:$MECHPROBE_JUDGE_MODEL when set (the judge CLI's own rule), else offline
     if env != "offline":
@@ -285,7 +293,7 @@ def ensure_stages(run: Path, cfg: ProbeConfig, judge: str, backend: str = "hooks
     """probe -> judge -> cache, each reused when already complete. Returns (seconds per stage, judge name).
 
     Pass ``stages`` to keep its model loaded for later use (it is loaded only if a stage needs it)."""
-    from .judge import JudgeMismatch
+    from mechprobe.judges.base import JudgeMismatch
 
     st = stages if stages is not None else Stages(run, cfg)
     if judge == "auto":

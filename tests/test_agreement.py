@@ -8,17 +8,21 @@ import random
 
 import pytest
 
-from mechprobe.agreement import (
+from mechprobe.cli import main as cli_main
+from mechprobe.judges.agreement import (
     LabelSource,
     cohen_kappa,
     compare,
     confusion_matrix,
     load_labels,
-    main,
     per_label_scores,
     report_markdown,
 )
 from mechprobe.taxonomy import LABELS
+
+
+def main(argv: list[str]) -> int:
+    return cli_main(["agreement", *argv])
 
 
 def test_kappa_worked_example():

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from mechprobe.agreement import cohen_kappa
-from mechprobe.judge import inputs_from_rows
-from mechprobe.judge_offline import OfflineJudge
+from mechprobe.judges.agreement import cohen_kappa
+from mechprobe.judges.base import inputs_from_rows
+from mechprobe.judges.offline import OfflineJudge
 from mechprobe.taxonomy import GENUINE, LABELS
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -73,7 +73,7 @@ def _judged(embed: bool) -> tuple[str, dict[str, str]]:
 
 
 def _variants() -> list[bool]:
-    from mechprobe.judge_offline import embeddings_available
+    from mechprobe.judges.offline import embeddings_available
 
     return [False, True] if embeddings_available() else [False]
 

@@ -13,8 +13,7 @@ import weakref
 import pytest
 import torch
 
-from mechprobe import chat
-from mechprobe.backends import (
+from mechprobe.activations.backends import (
     _PREPARED,
     BACKENDS,
     HooksBackend,
@@ -23,7 +22,8 @@ from mechprobe.backends import (
     make_backend,
     structural_copy,
 )
-from mechprobe.models import get_blocks, tiny_model
+from mechprobe.lm import chat
+from mechprobe.lm.models import get_blocks, tiny_model
 
 ALL_POSITIONS = ["boundary", "assistant_last", "assistant_mean"]
 ARCHS = ["llama", "gemma3", "qwen2"]
@@ -198,7 +198,7 @@ def test_hooks_removed_after_success_and_after_exception():
 
 @pytest.mark.parametrize("backend", ["nnsight", "transformer-lens"])
 def test_wrapping_backends_survive_exception_and_leave_model_untouched(backend, tiny_tok):
-    from mechprobe.chat import tokenizer_hash
+    from mechprobe.lm.chat import tokenizer_hash
 
     model = tiny_model("gemma3")
     state = {"raise": False}

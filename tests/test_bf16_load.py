@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mechprobe import chat
+from mechprobe.lm import chat
 
 
 @pytest.mark.slow
 def test_bf16_load_uses_a_bf16_snapshot_and_stays_within_tolerance(smol):
-    from mechprobe.backends import capture
-    from mechprobe.models import EMBEDDED, load_model, snapshot_dir
+    from mechprobe.activations.backends import capture
+    from mechprobe.lm.models import EMBEDDED, load_model, snapshot_dir
 
     em = EMBEDDED["smollm2-135m-instruct"]
     lm16 = load_model("smollm2-135m-instruct", device="cpu", dtype="bfloat16")

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import types
 
 import pytest
 
 from mechprobe import cli
+from mechprobe.cli.common import merge_run
 from mechprobe.errors import UserError
 from tests.conftest import REPO, requires_smollm2
 
@@ -35,12 +35,12 @@ def test_cli_user_error_is_one_line_exit_2_and_bugs_keep_their_traceback(tmp_pat
 
 
 def test_cli_error_classes_are_user_errors():
-    from mechprobe.activations import CacheCorrupt, CacheMismatch
-    from mechprobe.chat import ChatTemplateError
+    from mechprobe.activations.cache import CacheCorrupt, CacheMismatch
     from mechprobe.io import ManifestMismatch
-    from mechprobe.judge import JudgeMismatch
-    from mechprobe.judge_llm import JudgeFatal
-    from mechprobe.models import ModelLoadError
+    from mechprobe.judges.base import JudgeMismatch
+    from mechprobe.judges.llm import JudgeFatal
+    from mechprobe.lm.chat import ChatTemplateError
+    from mechprobe.lm.models import ModelLoadError
 
     for cls in (CacheCorrupt, CacheMismatch, ChatTemplateError, ManifestMismatch, JudgeMismatch, JudgeFatal,
                 ModelLoadError):
@@ -48,7 +48,7 @@ def test_cli_error_classes_are_user_errors():
 
 
 def test_cli_broken_import_of_a_stage_is_not_hidden(monkeypatch):
-    monkeypatch.setitem(sys.modules, "mechprobe.judge", None)  # what a syntax/import error in judge.py does
+    monkeypatch.setitem(sys.modules, "mechprobe.judges.run", None)  # what a syntax/import error in judge.py does
     with pytest.raises(ImportError):
         cli.build_parser()
 
@@ -67,34 +67,34 @@ def test_cli_python_dash_m_and_every_subcommand():
 def test_cli_run_is_positional_everywhere():
     p = cli.build_parser()
     a = p.parse_args(["probes", "runs/x", "--layers", "0", "6", "12"])
-    cli._merge_run(a)
+    merge_run(a)
     assert a.run == "runs/x" and a.layers == ["0", "6", "12"]
     a = p.parse_args(["probes", "--run", "runs/x", "--layers", "0,6,12"])
-    cli._merge_run(a)
+    merge_run(a)
     assert a.run == "runs/x" and a.layers == ["0,6,12"]
     a = p.parse_args(["probes", "runs/x", "--run", "runs/y"])
     with pytest.raises(UserError, match="two run directories"):
-        cli._merge_run(a)
+        merge_run(a)
     assert p.parse_args(["judge", "runs/x"]).run_dir == "runs/x"
     assert p.parse_args(["cache", "runs/x"]).run == "runs/x"
     seen = []
-    fake = types.SimpleNamespace(main=lambda argv: seen.append(argv) or 0)
-    orig = cli._load_steer
-    cli._load_steer = lambda: fake
+    import mechprobe.cli.steer as cli_steer
+
+    orig = cli_steer.run_steer
+    cli_steer.run_steer = lambda cfg: seen.append((cfg.run, cfg.alpha)) or 0
     try:
-        assert cli.main(["steer", "runs/x", "--alpha", "4"]) == 0
-        assert cli.main(["steer", "--run", "runs/x"]) == 0
+        assert cli.main(["steer", "runs/x", "--alpha", "4", "4.5"]) == 0
+        assert cli.main(["steer", "--run", "runs/x", "--alpha-unit", "raw"]) == 0
         assert cli.main(["steer", "runs/x", "--run", "runs/y"]) == 2
     finally:
-        cli._load_steer = orig
-    assert seen == [["--run", "runs/x", "--alpha", "4"], ["--run", "runs/x"]]
-    assert cli.steer_script().exists()
+        cli_steer.run_steer = orig
+    assert seen == [("runs/x", [4.0, 4.5]), ("runs/x", [4.0])]
 
 
 @pytest.fixture
 def tiny_model_run(tmp_path):
     """A run whose manifest names a real model directory (tiny random Llama + word-level tokenizer)."""
-    from mechprobe.models import load_model, tiny_model
+    from mechprobe.lm.models import load_model, tiny_model
     from tests.test_activations import tiny_run, write_run_manifest
     from tests.test_backends import make_tiny_tokenizer
 
@@ -110,7 +110,7 @@ def tiny_model_run(tmp_path):
 
 
 def test_cli_cache_list_flags_and_one_line_dtype_mismatch(tiny_model_run, capsys, monkeypatch):
-    from mechprobe import activations
+    from mechprobe.activations import cache as activations
 
     run = tiny_model_run
     assert cli.main(["cache", str(run), "--layers", "0", "2", "--positions", "boundary", "assistant_last",
@@ -136,7 +136,7 @@ def test_cli_cache_list_flags_and_one_line_dtype_mismatch(tiny_model_run, capsys
 
 @requires_smollm2
 def test_cli_truncated_gguf_is_named_with_the_refetch_command(tmp_path, monkeypatch, capsys):
-    from mechprobe import models
+    from mechprobe.lm import models
 
     monkeypatch.setenv("MECHPROBE_CACHE", str(tmp_path / "cache"))  # no converted snapshot: the file is read
     src = models.embedded_gguf_path("smollm2-135m-instruct")

@@ -7,11 +7,11 @@ import os
 import pytest
 import torch
 
-from mechprobe.models import cpu_threads
+from mechprobe.lm.models import cpu_threads
 
 
 def test_cpu_threads_leaves_busy_cores_alone(monkeypatch):
-    from mechprobe import models
+    from mechprobe.lm import models
 
     monkeypatch.delenv("MECHPROBE_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
@@ -27,7 +27,7 @@ def test_cpu_threads_leaves_busy_cores_alone(monkeypatch):
 
 @pytest.mark.slow
 def test_load_model_applies_the_thread_choice_on_cpu(smol, monkeypatch):
-    from mechprobe.models import load_model
+    from mechprobe.lm.models import load_model
 
     before = torch.get_num_threads()
     monkeypatch.setenv("MECHPROBE_THREADS", "1")
@@ -44,7 +44,7 @@ def test_busy_cores_sees_a_spinning_process_now_not_a_minute_ago():
     import subprocess
     import sys
 
-    from mechprobe.models import _busy_cores
+    from mechprobe.lm.models import _busy_cores
 
     spin = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 5: pass"])
     try:
@@ -58,7 +58,7 @@ def test_busy_cores_sees_a_spinning_process_now_not_a_minute_ago():
 def test_busy_cores_falls_back_to_the_load_average(monkeypatch):
     import builtins
 
-    from mechprobe.models import _busy_cores
+    from mechprobe.lm.models import _busy_cores
 
     real_open = builtins.open
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mechprobe.datasets import NAMES, SPECS, data_dir_candidates, find_data_dir, load_dataset, parse_hh
+from mechprobe.turns.datasets import NAMES, SPECS, data_dir_candidates, find_data_dir, load_dataset, parse_hh
 
 from .conftest import shared_data_dir
 
@@ -226,7 +226,7 @@ def test_malformed_rows_are_reported_with_file_and_line_and_skipped(tmp_path, ca
     lines = [json.dumps(good), "{not json", json.dumps({"question": "no answer"}), "",
              json.dumps([1, 2]), json.dumps({"question": "q", "answer": "no final line"}), json.dumps(good)]
     p.write_text("\n".join(lines) + "\n")
-    with caplog.at_level(logging.WARNING, logger="mechprobe.datasets"):
+    with caplog.at_level(logging.WARNING, logger="mechprobe.turns.datasets"):
         d = load_dataset("gsm8k", path=p)
     assert [it.item_id for it in d.items] == ["gsm8k-0000", "gsm8k-0005"]  # ids follow file rows
     assert [(s.file, s.line) for s in d.skipped] == [(str(p), 2), (str(p), 3), (str(p), 5), (str(p), 6)]

@@ -35,14 +35,9 @@ def test_probe_stage_with_another_engine_does_not_load_the_hf_model(tmp_path, mo
 @requires_smollm2
 def test_linear_probe_script_builds_a_llamacpp_run(tmp_path):
     skip_without_working_llamacpp()
-    import importlib.util
 
+    import mechprobe.cli.linear_probe as lp
     from mechprobe.io import read_json
-    from tests.conftest import REPO
-
-    spec = importlib.util.spec_from_file_location("lp", REPO / "experiments" / "linear_probe.py")
-    lp = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lp)
     run = tmp_path / "run"
     code = lp.main(["--run", str(run), "--dataset", "builtin", "--limit", "4", "--samples", "1", "--max-assistant-tokens", "12",
                     "--max-user-tokens", "8", "--engine", "llamacpp", "--dtype", "bfloat16", "--layers", "0", "3",

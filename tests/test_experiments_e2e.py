@@ -15,10 +15,10 @@ import sys
 import pytest
 
 from mechprobe.io import JsonlStore, read_jsonl
-from mechprobe.judge import make_judge
-from mechprobe.pipeline import ProbeConfig, run_probe
+from mechprobe.judges.factory import make_judge
 from mechprobe.records import LabelRecord
-from mechprobe.steer_eval import split_of
+from mechprobe.steering.evaluate import split_of
+from mechprobe.turns.pipeline import ProbeConfig, run_probe
 
 from .conftest import REPO
 
@@ -94,8 +94,8 @@ def test_steer_script_on_the_llamacpp_engine(small_run, tmp_path):
     """--steer-engine llamacpp steers with control vectors, writes apart from the HF rows, and alpha 0 is the
     engine's own unsteered greedy turn, token for token."""
     pytest.importorskip("llama_cpp")
-    from mechprobe import chat
-    from mechprobe.llamacpp_backend import LlamaCppBroken, load_engine
+    from mechprobe.lm import chat
+    from mechprobe.lm.llamacpp import LlamaCppBroken, load_engine
 
     try:
         lm, eng = load_engine("smollm2-135m-instruct")
@@ -173,10 +173,9 @@ def test_item6_steer_on_existing_run_adds_nothing_and_uses_its_system_prompt_and
 
 def test_steer_advice_names_only_flags_that_exist(system_run, tmp_path):
     import argparse
-    import importlib.util
     import re
 
-    from mechprobe.probes import add_probes_args
+    from mechprobe.cli.linear_probe import add_probes_args
 
     _write_labels(system_run, set())  # no genuine follow-up at all: a difference of means is impossible
     p = _py("experiments/steer.py", "--run", str(system_run), "--layer", "10", "--alpha", "2",
@@ -190,9 +189,7 @@ def test_steer_advice_names_only_flags_that_exist(system_run, tmp_path):
         parser = argparse.ArgumentParser()
         add_probes_args(parser)
     else:  # advice without a command is advice about steer.py's own flags
-        spec = importlib.util.spec_from_file_location("steer_script", REPO / "experiments" / "steer.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        import mechprobe.cli.steer as mod
         parser = mod.build_parser()
     known = {s for a in parser._actions for s in a.option_strings}
     assert flags <= known, f"advice names flags the command does not have: {sorted(flags - known)}"

@@ -5,16 +5,11 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from mechprobe.probes import figures_dir
-
-from .conftest import REPO
+from mechprobe.linear.turn import figures_dir
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(f"exp_{name}", REPO / "experiments" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module(f"mechprobe.cli.{name}")
 
 
 def test_figures_default_to_the_run_directory(tmp_path):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mechprobe.agreement import cohen_kappa
-from mechprobe.judge import inputs_from_rows
+from mechprobe.judges.agreement import cohen_kappa
+from mechprobe.judges.base import inputs_from_rows
 from mechprobe.taxonomy import GENUINE, LABELS
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -41,7 +41,7 @@ def test_q15_fixture_is_well_formed_and_both_labellings_cover_the_same_turns():
 
 
 def test_offline_judge_does_not_regress_on_the_q15_fixture():
-    from mechprobe.judge_offline import OfflineJudge
+    from mechprobe.judges.offline import OfflineJudge
 
     c = _rows(C_FILE)
     got = {r.record_id: r.label for r in OfflineJudge().label_many(inputs_from_rows(c))}
@@ -50,13 +50,13 @@ def test_offline_judge_does_not_regress_on_the_q15_fixture():
 
 @pytest.mark.slow
 def test_hybrid_judge_does_not_regress_on_the_q15_fixture():
-    from mechprobe.models import ModelLoadError, embedded_gguf_path
+    from mechprobe.lm.models import ModelLoadError, embedded_gguf_path
 
     try:
         embedded_gguf_path("qwen2.5-coder-1.5b-instruct")
     except ModelLoadError as e:
         pytest.skip(str(e))
-    from mechprobe.judge_hybrid import HybridJudge
+    from mechprobe.judges.hybrid import HybridJudge
 
     c = _rows(C_FILE)
     got = {r.record_id: r.label for r in HybridJudge("qwen2.5-coder-1.5b-instruct").label_many(inputs_from_rows(c))}
@@ -85,7 +85,7 @@ def test_steer_fixture_is_well_formed_blind_and_paired():
 
 
 def test_hand_label_table_counts_and_pairs():
-    from mechprobe.steer_eval import hand_label_table
+    from mechprobe.steering.evaluate import hand_label_table
 
     rows = [{"item_id": f"i{k}", "condition": c, "a": lab}
             for k, (c0, c1) in enumerate([("genuine_followup", "new_query"), ("new_query", "genuine_followup"),
@@ -112,7 +112,7 @@ def test_steer2_fixture_is_well_formed_blind_and_paired():
 
 def test_steer2_hand_labels_table_reproduces_the_documented_counts():
     """The numbers docs/results.md quotes for the hybrid2-selected setting come from this fixture and this code."""
-    from mechprobe.steer_eval import hand_label_table
+    from mechprobe.steering.evaluate import hand_label_table
 
     t = {(r["labels"], r["condition"]): r for r in hand_label_table(_rows(STEER2_FILE),
                                                                       ["label_g", "label_h", "hybrid2_label"])}

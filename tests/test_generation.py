@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mechprobe import chat
-from mechprobe.generation import batches_by_length, generate, left_pad
-from mechprobe.models import tiny_model
+from mechprobe.lm import chat
+from mechprobe.lm.generation import batches_by_length, generate, left_pad
+from mechprobe.lm.models import tiny_model
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
@@ -190,7 +190,7 @@ def test_real_model_dropping_finished_rows_changes_no_token(smol):
 
 def test_auto_batch_size_follows_free_memory_and_model_shape():
     """``--batch-size auto``: rows grow with free memory and shrink with prompt length and vocabulary."""
-    from mechprobe.generation import AUTO_MAX_ROWS, auto_batch_size
+    from mechprobe.lm.generation import AUTO_MAX_ROWS, auto_batch_size
 
     model = tiny_model("llama")
     cfg = model.config
@@ -208,7 +208,7 @@ def test_auto_batch_size_follows_free_memory_and_model_shape():
 def test_batch_size_argument_accepts_auto_and_refuses_nonsense():
     import argparse
 
-    from mechprobe.pipeline import ProbeConfig, batch_size_arg
+    from mechprobe.turns.pipeline import ProbeConfig, batch_size_arg
 
     assert batch_size_arg("auto") is None and batch_size_arg("AUTO") is None
     assert batch_size_arg("16") == 16
@@ -222,7 +222,7 @@ def test_batch_size_argument_accepts_auto_and_refuses_nonsense():
 
 def test_auto_batch_size_gives_the_same_tokens_as_fixed_batches(tmp_path):
     """The pipeline's auto rows decode the same turns as batch 1 (batched == unbatched, tiny model)."""
-    from mechprobe import pipeline
+    from mechprobe.turns import pipeline
 
     model = tiny_model("llama")
     prompts = [[1, 5, 9, 2], [3, 4], [7, 7, 7, 7, 7, 1], [2, 8, 6]]
@@ -244,7 +244,7 @@ def test_kv_keyword_follows_each_models_signature_and_no_deprecation_is_hit():
 
     from torch import nn
 
-    from mechprobe.models import kv_kw, out_cache
+    from mechprobe.lm.models import kv_kw, out_cache
 
     model = tiny_model("llama")
     name = next(iter(kv_kw(model, None)))

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from mechprobe.human_reference import auroc, evaluate, reference_inputs
+from mechprobe.judges.human_reference import auroc, evaluate, reference_inputs
 from tests.conftest import shared_data_dir
 
 

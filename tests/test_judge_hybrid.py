@@ -7,11 +7,12 @@ import math
 import pytest
 import torch
 
-from mechprobe import chat
 from mechprobe.io import read_jsonl
-from mechprobe.judge import JudgeInput, inputs_from_rows, make_judge
-from mechprobe.judge_hybrid import CANDIDATES, NULL_RESPONSE, HybridJudge, turn_logprob
-from mechprobe.judge_local import ChoiceScorer
+from mechprobe.judges.base import JudgeInput, inputs_from_rows
+from mechprobe.judges.factory import make_judge
+from mechprobe.judges.hybrid import CANDIDATES, NULL_RESPONSE, HybridJudge, turn_logprob
+from mechprobe.lm import chat
+from mechprobe.lm.choice import ChoiceScorer
 from mechprobe.records import LabelRecord
 from mechprobe.taxonomy import GENUINE, LABELS
 from tests.conftest import REPO, requires_smollm2
@@ -102,7 +103,7 @@ def test_batched_turn_logprobs_equal_one_turn_at_a_time(smol):
 
     Includes turns of different lengths (padding after the short ones must stay invisible), an empty turn
     and a repeated one."""
-    from mechprobe.judge_hybrid import grounding_pmi, grounding_pmi_many, turn_logprobs
+    from mechprobe.judges.hybrid import grounding_pmi, grounding_pmi_many, turn_logprobs
 
     tok, model = smol.tokenizer, smol.model
     conv = [{"role": "user", "content": "What is 12 times 7?"},
@@ -125,7 +126,7 @@ def test_batched_turn_logprobs_equal_one_turn_at_a_time(smol):
 def test_voice_margin_equals_full_forward_computation(smol):
     """voice = mean log p(turn | user header) - mean log p(turn | assistant header), both after the conversation;
     checked against one full forward per header (fp32: summation order only)."""
-    from mechprobe.judge_hybrid import assistant_header, voice_scores
+    from mechprobe.judges.hybrid import assistant_header, voice_scores
 
     tok, model = smol.tokenizer, smol.model
     conv = [{"role": "user", "content": "What is 12 times 7?"},
@@ -177,7 +178,7 @@ def test_voice_reuses_the_grounding_pass_user_logprobs(smol):
     """voice_scores with the memo filled by grounding_pmi_many equals voice_scores computed alone (the user-slot
     log-probs are the same quantity; fp32, batches of other shapes: summation order only, 1e-4), and the memo
     spares exactly the user-slot turn forwards."""
-    from mechprobe.judge_hybrid import grounding_pmi_many, voice_scores
+    from mechprobe.judges.hybrid import grounding_pmi_many, voice_scores
 
     tok, model = smol.tokenizer, smol.model
     inp = JudgeInput(record_id="r", prompt="What is 12 times 7?", response="12 times 7 is 84: 10*7=70 and 2*7=14.",

@@ -11,9 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from mechprobe.judge import JudgeInput
-from mechprobe.judge_llm import JSON_SCHEMA, JudgeFatal, LLMJudge, ParseError, cache_key, parse_verdict
-from mechprobe.server import ChatServer, Fault, Reply, ScriptedResponder, chat_completion, error_body
+from mechprobe.judges.base import JudgeInput
+from mechprobe.judges.llm import JSON_SCHEMA, JudgeFatal, LLMJudge, ParseError, cache_key, parse_verdict
+from mechprobe.lm.server import ChatServer, Fault, Reply, ScriptedResponder, chat_completion, error_body
 from mechprobe.taxonomy import JUDGE_ERROR, LABELS
 
 KEY = "sk-test-SECRET-0123456789abcdef"
@@ -271,7 +271,8 @@ def echo_server():
 def test_item8_echoed_key_never_reaches_labels_or_cache(echo_server, tmp_path):
     """Issue 11 item 8: a rationale echoing the API key (or URL credentials, sent by httpx as Basic auth)
     is scrubbed before labels.jsonl, the judge cache, the manifest and the summary are written."""
-    from mechprobe.judge import inputs_from_run, judge_run
+    from mechprobe.judges.base import inputs_from_run
+    from mechprobe.judges.run import judge_run
     from tests.test_judge_run import make_run
 
     port = echo_server.server_address[1]

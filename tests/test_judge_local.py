@@ -9,10 +9,13 @@ import openai
 import pytest
 
 from mechprobe.io import read_jsonl
-from mechprobe.judge import inputs_from_rows, judge_run, make_judge
-from mechprobe.judge_llm import JSON_SCHEMA, LLMJudge, build_messages
-from mechprobe.judge_local import ChoiceScorer, LocalJudge, few_shot_rows, normalise, prompt_ids
-from mechprobe.server import ChatServer, HFResponder
+from mechprobe.judges.base import inputs_from_rows
+from mechprobe.judges.factory import make_judge
+from mechprobe.judges.llm import JSON_SCHEMA, LLMJudge, build_messages
+from mechprobe.judges.local import LocalJudge, few_shot_rows
+from mechprobe.judges.run import judge_run
+from mechprobe.lm.choice import ChoiceScorer, normalise, prompt_ids
+from mechprobe.lm.server import ChatServer, HFResponder
 from mechprobe.taxonomy import LABELS
 from tests.conftest import REPO, requires_smollm2
 from tests.test_judge_run import make_run
@@ -128,7 +131,7 @@ def test_judge_run_with_local_judge_writes_probs(smol, tmp_path):
 @pytest.mark.slow
 @requires_smollm2
 def test_local_and_served_judge_agree(smol):
-    """In-process ``local:`` and ``python -m mechprobe.server`` + ``openai:`` give the same verdicts.
+    """In-process ``local:`` and ``python -m mechprobe.lm.server`` + ``openai:`` give the same verdicts.
 
     Labels must be equal; probabilities within 1e-4 (the server scores the whole prompt in one
     pass, the local judge with shared prefixes: fp32 rounding only, see the test above).
@@ -151,12 +154,12 @@ def test_local_and_served_judge_agree(smol):
 
 
 def test_judge_cli_with_a_missing_local_model_names_the_fetch_command(tmp_path, monkeypatch, capsys):
-    from mechprobe.judge import main_judge
+    from mechprobe.cli.judge import main_judge
 
     monkeypatch.setenv("MECHPROBE_CACHE", str(tmp_path / "cache"))
     run = make_run(tmp_path)
     rc = main_judge([str(run), "--judge", "local:qwen2.5-coder-1.5b-instruct", "--no-progress"])
     assert rc == 2
     err = capsys.readouterr().err
-    assert "python -m mechprobe.models fetch qwen2.5-coder-1.5b-instruct" in err
+    assert "python -m mechprobe.lm.models fetch qwen2.5-coder-1.5b-instruct" in err
     assert not (run / "labels.jsonl").exists()

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from mechprobe.judge import JudgeInput
-from mechprobe.judge_offline import (
+from mechprobe.judges.base import JudgeInput
+from mechprobe.judges.offline import (
     OfflineJudge,
     content_tokens,
     embeddings_available,
@@ -195,7 +195,7 @@ def test_embedding_variant_agrees_on_crafted_turns():
 
 
 def test_embedding_variant_refuses_without_package(monkeypatch):
-    import mechprobe.judge_offline as jo
+    import mechprobe.judges.offline as jo
 
     monkeypatch.setattr(jo, "embeddings_available", lambda: False)
     with pytest.raises(ImportError, match="offline-lexical"):

@@ -6,17 +6,13 @@ import json
 
 import pytest
 
+from mechprobe.cli.judge import main_judge
 from mechprobe.io import read_jsonl
-from mechprobe.judge import (
-    JudgeMismatch,
-    inputs_from_run,
-    judge_run,
-    main_judge,
-    summarize_labels,
-    wilson,
-)
+from mechprobe.judges.base import JudgeMismatch, inputs_from_run
+from mechprobe.judges.run import judge_run, summarize_labels
+from mechprobe.lm.server import ChatServer, Fault, ScriptedResponder
 from mechprobe.records import AssistantRecord, UserTurnRecord, make_record_id
-from mechprobe.server import ChatServer, Fault, ScriptedResponder
+from mechprobe.stats import wilson
 from mechprobe.taxonomy import JUDGE_ERROR
 
 KEY = "sk-run-SECRET-abcdef0123456789"
@@ -146,7 +142,7 @@ def test_wilson_interval_known_values():
     assert wilson(0, 10)[0] == 0.0 and wilson(10, 10)[1] == 1.0
     # n = 0: no evidence, the whole range (finite, so JSON stays valid); both call sites share it.
     assert wilson(0, 0) == (0.0, 1.0)
-    from mechprobe import steer_eval
+    from mechprobe.judges.human_reference import evaluate as steer_eval
 
     assert steer_eval.wilson is wilson
     with pytest.raises(ValueError, match="0 <= k <= n"):
@@ -176,7 +172,7 @@ def test_cli_reports_configuration_errors_in_one_line(tmp_path, capsys, monkeypa
 
 
 def test_default_judge_follows_the_environment(monkeypatch):
-    from mechprobe.judge import resolve_judge_spec
+    from mechprobe.judges.factory import resolve_judge_spec
 
     monkeypatch.delenv("MECHPROBE_JUDGE_MODEL", raising=False)
     assert resolve_judge_spec(None) == "offline"

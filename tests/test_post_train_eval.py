@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mechprobe import post_train_eval as ev
+from mechprobe.judges.human_reference import evaluate as ev
 
 
 def test_mcnemar_exact_known_values():
@@ -124,7 +124,7 @@ def test_steer_result_resolution(tmp_path, monkeypatch):
 def test_judge_defaults_to_the_best_available(monkeypatch):
     """No --judge: hybrid2 on the 1.5B when fetched, else offline (never a silent weaker default on a machine that
     has the better judge)."""
-    from mechprobe import judge as jm
+    from mechprobe.judges import run as jm
 
     assert _args().judge is None
     monkeypatch.setattr(jm, "model_unavailable", lambda m: None)

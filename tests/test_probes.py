@@ -15,22 +15,24 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from mechprobe.probes import (
+from mechprobe.linear.fit import (
     InsufficientPositives,
     auroc,
+    grouped_bootstrap,
+    make_folds,
+    text_baseline_scores,
+    weighted_auroc,
+)
+from mechprobe.linear.turn import (
     controls,
     directions,
-    grouped_bootstrap,
     item_ceiling,
-    make_folds,
     modal_c,
     multiclass_confusion,
     oof_scores,
     probe_layers,
     shuffle_by_group,
-    text_baseline_scores,
     transfer_matrix,
-    weighted_auroc,
 )
 
 from .conftest import REPO, requires_smollm2

@@ -11,7 +11,8 @@ import pytest
 
 from mechprobe.errors import UserError
 from mechprobe.io import JsonlStore, read_jsonl
-from mechprobe.propensity import (
+from mechprobe.linear.fit import spearman
+from mechprobe.linear.propensity import (
     InsufficientItems,
     ItemTargets,
     above_median,
@@ -23,7 +24,6 @@ from mechprobe.propensity import (
     propensity_probe_layers,
     propensity_table,
     propensity_transfer,
-    spearman,
     split_half_reliability,
 )
 
@@ -127,7 +127,7 @@ def test_the_ceiling_is_sqrt_of_the_reliability_not_the_reliability(k, a, b):
 
     Tolerance 0.08 as above (400 items for the estimate; the truth simulated with 200k items).
     """
-    from mechprobe.propensity import attenuation_ceiling
+    from mechprobe.linear.propensity import attenuation_ceiling
 
     rng = np.random.default_rng(11)
     _, s = _simulate(400, k, a, b, rng)
@@ -271,7 +271,7 @@ def test_cost_summary_ratio_and_missing_parts():
 def _probes_args(*argv):
     import argparse
 
-    from mechprobe.probes import add_probes_args
+    from mechprobe.cli.linear_probe import add_probes_args
 
     p = argparse.ArgumentParser()
     add_probes_args(p)
@@ -284,17 +284,17 @@ def _probes_args(*argv):
                                            (["--min-samples", "1"], "--min-samples"),
                                            (["--propensity-temperature", "0"], "--propensity-temperature")])
 def test_invalid_propensity_flags_rejected_before_any_stage(tmp_path, flags, needle):
-    from mechprobe.probes import run_probes_cli
+    from mechprobe.linear.experiment import run_linear_probe
 
     run = tmp_path / "run"
     flags = [str(run) if f == "RUN" else f for f in flags]
     with pytest.raises(UserError, match=needle):
-        run_probes_cli(_probes_args(*flags))
+        run_linear_probe(_probes_args(*flags))
     assert not run.exists()
 
 
 def test_constant_score_has_rho_zero_not_nan():
-    from mechprobe.propensity import bootstrap_indices, rho_metric
+    from mechprobe.linear.propensity import bootstrap_indices, rho_metric
 
     y = np.array([0.0, 0.25, 0.5, 0.75, 1.0])
     m = rho_metric(y, np.full(5, 3.0), bootstrap_indices(5, 50, 0))

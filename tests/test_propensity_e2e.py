@@ -16,9 +16,9 @@ import sys
 import pytest
 
 from mechprobe.io import JsonlStore, read_json, read_jsonl
-from mechprobe.judge import make_judge
-from mechprobe.pipeline import ProbeConfig, run_probe
+from mechprobe.judges.factory import make_judge
 from mechprobe.records import LabelRecord
+from mechprobe.turns.pipeline import ProbeConfig, run_probe
 
 from .conftest import REPO
 

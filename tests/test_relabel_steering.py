@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
-
-from tests.conftest import REPO
 
 
 def _write(path, rows):
@@ -14,8 +11,7 @@ def _write(path, rows):
 
 
 def test_relabel_counts_pairs_and_excludes(tmp_path):
-    sys.path.insert(0, str(REPO / "experiments"))
-    from relabel_steering import main
+    from mechprobe.cli.relabel_steering import main
 
     run = tmp_path / "run"
     q = "Tom has 3 apples and buys 4 more. How many apples does he have?"

@@ -9,9 +9,16 @@ import types
 
 import pytest
 
-from mechprobe import scoring
-from mechprobe.datasets import load_dataset
-from mechprobe.scoring import extract_gsm8k, last_boxed, math_equal, normalize_math, normalize_number, score
+from mechprobe.turns import scoring
+from mechprobe.turns.datasets import load_dataset
+from mechprobe.turns.scoring import (
+    extract_gsm8k,
+    last_boxed,
+    math_equal,
+    normalize_math,
+    normalize_number,
+    score,
+)
 
 from .conftest import shared_data_dir
 

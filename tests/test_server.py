@@ -10,7 +10,7 @@ import openai
 import pytest
 import torch
 
-from mechprobe.server import ChatServer, Fault, HFResponder, ScriptedResponder
+from mechprobe.lm.server import ChatServer, Fault, HFResponder, ScriptedResponder
 from tests.conftest import requires_smollm2
 
 
@@ -117,7 +117,7 @@ def tiny_chat_tokenizer():
 
 
 def test_hf_responder_equals_hf_greedy_generate():
-    from mechprobe.models import tiny_model
+    from mechprobe.lm.models import tiny_model
 
     tok = tiny_chat_tokenizer()
     model = tiny_model("llama", vocab_size=len(tok))
@@ -145,8 +145,8 @@ EXIT_MID_GENERATION = r"""
 import json, sys, threading, time, urllib.request
 sys.path.insert(0, sys.argv[1])
 from tests.test_server import tiny_chat_tokenizer
-from mechprobe.models import tiny_model
-from mechprobe.server import ChatServer, HFResponder
+from mechprobe.lm.models import tiny_model
+from mechprobe.lm.server import ChatServer, HFResponder
 
 tok = tiny_chat_tokenizer()
 model = tiny_model("llama", vocab_size=len(tok), hidden_size=256, intermediate_size=512, num_hidden_layers=4)

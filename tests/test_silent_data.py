@@ -7,7 +7,6 @@ the real model and live in tests/test_experiments_e2e.py.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -16,16 +15,16 @@ import time
 import pytest
 import torch
 
-from mechprobe.activations import ActivationCache
+from mechprobe.activations.cache import ActivationCache
+from mechprobe.cli.judge import main_judge
 from mechprobe.errors import UserError
 from mechprobe.io import JsonlStore, ManifestMismatch, check_or_write_manifest, read_jsonl, write_json
-from mechprobe.judge import judge_run, main_judge
-from mechprobe.models import LoadedModel, tiny_model
-from mechprobe.pipeline import ProbeConfig, run_probe
+from mechprobe.judges.run import judge_run
+from mechprobe.lm.models import LoadedModel, tiny_model
+from mechprobe.lm.server import ChatServer, Fault, ScriptedResponder
 from mechprobe.records import Item
-from mechprobe.server import ChatServer, Fault, ScriptedResponder
+from mechprobe.turns.pipeline import ProbeConfig, run_probe
 
-from .conftest import REPO
 from .test_judge_run import make_run
 
 CTX = 64  # the tiny model's context: small, so item 7 can overflow it with a short prompt
@@ -300,7 +299,7 @@ def test_mismatch_names_only_the_differing_nested_key(tmp_path):
 def _probes_args(*argv):
     import argparse
 
-    from mechprobe.probes import add_probes_args
+    from mechprobe.cli.linear_probe import add_probes_args
 
     p = argparse.ArgumentParser()
     add_probes_args(p)
@@ -310,20 +309,22 @@ def _probes_args(*argv):
 @pytest.mark.parametrize("flags, needle", [(["--n-boot", "0"], "--n-boot"), (["--folds", "1"], "--folds"),
                                            (["--transfer-datasets", "nope"], "--transfer-datasets")])
 def test_invalid_probe_flags_rejected_before_any_stage(tmp_path, flags, needle):
-    from mechprobe.probes import run_probes_cli
+    from mechprobe.linear.experiment import run_linear_probe
 
     run = tmp_path / "run"
     # An unknown dataset too: if the flags were not checked first, building the run would fail on that.
     with pytest.raises(UserError, match=needle):
-        run_probes_cli(_probes_args("--run", str(run), "--dataset", "no-such-dataset", *flags))
+        run_linear_probe(_probes_args("--run", str(run), "--dataset", "no-such-dataset", *flags))
     assert not run.exists()
 
 
 def _steer_module():
-    spec = importlib.util.spec_from_file_location("steer_script", REPO / "experiments" / "steer.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """The steering experiment's names (cli and experiment modules) in one namespace, as the old script had them."""
+    import types
+
+    import mechprobe.cli.steer as cli_steer
+    import mechprobe.steering.experiment as exp
+    return types.SimpleNamespace(**{**vars(exp), **vars(cli_steer)})
 
 
 @pytest.mark.parametrize("flags, needle", [(["--alpha", "nan"], "--alpha nan"),
@@ -359,7 +360,7 @@ def test_all_judge_errors_exit_nonzero_with_a_message(tmp_path, capsys, monkeypa
 
 
 def test_item2_decoding_plan_refuses_nan():
-    from mechprobe.pipeline import decoding_plan
+    from mechprobe.turns.pipeline import decoding_plan
 
     with pytest.raises(UserError, match="finite"):
         decoding_plan([0.0, float("nan")], 2)

@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from mechprobe.errors import UsageError
-from mechprobe.generation import left_pad
-from mechprobe.models import kv_kw, out_cache, tiny_model
+from mechprobe.lm.generation import left_pad
+from mechprobe.lm.models import kv_kw, out_cache, tiny_model
 from mechprobe.records import AssistantRecord
 from mechprobe.stats import mcnemar_exact
-from mechprobe.steer_eval import (
+from mechprobe.steering.evaluate import (
     NllScorer,
     SteeredTurn,
     choose_setting,
@@ -32,7 +32,7 @@ from mechprobe.steer_eval import (
     summarize,
     turn_nll,
 )
-from mechprobe.steering import diff_of_means, from_direction, in_alpha_units, steer
+from mechprobe.steering.vector import diff_of_means, from_direction, in_alpha_units, steer
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16, 17, 18, 19]]
 CONTS = [[20, 21, 22, 23], [30], [40, 41, 42, 43, 44, 45]]
@@ -239,14 +239,12 @@ def test_summarize_has_a_degeneration_ci():
 
 
 def _script():
-    import importlib.util
+    """The steering experiment's names (cli and experiment modules) in one namespace, as the old script had them."""
+    import types
 
-    from .conftest import REPO
-
-    spec = importlib.util.spec_from_file_location("steer_script_fast", REPO / "experiments" / "steer.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    import mechprobe.cli.steer as cli_steer
+    import mechprobe.steering.experiment as exp
+    return types.SimpleNamespace(**{**vars(exp), **vars(cli_steer)})
 
 
 def test_one_resid_alpha_is_the_end_of_the_ladder():
@@ -287,7 +285,7 @@ def test_plot_draws_rates_and_degeneration_with_cis(tmp_path, alphas):
 def test_probe_direction_for_steering_sees_train_rows_only():
     """The steering 'probe' vector is fitted on train rows: held-out labels cannot change it (no leakage),
     and a direction planted in the train rows is recovered (cosine with the plant well above chance)."""
-    from mechprobe.steer_eval import train_probe_direction
+    from mechprobe.steering.evaluate import train_probe_direction
 
     g = torch.Generator().manual_seed(0)
     n, d, layer = 240, 16, 3
@@ -354,7 +352,7 @@ def test_turns_judged_by_another_judge_are_rejudged_not_reused(tmp_path):
 def test_pinned_vector_refuses_turns_of_another_vector(tmp_path):
     """Relabelling changes the difference of means: turns stored for the old vector must not pass as the new one's."""
     from mechprobe.errors import UserError
-    from mechprobe.steering import SteeringVector
+    from mechprobe.steering.vector import SteeringVector
 
     m = _script()
     v = SteeringVector(torch.tensor([1.0, 2.0, 3.0]), 2, "diff_means", {})
@@ -410,8 +408,8 @@ def test_nll_dtype_is_pinned_per_steering_directory(tmp_path):
 def test_steered_user_turns_with_a_scorer_over_several_batches(smol):
     """Real 135M model, 3 items in batches of 2: the scorer's NLLs equal turn_nll's on every batch (the loop
     variable once shadowed the ``nll`` argument, so a second batch called a float)."""
-    from mechprobe import chat
-    from mechprobe.steer_eval import steered_user_turns
+    from mechprobe.lm import chat
+    from mechprobe.steering.evaluate import steered_user_turns
 
     items = [AssistantRecord(item_id=f"b{i}", dataset="builtin", prompt=q, response=r, stop_reason="end_of_turn",
                              n_tokens=5) for i, (q, r) in enumerate([("What is 2+2?", "2+2 = 4."),

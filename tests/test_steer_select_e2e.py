@@ -7,17 +7,15 @@ Labels are written by the test (item-level) so the vectors exist whatever the ju
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 
 import pytest
 
 from mechprobe.io import read_jsonl
-from mechprobe.pipeline import ProbeConfig, run_probe
-from mechprobe.steer_eval import split_of
+from mechprobe.steering.evaluate import split_of
+from mechprobe.turns.pipeline import ProbeConfig, run_probe
 
-from .conftest import REPO
 from .test_experiments_e2e import _write_labels
 
 pytestmark = pytest.mark.slow
@@ -35,10 +33,11 @@ def run_dir(smol, tmp_path_factory):
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("steer_sel_script", REPO / "experiments" / "steer.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """The experiment module (patched in place by the tests) with the command line's ``main`` attached."""
+    import mechprobe.cli.steer as cli_steer
+    import mechprobe.steering.experiment as exp
+    exp.main = cli_steer.main
+    return exp
 
 
 def test_select_on_train_steers_heldout_only_at_the_chosen_setting(run_dir, tmp_path):

@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mechprobe import chat
-from mechprobe.generation import generate, left_pad
-from mechprobe.models import LoadedModel, get_blocks, tiny_model
-from mechprobe.steering import (
-    POSITIONS,
+from mechprobe.lm import chat
+from mechprobe.lm.generation import generate, left_pad
+from mechprobe.lm.models import LoadedModel, get_blocks, tiny_model
+from mechprobe.steering.vector import (
+    STEER_POSITIONS,
     SteeringVector,
     diff_of_means,
     from_direction,
@@ -111,14 +111,14 @@ def _n_hooks(model) -> int:
 def test_alpha_zero_and_zero_vector_are_token_identical(model, driver):
     base = _run(model, PROMPTS, driver)
     zero_vec = SteeringVector(torch.zeros(model.config.hidden_size), 2, "random")
-    for pos in POSITIONS:
+    for pos in STEER_POSITIONS:
         with steer(model, _vec(model, scale=40.0), 0.0, pos):
             assert _run(model, PROMPTS, driver) == base
         with steer(model, zero_vec, 3.0, pos):  # goes through the add path, adds exact zeros
             assert _run(model, PROMPTS, driver) == base
 
 
-@pytest.mark.parametrize("positions", POSITIONS)
+@pytest.mark.parametrize("positions", STEER_POSITIONS)
 def test_batch_equals_one_by_one_and_all_drivers_agree(model, positions):
     v = _vec(model, scale=40.0)
     base = _run(model, PROMPTS, "own")
@@ -133,7 +133,7 @@ def test_batch_equals_one_by_one_and_all_drivers_agree(model, positions):
 
 
 @pytest.mark.parametrize("driver", DRIVERS)
-@pytest.mark.parametrize("positions", POSITIONS)
+@pytest.mark.parametrize("positions", STEER_POSITIONS)
 @pytest.mark.parametrize("prompts", [PROMPTS, ONE_TOKEN, [[9], [5, 6, 7]]], ids=["padded", "one_token", "mixed"])
 def test_each_call_is_steered_exactly_at_the_named_positions(model, driver, positions, prompts):
     alpha, v = 2.0, _vec(model, layer=2)
@@ -166,7 +166,7 @@ def test_decode_steps_are_recognised_under_either_cache_keyword(name):
     text, never a fresh prompt -- the bug that once steered every decode step as if it were the boundary."""
     from transformers import DynamicCache
 
-    from mechprobe.steering import _CallTracker
+    from mechprobe.steering.vector import _CallTracker
 
     cache = DynamicCache()
     k = torch.zeros(1, 1, 5, 4)

@@ -5,10 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mechprobe import chat
-from mechprobe.generation import generate
-from mechprobe.models import get_blocks, tiny_model
-from mechprobe.steering import POSITIONS, SteeringVector, bake, generate_nnsight, placeholder_tokenizer, steer
+from mechprobe.lm import chat
+from mechprobe.lm.generation import generate
+from mechprobe.lm.models import get_blocks, tiny_model
+from mechprobe.steering.vector import (
+    STEER_POSITIONS,
+    SteeringVector,
+    bake,
+    generate_nnsight,
+    placeholder_tokenizer,
+    steer,
+)
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16, 17, 18, 19]]
 
@@ -32,7 +39,7 @@ def _n_hooks(model) -> int:
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
 
 
-@pytest.mark.parametrize("positions", POSITIONS)
+@pytest.mark.parametrize("positions", STEER_POSITIONS)
 @pytest.mark.parametrize("layer", [0, 2])
 def test_nnsight_steering_equals_hooks(model, positions, layer):
     v = _vec(model, layer=layer)

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from mechprobe.io import read_jsonl
-from mechprobe.study_report import labels_file_for
+from mechprobe.study.report import labels_file_for
 
 from .conftest import REPO, requires_smollm2
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from mechprobe import study_report as sr
-from mechprobe.stats import paired_bootstrap
-from mechprobe.study import StudyConfig, main, run_study
-from mechprobe.study_report import Rate, Verdict
+from mechprobe.cli.study import main
+from mechprobe.stats import Rate, paired_bootstrap
+from mechprobe.study.report import Verdict
+from mechprobe.study.run import StudyConfig, run_study
+from mechprobe.study.run import report as sr
 
 from .study_helpers import write_synthetic_run
 
@@ -134,8 +135,8 @@ def test_variant_samples_profile_and_legacy_roots(tmp_path):
     recorded keeps its 2 samples per variant, so resuming it neither mixes plans nor regenerates."""
     import json
 
-    from mechprobe import study
-    from mechprobe.pipeline import ProbeConfig
+    from mechprobe.judges.human_reference import run as study
+    from mechprobe.turns.pipeline import ProbeConfig
 
     cfg = ProbeConfig(model="m", dataset="builtin", temperatures=[0.0, 0.4, 0.7, 1.0, 1.3], samples=2)
     main_turns = len(study.decoding_plan(cfg.temperatures, cfg.samples))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from mechprobe.vllm_backend import generate_vllm, load_vllm
+from mechprobe.lm.vllm import generate_vllm, load_vllm
 
 
 @dataclass
@@ -105,11 +105,11 @@ def test_item10_vllm_generated_run_is_cached_by_the_hf_path(smol_tokenizer, tmp_
     from the run's manifest and compares weight, tokenizer and template hashes."""
     import copy
 
-    from mechprobe.activations import ActivationCache, cache_run
+    from mechprobe.activations.cache import ActivationCache, cache_run
     from mechprobe.io import read_json
-    from mechprobe.models import load_model, tiny_model
-    from mechprobe.pipeline import ProbeConfig, run_probe
+    from mechprobe.lm.models import load_model, tiny_model
     from mechprobe.records import Item
+    from mechprobe.turns.pipeline import ProbeConfig, run_probe
 
     # A real HF model directory: random tiny Llama weights with SmolLM2's tokenizer, saved *without* a pad
     # token (the HF loader adds one; the vLLM path used not to, so the tokenizer hashes differed).

@@ -1,0 +1,121 @@
+"""`mechprobe probes RUN` / `experiments/linear_probe.py`: linear probes per layer on boundary states."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from mechprobe.cli.common import merge_run
+from mechprobe.linear.experiment import LinearProbeConfig, run_linear_probe
+
+
+def add_probes_args(p: Any, figures: str | None = None) -> None:
+    """Options of ``experiments/linear_probe.py`` (and ``mechprobe probes``)."""
+    p.add_argument("--model", default=None, help="default: the run's model, else the embedded default model")
+    p.add_argument("--dataset", default=None, help="default: gsm8k when ../shared/data is found, else builtin")
+    p.add_argument("--datasets", nargs="+", default=[],
+                   help="several datasets: one run each (runs/<model>-<dataset>), propensity probes on the pooled "
+                        "items with dataset-stratified folds and a transfer matrix across them (turn target: the "
+                        "first is probed, the rest become --transfer-datasets)")
+    p.add_argument("--target", default="auto", choices=["auto", "propensity", "turn"],
+                   help="propensity: one row per item, target = fraction of its samples at "
+                        "--propensity-temperature judged genuine (the boundary state is shared by all samples of "
+                        "an item, so this is what it can predict); turn: one row per user turn. auto (default): "
+                        "propensity when the run has >= 8 samples at that temperature, else turn")
+    p.add_argument("--propensity-temperature", type=float, default=1.0,
+                   help="temperature whose samples define the propensity (default 1.0)")
+    p.add_argument("--min-samples", type=int, default=2,
+                   help="propensity target: drop items with fewer judged samples than this (judge errors skipped)")
+    p.add_argument("--run", default=None, help="run directory (default runs/<model>-<dataset>)")
+    p.add_argument("--judge", default="auto",
+                   help="auto (default: the judge of the run's labels; else offline for the embedded default model, "
+                        "hybrid2:qwen2.5-coder-1.5b-instruct for other models) | offline | hybrid2:MODEL | openai:MODEL")
+    p.add_argument("--layers", nargs="+", default="all",
+                   help="all, or residual indices like 0 6 12 (or 0,6,12; 0 is always added): r = input of block r "
+                        "(TransformerLens resid_pre), 0 = embeddings; steering-vectors/repeng/nnsight layer L = our L+1")
+    p.add_argument("--relabel", action="store_true",
+                   help="labels.jsonl is from another judge (or judge version): move it aside and relabel")
+    p.add_argument("--backend", default="hooks", choices=["hooks", "nnsight", "transformer-lens"])
+    g = p.add_argument_group("probe stage (only used when turns are missing)")
+    g.add_argument("--limit", type=int, default=None,
+                   help="items per run (default: 60 for the embedded default model; for other models 200 items in "
+                        "all, split over --datasets)")
+    g.add_argument("--samples", type=int, default=None)
+    g.add_argument("--temperatures", type=float, nargs="+", default=None)
+    g.add_argument("--max-assistant-tokens", type=int, default=None)
+    g.add_argument("--max-user-tokens", type=int, default=None)
+    g.add_argument("--batch-size", type=int, default=None)
+    g.add_argument("--engine", default=None, choices=["hf", "llamacpp", "vllm"],
+                   help="generation engine (default hf; llamacpp = CPU over the GGUF, see docs/cpu_speed.md)")
+    g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="HF weights dtype for generation and caching (default: fp32 on CPU, bf16 on CUDA)")
+    g = p.add_argument_group("analysis")
+    g.add_argument("--folds", type=int, default=5)
+    g.add_argument("--n-boot", type=int, default=1000, help="item-bootstrap draws for the 95%% CIs")
+    g.add_argument("--no-shuffled", action="store_true", help="skip the shuffled-label probe (halves probe time)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--transfer-datasets", nargs="*", default=[],
+                   help="also build runs of these datasets with the same config and report a transfer matrix")
+    g.add_argument("--transfer-runs", nargs="*", default=[], help="existing runs (same model) for the transfer matrix")
+    p.add_argument("--figures", default=figures,
+                   help="folder for the figure (default: <run>/figures, inside the ignored run directory, so a run "
+                        "never dirties the repo; pass --figures figures to publish into the committed folder)")
+
+
+# Fewer item-bootstrap draws than this and the 2.5/97.5 percentiles are just the extreme draws.
+MIN_BOOT = 20
+
+
+def validate_probes_args(a: argparse.Namespace) -> None:
+    """Refuse analysis options that would give NaN or meaningless numbers, before any stage runs."""
+    from mechprobe.turns.datasets import NAMES
+
+    bad = []
+    if a.folds < 2:
+        bad.append(f"--folds must be >= 2 (grouped cross-validation), got {a.folds}")
+    if a.n_boot < MIN_BOOT:
+        bad.append(f"--n-boot must be >= {MIN_BOOT} (item-bootstrap draws for the 95% CIs), got {a.n_boot}")
+    unknown = [d for d in a.transfer_datasets if d not in NAMES]
+    if unknown:
+        bad.append(f"--transfer-datasets {unknown} unknown; choose from {', '.join(NAMES)}")
+    datasets = list(getattr(a, "datasets", None) or [])
+    unknown = [d for d in datasets if d not in NAMES]
+    if unknown:
+        bad.append(f"--datasets {unknown} unknown; choose from {', '.join(NAMES)}")
+    if len(set(datasets)) != len(datasets):
+        bad.append(f"--datasets {datasets} names a dataset twice")
+    if datasets and (a.run or a.dataset):
+        bad.append("--datasets builds one run per dataset (runs/<model>-<dataset>): drop --run/--dataset, or pass "
+                   "one --run with --transfer-runs")
+    if getattr(a, "min_samples", 2) < 2:
+        bad.append(f"--min-samples must be >= 2 (a propensity from one sample is a coin flip), got {a.min_samples}")
+    t = getattr(a, "propensity_temperature", 1.0)
+    if not (isinstance(t, int | float) and t > 0 and t == t and t != float("inf")):
+        bad.append(f"--propensity-temperature must be a finite number > 0, got {t}")
+    if bad:
+        from mechprobe.errors import UserError
+
+        raise UserError("; ".join(bad))
+
+
+def config_from_args(a: argparse.Namespace) -> LinearProbeConfig:
+    """Validate the namespace and turn it into the experiment's typed config."""
+    merge_run(a)
+    validate_probes_args(a)
+    return LinearProbeConfig.from_namespace(a)
+
+
+def run(a: argparse.Namespace) -> int:
+    return run_linear_probe(config_from_args(a))
+
+
+def build_parser(figures: str | None = None) -> argparse.ArgumentParser:
+    """The flags of ``python experiments/linear_probe.py`` (the same as ``mechprobe probes``)."""
+    p = argparse.ArgumentParser(prog="linear_probe.py", description=__doc__)
+    add_probes_args(p, figures)
+    return p
+
+
+def main(argv: list[str] | None = None, figures: str | None = None) -> int:
+    """``python experiments/linear_probe.py ...``."""
+    return run(build_parser(figures).parse_args(argv))

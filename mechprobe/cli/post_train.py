@@ -1,0 +1,57 @@
+"""`experiments/post_train.py`: LoRA SFT on real human next turns, then the before/after evaluation."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from mechprobe.post_train.evaluate import DEFAULTS, PostTrainConfig, run_post_train
+
+
+def add_args(p: Any) -> None:
+    from mechprobe.lm.models import DEFAULT_MODEL
+    from mechprobe.post_train.train import SOURCES
+
+    p.add_argument("--model", default=DEFAULT_MODEL, help="embedded name, HF id/dir, or .gguf file")
+    p.add_argument("--out", default=None, help="output dir (default runs/post_train/<model>)")
+    p.add_argument("--sources", nargs="+", default=list(SOURCES), help="training conversations")
+    p.add_argument("--data-path", default=None, help="folder laid out like shared/data")
+    p.add_argument("--data-limit", type=int, default=None, help="first N rows of each source (default: all)")
+    p.add_argument("--held-out-fraction", type=float, default=0.1)
+    p.add_argument("--max-len", type=int, default=DEFAULTS["max_len"], help="skip longer examples (tokens)")
+    p.add_argument("--steps", type=int, default=DEFAULTS["steps"])
+    p.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"])
+    p.add_argument("--lr", type=float, default=DEFAULTS["lr"])
+    p.add_argument("--warmup-steps", type=int, default=10)
+    p.add_argument("--lora-r", type=int, default=DEFAULTS["lora_r"])
+    p.add_argument("--lora-alpha", type=int, default=DEFAULTS["lora_alpha"])
+    p.add_argument("--lora-dropout", type=float, default=0.05)
+    p.add_argument("--target-modules", default="all-linear", help="'all-linear' or comma-separated names")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint-every", type=int, default=DEFAULTS["checkpoint_every"])
+    p.add_argument("--device", default="cpu", help="training device (CPU fp32 by default)")
+    p.add_argument("--eval-only", action="store_true", help="reuse the trained adapter in --out")
+    p.add_argument("--no-eval", action="store_true", help="train and merge only")
+    p.add_argument("--eval-datasets", nargs="+", default=["gsm8k", "mt_bench"])
+    p.add_argument("--eval-limit", type=int, default=20, help="items per eval dataset")
+    p.add_argument("--samples", type=int, default=4, help="sampled user turns per item")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-assistant-tokens", type=int, default=192)
+    p.add_argument("--max-user-tokens", type=int, default=48)
+    p.add_argument("--judge", default=None,
+                   help="offline | hybrid2:MODEL | openai:MODEL | local:MODEL (default: the best-validated judge "
+                        "this machine can run: hybrid2 on the 1.5B Qwen when fetched, else offline)")
+    p.add_argument("--relabel", action="store_true",
+                   help="eval runs labelled by another judge: move those labels aside and relabel")
+    p.add_argument("--steer-run", default=None,
+                   help="run whose steering/results.json gives the baked-vector arm (default: the base model's "
+                        "gsm8k run runs/<model>-gsm8k when it has one, else <out>/steer-gsm8k, built with "
+                        "experiments/steer.py --select-on-train)")
+    p.add_argument("--no-steer", action="store_true", help="do not build a steering result for the baked arm")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python experiments/post_train.py ...``: train, merge, evaluate, report."""
+    p = argparse.ArgumentParser(prog="post_train.py", description=__doc__)
+    add_args(p)
+    return run_post_train(PostTrainConfig.from_namespace(p.parse_args(argv)))

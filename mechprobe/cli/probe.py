@@ -1,0 +1,59 @@
+"""`mechprobe probe`: generate assistant and user turns into a run directory."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from mechprobe.lm.models import DEFAULT_MODEL
+from mechprobe.turns.pipeline import ENGINES, ProbeConfig, batch_size_arg
+
+
+def add_probe_args(p: Any) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL, help="embedded name, HF id/dir, or .gguf file")
+    p.add_argument("--dataset", default="builtin",
+                   help="builtin | gsm8k | math500 | ifeval | mt_bench | hh_rlhf | topical_chat")
+    p.add_argument("--data-path", default=None, help="dataset file/dir (default: ../shared/data or $MECHPROBE_DATA_DIR)")
+    p.add_argument("--limit", type=int, default=50, help="first N items (0 = all)")
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], help="0 = greedy")
+    p.add_argument("--samples", type=int, default=3, help="samples per temperature > 0")
+    p.add_argument("--max-assistant-tokens", type=int, default=256)
+    p.add_argument("--max-user-tokens", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--system", default=None, help="system prompt (default: the template's own)")
+    p.add_argument("--chat-template", default=None, help="Jinja template file, for models without one")
+    p.add_argument("--batch-size", type=batch_size_arg, default=None, metavar="N|auto",
+                   help="rows per decode call (default auto: as many as fit in half the free memory, <= 64)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16", "float16"])
+    p.add_argument("--engine", default="hf", choices=list(ENGINES),
+                   help="hf: exact and hookable (default); vllm: GPU throughput for large sampling runs; "
+                        "llamacpp: GGUF models on CPU, several times faster (pip install llama-cpp-python)")
+
+
+def config_from_args(a: Any) -> ProbeConfig:
+    return ProbeConfig(model=a.model, dataset=a.dataset, data_path=a.data_path, limit=a.limit or None,
+                       temperatures=list(a.temperatures), samples=a.samples,
+                       max_assistant_tokens=a.max_assistant_tokens, max_user_tokens=a.max_user_tokens,
+                       seed=a.seed, system=a.system, chat_template=a.chat_template, batch_size=a.batch_size,
+                       device=a.device, dtype=a.dtype, engine=a.engine)
+
+
+def run(a: argparse.Namespace) -> int:
+    from mechprobe.turns.pipeline import config_from_args, default_run_dir, run_probe, summarize_run
+
+    cfg = config_from_args(a)
+    out = Path(a.out) if a.out else default_run_dir(cfg)
+    run_probe(cfg, out)
+    print(f"\nrun: {out}\n")
+    print(summarize_run(out))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python experiments/probe.py ...`` (the same flags as ``mechprobe probe``)."""
+    p = argparse.ArgumentParser(prog="probe.py", description=__doc__)
+    add_probe_args(p)
+    p.add_argument("--out", default=None, help="run directory (default runs/<model>-<dataset>)")
+    return run(p.parse_args(argv))

@@ -1,0 +1,77 @@
+"""`experiments/study.py`: the paper's studies over every embedded chat model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mechprobe.errors import UserError
+from mechprobe.io import read_json
+from mechprobe.judges.factory import best_judge as default_judge
+from mechprobe.study.report import PLAN
+from mechprobe.study.run import DATASETS, MODELS, PROFILES, StudyConfig, _config_from_args, report, run_study
+from mechprobe.turns.perturb import VARIANTS
+from mechprobe.turns.pipeline import batch_size_arg
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="experiments/study.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", default=None, help=f"default: {' '.join(MODELS)}")
+    p.add_argument("--datasets", nargs="+", default=None, help=f"default: {' '.join(DATASETS)}")
+    p.add_argument("--variants", nargs="+", default=None, help=f"default: {' '.join(VARIANTS)}")
+    p.add_argument("--quick", action="store_true", help="few items, samples and temperatures (see docs/study.md)")
+    p.add_argument("--report-only", action="store_true", help="regenerate the report and figures from the runs")
+    p.add_argument("--judge", default=None,
+                   help="offline | hybrid:MODEL | openai:MODEL | local:MODEL (named in the report); default: the "
+                        "judge of the existing runs (plan.json), else the best-validated judge available, "
+                        "hybrid2:qwen2.5-coder-1.5b-instruct when that model is "
+                        "fetched, else offline")
+    p.add_argument("--engine", default="hf", choices=["hf", "vllm", "llamacpp"])
+    p.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16", "float16"],
+                   help="default: bfloat16 on a CPU with native bf16 (AVX512-BF16/AMX: 2-5x fp32, "
+                        "benchmarks/README.md), else the model's default")
+    p.add_argument("--limit", type=int, default=None, help="items per dataset (default: the profile's)")
+    p.add_argument("--samples", type=int, default=None, help="samples per temperature > 0 (default: the profile's)")
+    p.add_argument("--variant-samples", type=int, default=None,
+                   help="samples at T=1.0 per perturbation variant, beside its greedy turn (default: the profile's: "
+                        "1 full, 2 quick; a resumed root keeps its own)")
+    p.add_argument("--temperatures", nargs="+", default=None, help="main-run temperatures (default: the profile's)")
+    p.add_argument("--max-assistant-tokens", type=int, default=None, help="default: per model (see docs/study.md)")
+    p.add_argument("--max-user-tokens", type=int, default=None)
+    p.add_argument("--batch-size", type=batch_size_arg, default=None, metavar="N|auto")
+    p.add_argument("--data-path", default=None)
+    p.add_argument("--root", default=None, help="runs folder (default runs/study/<profile>)")
+    p.add_argument("--report-dir", default="reports/study")
+    p.add_argument("--figures-dir", default="figures")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def config_from_args(a: argparse.Namespace) -> StudyConfig:
+    sc = _config_from_args(a)
+    if not a.judge:
+        # The judge the existing runs were labelled by (plan.json), so a resumed study or --report-only keeps
+        # reading the same labels; a new study root gets the best-validated judge available.
+        plan = sc.root_dir() / PLAN
+        sc.judge = (read_json(plan).get("judge") if plan.exists() else None) or default_judge()
+    plan = sc.root_dir() / PLAN
+    if a.variant_samples is None and plan.exists():
+        # A root made before variant_samples was recorded ran its variants with `samples` (2): keep that, so
+        # resuming it neither mixes plans nor regenerates finished variants.
+        sc.variant_samples = read_json(plan).get("variant_samples", PROFILES[sc.profile].samples)
+    return sc
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        sc = config_from_args(a)
+        if a.report_only:
+            out = report(sc)
+        else:
+            out = run_study(sc)
+    except UserError as e:
+        print(f"study: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0

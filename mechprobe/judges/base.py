@@ -1,0 +1,108 @@
+"""What every judge consumes and promises: the judge input record and the Judge protocol.
+
+Lives below every judge implementation so each can import it without importing the factory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from mechprobe.errors import MissingInput, UsageError, UserError
+from mechprobe.io import read_jsonl
+from mechprobe.records import AssistantRecord, LabelRecord, UserTurnRecord
+
+USER_TURNS = "user_turns.jsonl"
+
+
+ASSISTANT = "assistant.jsonl"
+
+
+@dataclass(frozen=True)
+class JudgeInput:
+    """What a judge sees about one user turn: the conversation and the raw generated text.
+
+    ``raw_text`` keeps special tokens (an opened assistant header is evidence); ``text`` is the
+    cleaned turn when the probe stage provided one. ``messages`` is any conversation *before*
+    ``prompt``. Group fields (dataset, decoding, temperature) are only used by summaries.
+    """
+
+    record_id: str
+    prompt: str
+    response: str
+    raw_text: str
+    text: str | None = None
+    messages: tuple[tuple[str, str], ...] = ()
+    stop_reason: str | None = None
+    dataset: str = ""
+    decoding: str = ""
+    temperature: float = 0.0
+    item_id: str = ""
+
+    def conversation(self) -> list[dict[str, str]]:
+        """History + user query + assistant response as chat messages."""
+        msgs = [{"role": r, "content": c} for r, c in self.messages]
+        return msgs + [{"role": "user", "content": self.prompt}, {"role": "assistant", "content": self.response}]
+
+
+class Judge(Protocol):
+    """Anything that turns :class:`JudgeInput` rows into :class:`LabelRecord` rows."""
+
+    name: str
+
+    def label_many(self, inputs: Sequence[JudgeInput]) -> Iterator[LabelRecord]:
+        """Yield one record per input, in any order, as soon as each is known."""
+        ...
+
+
+class JudgeMismatch(UserError, RuntimeError):
+    """A labels file already holds rows from a different judge."""
+
+
+def _msgs(messages: Iterable[dict[str, str]] | None) -> tuple[tuple[str, str], ...]:
+    return tuple((str(m.get("role", "")), str(m.get("content", ""))) for m in (messages or []))
+
+
+def inputs_from_run(run_dir: str | Path) -> list[JudgeInput]:
+    """Join a probe run's user turns with their assistant turns (by ``item_id``)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / USER_TURNS).exists():
+        raise MissingInput(
+            f"{run_dir} has no {USER_TURNS}: run the probe stage first "
+            f"(`mechprobe probe --out {run_dir}`), or pass the directory that holds it")
+    assistants = {r["item_id"]: AssistantRecord.from_dict(r) for r in read_jsonl(run_dir / ASSISTANT, key="item_id")}
+    out: list[JudgeInput] = []
+    missing: list[str] = []
+    for row in read_jsonl(run_dir / USER_TURNS, key="record_id"):
+        u = UserTurnRecord.from_dict(row)
+        a = assistants.get(u.item_id)
+        if a is None:
+            missing.append(u.item_id)
+            continue
+        out.append(JudgeInput(record_id=u.record_id, prompt=a.prompt, response=a.response, raw_text=u.raw_text,
+                              text=u.text, messages=_msgs(a.messages), stop_reason=u.stop_reason,
+                              dataset=u.dataset, decoding=u.decoding, temperature=u.temperature,
+                              item_id=u.item_id))
+    if missing:
+        raise UsageError(f"{run_dir / USER_TURNS} has user turns for items missing from {ASSISTANT} "
+                         f"(e.g. {sorted(set(missing))[:3]}); the run is damaged: re-run the probe stage "
+                         f"on {run_dir} to regenerate them")
+    return out
+
+
+def inputs_from_rows(rows: Iterable[dict[str, Any]]) -> list[JudgeInput]:
+    """Inputs from self-contained rows (the hand-label fixture format: prompt, response, raw_text, ...)."""
+    out = []
+    for i, r in enumerate(rows):
+        need = [k for k in ("record_id", "prompt", "response", "raw_text") if k not in r]
+        if need:
+            raise UsageError(f"row {i} lacks {need}: a self-contained label row needs record_id, prompt, "
+                             "response and raw_text (the hand-label fixture format)")
+        out.append(JudgeInput(record_id=str(r["record_id"]), prompt=r["prompt"], response=r["response"],
+                              raw_text=r["raw_text"], text=r.get("text"), messages=_msgs(r.get("messages")),
+                              stop_reason=r.get("stop_reason"), dataset=r.get("dataset", ""),
+                              decoding=r.get("decoding", ""), temperature=float(r.get("temperature", 0.0)),
+                              item_id=r.get("item_id", "")))
+    return out

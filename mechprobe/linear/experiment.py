@@ -1,0 +1,335 @@
+"""The linear-probe experiment over a run: build or reuse the stages, probe every layer, write probes/ and figures.
+
+Takes a typed :class:`LinearProbeConfig` (the command line builds it in :mod:`mechprobe.cli.linear_probe`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mechprobe.linear.fit import InsufficientPositives, to_jsonable
+from mechprobe.linear.propensity import (
+    InsufficientItems,
+    _run_datasets,
+    load_item_states,
+    modal_layer,
+    propensity_controls,
+    propensity_probe_layers,
+    propensity_table,
+    propensity_transfer,
+    run_cost,
+)
+from mechprobe.linear.turn import (
+    ProbeData,
+    confusion_table,
+    controls,
+    directions,
+    figures_dir,
+    load_probe_data,
+    modal_c,
+    multiclass_confusion,
+    probe_layers,
+    results_table,
+    transfer_matrix,
+    transfer_table,
+)
+from mechprobe.turns.pipeline import ProbeConfig
+
+
+@dataclass
+class LinearProbeConfig:
+    """Every setting of the command, typed (built from the command line by :mod:`mechprobe.cli`)."""
+
+    model: str | None = None  # default: the run's model, else the embedded default model
+    dataset: str | None = None  # default: gsm8k when ../shared/data is found, else builtin
+    datasets: list[str] = field(default_factory=lambda: [])  # several datasets: one run each (runs/<model>-<dataset>), propensity probes on the pooled i…
+    target: str = 'auto'  # propensity: one row per item, target = fraction of its samples at --propensity-temperature…
+    propensity_temperature: float = 1.0  # temperature whose samples define the propensity (default 1.0)
+    min_samples: int = 2  # propensity target: drop items with fewer judged samples than this (judge errors skipped)
+    run: str | None = None  # run directory (default runs/<model>-<dataset>)
+    judge: str = 'auto'  # auto (default: the judge of the run's labels; else offline for the embedded default model,…
+    layers: str | list[str] = 'all'  # all, or residual indices like 0 6 12 (or 0,6,12; 0 is always added): r = input of block r …
+    relabel: bool = False  # labels.jsonl is from another judge (or judge version): move it aside and relabel
+    backend: str = 'hooks'
+    limit: int | None = None  # items per run (default: 60 for the embedded default model; for other models 200 items in a…
+    samples: int | None = None
+    temperatures: list[float] | None = None
+    max_assistant_tokens: int | None = None
+    max_user_tokens: int | None = None
+    batch_size: int | None = None
+    engine: str | None = None  # generation engine (default hf; llamacpp = CPU over the GGUF, see docs/cpu_speed.md)
+    dtype: str | None = None  # HF weights dtype for generation and caching (default: fp32 on CPU, bf16 on CUDA)
+    folds: int = 5
+    n_boot: int = 1000  # item-bootstrap draws for the 95%% CIs
+    no_shuffled: bool = False  # skip the shuffled-label probe (halves probe time)
+    seed: int = 0
+    transfer_datasets: list[str] = field(default_factory=lambda: [])  # also build runs of these datasets with the same config and report a transfer matrix
+    transfer_runs: list[str] = field(default_factory=lambda: [])  # existing runs (same model) for the transfer matrix
+    figures: str | None = None  # folder for the figure (default: <run>/figures, inside the ignored run directory, so a run …
+
+    @classmethod
+    def from_namespace(cls, a: Any) -> LinearProbeConfig:
+        """Keep only this config's fields of an argparse namespace (the CLI adds its own keys)."""
+        return cls(**{f.name: getattr(a, f.name) for f in dataclasses.fields(cls) if hasattr(a, f.name)})
+
+
+
+def _transfer(a: argparse.Namespace, run: Path, cfg: ProbeConfig, data: ProbeData, layer: int
+             ) -> dict[str, Any] | None:
+    """Stack this run with the transfer runs (same model) at one layer and train-on-A / test-on-B.
+
+    ``--transfer-datasets`` runs use this run's probe config with only the dataset changed, and live
+    beside it (``<parent>/<model>-<dataset>``), so their labels mean the same thing.
+    """
+    from mechprobe.stages import ensure_stages, resolve_run
+    from mechprobe.turns.pipeline import default_run_dir
+
+    runs = [Path(r) for r in a.transfer_runs]
+    for r in runs:  # existing runs: judge and cache what they lack, like the main run
+        run_t, cfg_t = resolve_run(r)
+        ensure_stages(run_t, cfg_t, a.judge, a.backend, a.relabel)
+    for ds in a.transfer_datasets:
+        cfg_b = dataclasses.replace(cfg, dataset=ds, data_path=None)
+        run_b = run.parent / default_run_dir(cfg_b).name
+        ensure_stages(run_b, cfg_b, a.judge, a.backend, a.relabel)
+        runs.append(run_b)
+    if not runs:
+        return None
+    xs, ys, gs, ds = [data.stack[:, data.layers.index(layer)]], [data.y], [data.groups], [data.datasets]
+    for r in runs:
+        other = load_probe_data(r, str(layer))
+        if other.meta["identity"]["weight_hash"] != data.meta["identity"]["weight_hash"]:
+            raise ValueError(f"{r} was cached from another model; transfer needs one model")
+        xs.append(other.stack[:, other.layers.index(layer)])
+        ys.append(other.y)
+        gs.append(other.groups)
+        ds.append(other.datasets)
+    tm = transfer_matrix(np.concatenate(xs).astype(np.float64), np.concatenate(ys), np.concatenate(ds).tolist(),
+                         np.concatenate(gs), n_splits=a.folds, seed=a.seed, n_boot=a.n_boot)
+    return {**tm, "layer": layer, "runs": [str(run), *map(str, runs)]}
+
+
+def run_linear_probe(a: LinearProbeConfig) -> int:
+    """probe -> judge -> cache (reused when complete), then the probes; 3 when positives are too few."""
+    from mechprobe.stages import PASSTHROUGH, ensure_stages, finding_preset, finding_presets, resolve_run
+
+    t0 = time.time()
+
+    datasets = list(getattr(a, "datasets", None) or [])
+    over = {k: getattr(a, k) for k in PASSTHROUGH}
+    preset = finding_preset(a.model)
+    presets = [preset] * max(1, len(datasets))
+    if preset is not None:
+        presets = finding_presets(preset, datasets, a.limit)
+        print(f"new runs of {a.model} (not the embedded default) use the finding settings: "
+              f"{preset['samples']} samples at T=1, caps {preset['max_assistant_tokens']}/{preset['max_user_tokens']} "
+              f"tokens, engine {preset['engine']}{', ' + preset['dtype'] if preset.get('dtype') else ''}, items "
+              f"{' + '.join(str(p['limit']) for p in presets)}; existing runs keep their own, options override")
+    resolved = [resolve_run(a.run, a.model, ds, preset=pr, **over)
+                for ds, pr in zip(datasets or [a.dataset], presets, strict=True)]
+    from mechprobe.linear.propensity import choose_target
+
+    picks = [choose_target(getattr(a, "target", "turn"), c.samples, c.temperatures,
+                           getattr(a, "propensity_temperature", 1.0)) for _, c in resolved]
+    target, why = next((p for p in picks if p[0] == "turn"), picks[0])  # every run must support propensity
+    print(f"target: {target} ({why})")
+    if target == "propensity":
+        return _propensity(a, resolved, why, t0)
+    if len(resolved) > 1:
+        a.transfer_datasets = [*a.transfer_datasets, *[c.dataset for _, c in resolved[1:]]]
+        print(f"turn target with several datasets: probing {resolved[0][1].dataset}, transfer to "
+              f"{a.transfer_datasets}")
+    run, cfg = resolved[0]
+    timings, judge_name = ensure_stages(run, cfg, a.judge, a.backend, a.relabel)
+
+    t_an = time.time()
+    # Small dense problems (hundreds of rows): one BLAS thread is as fast, and multi-threaded BLAS on a
+    # busy 2-core machine was measured ~10x slower (threads spinning against other processes).
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1):
+        return _analyse(a, run, cfg, timings, judge_name, t0, t_an)
+
+
+def _propensity(a: argparse.Namespace, resolved: list[tuple[Path, ProbeConfig]], why: str, t0: float) -> int:
+    """Build or reuse every run's stages, then the item-level propensity probes on the pooled items.
+
+    One run: outputs in ``<run>/probes/``. Several (``--datasets``): in ``<parent>/<model>-<a>+<b>/probes/``
+    (not a run directory: it holds only the pooled analysis). ``--transfer-runs``/``--transfer-datasets``
+    join the transfer matrix only, not the pooled headline.
+    """
+    from threadpoolctl import threadpool_limits
+
+    from mechprobe.linear.propensity import run_propensity
+    from mechprobe.stages import ensure_stages, resolve_run
+    from mechprobe.turns.pipeline import default_run_dir
+
+    timings: dict[str, Any] = {}
+    judges = []
+    for run, cfg in resolved:
+        t, j = ensure_stages(run, cfg, a.judge, a.backend, a.relabel)
+        timings[run.name] = t
+        judges.append(j)
+    run0, cfg0 = resolved[0]
+    extra = [Path(r) for r in a.transfer_runs]
+    for r in extra:  # existing runs: judge and cache what they lack, like the main runs (was: KeyError)
+        run_t, cfg_t = resolve_run(r)
+        ensure_stages(run_t, cfg_t, a.judge, a.backend, a.relabel)
+    for ds in a.transfer_datasets:
+        cfg_b = dataclasses.replace(cfg0, dataset=ds, data_path=None)
+        run_b = run0.parent / default_run_dir(cfg_b).name
+        ensure_stages(run_b, cfg_b, a.judge, a.backend, a.relabel)
+        extra.append(run_b)
+    if len(resolved) == 1:
+        base = run0
+    else:
+        base = run0.parent / f"{Path(cfg0.model).name.replace('.gguf', '')}-{'+'.join(c.dataset for _, c in resolved)}"
+    fig = figures_dir(a.figures, base) / f"propensity_{base.name}.png"
+    with threadpool_limits(limits=1):
+        return run_propensity(a, [r for r, _ in resolved], cfg0.model, why, timings, "+".join(sorted(set(judges))),
+                              extra, base / "probes", fig, t0)
+
+
+def _analyse(a: argparse.Namespace, run: Path, cfg: ProbeConfig, timings: dict[str, float], judge_name: str,
+            t0: float, t_an: float) -> int:
+    """Everything after the stages: probes, controls, extras, files, figure."""
+    from mechprobe.io import write_json
+    from mechprobe.plots import plot_layer_auroc
+
+    data = load_probe_data(run, a.layers)
+    y, groups = data.y, data.groups
+    out_dir = run / "probes"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    base = {"run": str(run), "model": cfg.model, "dataset": cfg.dataset, "judge": judge_name,
+            "n_rows": int(len(y)), "n_positive": int(y.sum()), "n_items": int(len(set(groups))),
+            "n_unlabelled_or_judge_error": data.n_unlabelled, "layers": data.layers, "folds": a.folds,
+            "stage_seconds": timings}
+    try:
+        report = probe_layers(data.stack, data.layers, y, groups, data.greedy, n_splits=a.folds, seed=a.seed,
+                              n_boot=a.n_boot, shuffled=not a.no_shuffled)
+    except InsufficientPositives as e:
+        write_json(out_dir / "metrics.json", {**base, "status": "insufficient_positives", "reason": str(e),
+                                              "total_seconds": round(time.time() - t0, 1)})
+        print(f"\nNot reporting probe metrics: {e}\n(wrote {out_dir}/metrics.json with the reason)", file=sys.stderr)
+        return 3
+    ctrl = controls(report, y, groups, data.texts, seed=a.seed, n_boot=a.n_boot)
+    best = report.best_layer
+    bi = data.layers.index(best)
+    mc = {**multiclass_confusion(data.stack[:, bi].astype(np.float64), data.labels, groups, report.folds, a.seed),
+          "layer": best}
+    tm = _transfer(a, run, cfg, data, best)
+    from safetensors.numpy import save_file
+
+    tensors, dmeta = directions(data.stack, data.layers, y, groups, cs=modal_c(report), seed=a.seed)
+    dir_meta = {"layers": data.layers, "model": cfg.model, "weight_hash": data.meta["identity"]["weight_hash"],
+                "n_pos": int(y.sum()), "n_neg": int(len(y) - y.sum()), "position": "boundary",
+                "layer_convention": "residual index: 0 = embeddings, r = output of block r-1",
+                "probe": "StandardScaler+LogisticRegression(class_weight=balanced) coef / scaler.scale_ "
+                         "(residual coordinates), fitted on all labelled rows",
+                "diff_means": "mean(genuine) - mean(not genuine), raw residual units",
+                "per_layer": dmeta, "source_run": str(run), "judge": judge_name}
+    save_file(tensors, str(out_dir / "directions.safetensors"),
+              metadata={"model": cfg.model, "weight_hash": dir_meta["weight_hash"], "n_pos": str(dir_meta["n_pos"]),
+                        "n_neg": str(dir_meta["n_neg"]), "position": "boundary"})
+    write_json(out_dir / "directions.json", dir_meta)
+    analysis_s = round(time.time() - t_an, 1)
+    metrics = {**base, "status": "ok", **report.to_dict(), "controls": to_jsonable(ctrl),
+               "multiclass_best_layer": mc, "transfer": tm, "analysis_seconds": analysis_s,
+               "total_seconds": round(time.time() - t0, 1)}
+    write_json(out_dir / "metrics.json", metrics)
+    table = results_table(report, ctrl)
+    md = [f"# Linear probes: {run.name}", "", f"model {cfg.model}, dataset {cfg.dataset}, judge {judge_name}, "
+          f"position boundary; stage seconds {json.dumps(timings)}, analysis {analysis_s} s.", "", table, "",
+          f"## Multi-class probe at layer {best}", "", confusion_table(mc)]
+    if tm:
+        md += ["", f"## Transfer at layer {best} (rows: trained on; diagonal: grouped CV)", "", transfer_table(tm)]
+    (out_dir / "metrics.md").write_text("\n".join(md) + "\n")
+    n = report.nested
+    fig = plot_layer_auroc(report, ctrl, figures_dir(a.figures, run) / f"linear_probe_{run.name}.png",
+                           f"{cfg.model} · {cfg.dataset} · {len(y)} turns ({int(y.sum())} genuine, "
+                           f"{report.counts['items']} items) · judge {judge_name}", confusion=mc)
+    print("\n" + "\n".join(md[4:]))
+    print(f"\nheadline: nested layer selection AUROC {n['auroc'].fmt()} (fold layers {n['fold_layers']}); "
+          f"best layer on the curve {best}: {report.layer(best).logreg_auroc.fmt()}")
+    print("controls: " + "; ".join(f"{k} {v.fmt()}" for k, v in ctrl.items()))
+    print(f"\nwrote {out_dir}/metrics.json, metrics.md, directions.safetensors, directions.json and {fig}")
+    print(json.dumps({"stage_seconds": timings, "analysis_seconds": analysis_s, "total_seconds": metrics["total_seconds"]}))
+    return 0
+
+
+def run_propensity(a: Any, runs: Sequence[Path], model: str, why: str, timings: Mapping[str, Any], judge: str,
+                   transfer_runs: Sequence[Path], out_dir: Path, fig_path: Path, t0: float) -> int:
+    """Item-level propensity probes on ``runs`` (pooled), writing ``out_dir/propensity.{json,md}`` and a figure.
+
+    Returns 0, or 3 (with ``status: insufficient_items`` and the reason in the JSON) when the items
+    cannot support item-level CV.
+    """
+    import json
+    import sys
+    import time
+
+    from mechprobe.io import write_json
+    from mechprobe.plots import plot_propensity
+
+    t_an = time.time()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = load_item_states(runs, a.layers, a.propensity_temperature, a.min_samples)
+    tg = data.targets
+    base = {"target": "propensity", "why": why, "runs": data.runs, "model": model, "judge": judge,
+            "temperature": tg.temperature, "targets": tg.summary(), "layers": data.layers, "folds": a.folds,
+            "stage_seconds": dict(timings), "dropped_items": tg.dropped}
+    try:
+        report = propensity_probe_layers(data.stack, data.layers, tg, n_splits=a.folds, seed=a.seed,
+                                         n_boot=a.n_boot, shuffled=not a.no_shuffled)
+    except InsufficientItems as e:
+        write_json(out_dir / "propensity.json", {**base, "status": "insufficient_items", "reason": str(e),
+                                                 "total_seconds": round(time.time() - t0, 1)})
+        print(f"\nNot reporting propensity metrics: {e}\n(wrote {out_dir}/propensity.json with the reason)",
+              file=sys.stderr)
+        return 3
+    ctrl = propensity_controls(report, data.stack, tg, data.texts, data.response_tokens, seed=a.seed,
+                               n_boot=a.n_boot)
+    layer = modal_layer(report.nested["fold_layers"])
+    tm = None
+    if transfer_runs or len(set(tg.datasets)) > 1:
+        pool = data if not transfer_runs else load_item_states([*runs, *transfer_runs], str(layer),
+                                                               a.propensity_temperature, a.min_samples)
+        li = pool.layers.index(layer)
+        if len(set(pool.targets.datasets)) > 1:
+            tm = {**propensity_transfer(pool.stack[:, li], pool.targets, a.folds, a.seed, a.n_boot), "layer": layer,
+                  "runs": pool.runs}
+    cost = [run_cost(Path(r), float(np.mean(tg.k[[d == ds for d in tg.datasets]])))
+            for r, ds in zip(runs, _run_datasets(runs))]
+    analysis_s = round(time.time() - t_an, 1)
+    res = {**base, "status": "ok", **report.to_dict(), "controls": to_jsonable(ctrl), "transfer": tm,
+           "cost": cost, "analysis_seconds": analysis_s, "total_seconds": round(time.time() - t0, 1)}
+    write_json(out_dir / "propensity.json", to_jsonable(res))
+    table = propensity_table(report, ctrl, tg, tm, cost[0] if len(cost) == 1 else None)
+    if len(cost) > 1:
+        table += "\n\n## Cost per item\n\n" + "\n".join(
+            f"- {c['run']}: " + (f"{c['ratio']:.1f}x (forward {c['boundary_forward_s_per_item']:.4f} s vs "
+                                 f"{c['generate_and_judge_s_per_item']:.3f} s)" if c.get("ratio") else c.get("missing", "n/a"))
+            for c in cost)
+    title = (f"{model} · {'+'.join(sorted(set(tg.datasets)))} · {len(tg)} items, T={tg.temperature:g}, "
+             f"k={'/'.join(map(str, sorted(set(tg.k.tolist()))))} · judge {judge}")
+    md = [f"# Item-level propensity probes: {out_dir.parent.name}", "", f"target: propensity ({why}).", "",
+          f"{title}; stage seconds {json.dumps(dict(timings))}, analysis {analysis_s} s.", "", table]
+    (out_dir / "propensity.md").write_text("\n".join(md) + "\n")
+    fig = plot_propensity(report, ctrl, fig_path, title)
+    n = report.nested
+    print("\n" + table)
+    print(f"\nheadline: nested layer choice Spearman rho {n['rho'].fmt()} (fold layers {n['fold_layers']}) vs "
+          f"ceiling sqrt(R) {ctrl['split_half_ceiling'].fmt()} (propensity reliability R "
+          f"{ctrl['split_half_reliability'].fmt()})")
+    print(f"wrote {out_dir}/propensity.json, propensity.md and {fig}")
+    return 0

@@ -1,0 +1,238 @@
+"""Batched, left-padded, KV-cached decoding with one RNG per row.
+
+Why not ``model.generate``: with sampling, HF draws every row from one global RNG, so a row's text
+depends on what else was in its batch and cannot be regenerated alone. Here each row owns a
+``torch.Generator`` seeded from its record, so a row sampled in a batch of 16 is token-identical to
+the same row sampled alone (given identical logits), and greedy rows are batch-invariant too.
+
+Left padding is made exact by explicit ``position_ids = cumsum(mask) - 1``: without them a padded
+row's positions are shifted by the pad count and its logits differ from the unpadded row's.
+Forward hooks (activation capture, steering) see a prefill call with the whole prompt and then one
+call per generated token; prompts here end at the user-role boundary, so in prefill the boundary is
+always the last position of every row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mechprobe.lm.models import kv_kw, out_cache
+
+
+@dataclass
+class Generation:
+    """One decoded continuation. ``token_ids`` include the stop token when there was one."""
+
+    token_ids: list[int]
+    stop_reason: str  # "end_of_turn" | "eos" | "max_tokens"
+
+
+def input_device(model: Any) -> torch.device:
+    """Where input ids must live (the embedding's device, also under accelerate's device_map)."""
+    return model.get_input_embeddings().weight.device
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-pad token lists; return ids, attention mask and matching position ids."""
+    n = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), n), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), n), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty")
+        ids[i, n - len(p):] = torch.tensor(list(p), dtype=torch.long)
+        mask[i, n - len(p):] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids.to(device), mask.to(device), pos.to(device)
+
+
+def _make_generators(seeds: Sequence[int | None], device: torch.device) -> list[torch.Generator | None]:
+    gens: list[torch.Generator | None] = []
+    for s in seeds:
+        if s is None:
+            gens.append(None)
+        else:
+            g = torch.Generator(device=device)
+            g.manual_seed(int(s))
+            gens.append(g)
+    return gens
+
+
+@torch.inference_mode()
+def generate(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    *,
+    stop_ids: dict[int, str],
+    max_new_tokens: int = 128,
+    temperatures: float | Sequence[float] = 0.0,
+    seeds: Sequence[int | None] | None = None,
+    pad_id: int = 0,
+    top_p: float = 1.0,
+    share_prefill: bool = True,
+    drop_finished: bool = True,
+) -> list[Generation]:
+    """Decode a batch of prompts; temperature 0 is greedy (argmax), >0 samples with the row's seed.
+
+    ``stop_ids`` maps token id -> stop reason (see :func:`mechprobe.lm.chat.stop_token_ids`).
+
+    ``share_prefill``: rows with identical prompts (the greedy turn and the k samples of one item) are
+    prefilled once and their KV cache rows copied, because on CPU the prompt's forward pass costs more
+    than the whole user turn's decoding. The copied rows are the same numbers the duplicate rows would
+    have computed, so outputs do not change (tested token for token); steering and capture hooks see
+    a prefill of the unique prompts, still ending at the boundary in every row.
+
+    ``drop_finished``: a row that has hit its stop token leaves the batch (its KV rows are dropped), so the
+    remaining steps compute only the rows still decoding. Every row keeps its own positions, mask and
+    RNG, so outputs do not change (tested token for token against ``drop_finished=False``).
+    """
+    from transformers import DynamicCache
+
+    b = len(prompts)
+    temps = [float(temperatures)] * b if isinstance(temperatures, int | float) else [float(t) for t in temperatures]
+    if len(temps) != b:
+        raise ValueError("one temperature per prompt")
+    seeds = list(seeds) if seeds is not None else [None] * b
+    if any(t > 0 and s is None for t, s in zip(temps, seeds)):
+        raise ValueError("sampled rows need a seed so they can be regenerated exactly")
+    dev = input_device(model)
+    first: dict[tuple[int, ...], int] = {}
+    inverse = [first.setdefault(tuple(p), len(first)) for p in prompts]
+    share = share_prefill and len(first) < b
+    ids, mask, pos = left_pad(list(first) if share else prompts, pad_id, dev)
+    gens = _make_generators(seeds, dev)
+    temp_t = torch.tensor(temps, device=dev)
+
+    cache = DynamicCache()
+    out_tokens: list[list[int]] = [[] for _ in range(b)]
+    reasons: list[str | None] = [None] * b
+
+    step_ids, step_pos = ids, pos
+    rows = list(range(b))  # original row index of each batch position (rows leave when drop_finished)
+    for step in range(max_new_tokens):
+        # Not logits_to_keep=1: measured 2x *slower* prefill in bf16 on CPU (benchmarks/bench_speed.py --prefill).
+        out = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
+                    **kv_kw(model, cache), use_cache=True)
+        logits = out.logits[:, -1, :].float()
+        cache = out_cache(out)
+        if step == 0 and share:  # expand the unique prompts' prefill to one row per requested prompt
+            idx = torch.tensor(inverse, device=dev)
+            cache.reorder_cache(idx)
+            logits, mask, step_pos = logits[idx], mask[idx], step_pos[idx]
+        nxt = logits.argmax(-1)
+        for j, i in enumerate(rows):
+            if temps[i] > 0 and reasons[i] is None:
+                probs = torch.softmax(logits[j] / temp_t[i], dim=-1)
+                if top_p < 1.0:
+                    probs = _top_p(probs, top_p)
+                nxt[j] = torch.multinomial(probs, 1, generator=gens[i])[0]
+        for j, t in enumerate(nxt.tolist()):
+            i = rows[j]
+            if reasons[i] is None:
+                out_tokens[i].append(t)
+                if t in stop_ids:
+                    reasons[i] = stop_ids[t]
+        keep = [j for j, i in enumerate(rows) if reasons[i] is None]
+        if not keep:
+            break
+        if len(keep) < len(rows):
+            if drop_finished:
+                kidx = torch.tensor(keep, device=dev)
+                cache.reorder_cache(kidx)
+                nxt, mask, step_pos = nxt[kidx], mask[kidx], step_pos[kidx]
+                rows = [rows[j] for j in keep]
+            else:  # finished rows keep decoding a harmless token; their outputs are discarded
+                done = torch.tensor([reasons[i] is not None for i in rows], device=dev)
+                nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
+        step_ids = nxt[:, None]
+        step_pos = step_pos[:, -1:] + 1
+        mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=dev)], dim=1)
+    return [Generation(token_ids=out_tokens[i], stop_reason=reasons[i] or "max_tokens") for i in range(b)]
+
+
+def _top_p(probs: torch.Tensor, p: float) -> torch.Tensor:
+    sorted_p, idx = probs.sort(descending=True)
+    keep = sorted_p.cumsum(-1) - sorted_p < p
+    sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
+    out = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
+    return out / out.sum()
+
+
+AUTO_MAX_ROWS = 64
+
+
+def free_memory_bytes(device: torch.device | str | None = None) -> int:
+    """Memory a new batch may use now: free CUDA memory on a GPU, ``MemAvailable`` on a CPU (8 GiB if unknown)."""
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type == "cuda" and torch.cuda.is_available():
+        return int(torch.cuda.mem_get_info(dev)[0])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30
+
+
+def auto_batch_size(model: Any, prompt_len: int, max_new_tokens: int, *, free_bytes: int | None = None,
+                    fraction: float = 0.5, max_rows: int = AUTO_MAX_ROWS) -> int:
+    """Rows per decode call that fit in ``fraction`` of the free memory (``--batch-size auto``).
+
+    Why bigger is better, up to a point: a decode step reads every weight once whatever the batch, so on a
+    memory-bound CPU more rows are nearly free (1.5B bf16, 2 cores: user stage 21.7 tok/s at 8 rows,
+    41.9 at 40; ``benchmarks/README.md``). What a row costs is dominated by the prefill's logits (HF
+    computes the LM head at every prompt position: prompt_len x vocab values in the model's dtype), then
+    the KV cache (prompt + new tokens, every layer) and the widest MLP activation. This counts every row
+    as prefilled even though rows sharing a prompt are prefilled once, so the estimate errs on the
+    safe side. Capped at ``max_rows``: beyond it, per-step attention and padding eat the gain.
+    """
+    cfg = getattr(model, "config", None)
+    cfg = getattr(cfg, "get_text_config", lambda: cfg)() if cfg is not None else None
+    try:
+        p = next(model.parameters())
+        nbytes, dev = p.element_size(), p.device
+    except (StopIteration, AttributeError, TypeError):
+        nbytes, dev = 4, torch.device("cpu")
+    vocab = int(getattr(cfg, "vocab_size", 0) or 50_000)
+    hidden = int(getattr(cfg, "hidden_size", 0) or 1024)
+    layers = int(getattr(cfg, "num_hidden_layers", 0) or 24)
+    heads = int(getattr(cfg, "num_attention_heads", 0) or 16)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", 0) or heads)
+    head_dim = int(getattr(cfg, "head_dim", 0) or hidden // max(heads, 1))
+    inter = int(getattr(cfg, "intermediate_size", 0) or 4 * hidden)
+    kv_per_token = 2 * layers * kv_heads * head_dim * nbytes
+    per_row = (prompt_len * vocab * nbytes + (prompt_len + max_new_tokens) * kv_per_token
+               + 3 * prompt_len * inter * nbytes)
+    free = free_memory_bytes(dev) if free_bytes is None else free_bytes
+    return max(1, min(max_rows, int(fraction * free // max(per_row, 1))))
+
+
+def batches_by_length(lengths: Sequence[int], batch_size: int, token_budget: int | None = None) -> list[list[int]]:
+    """Group indices into batches of similar length (less padding), capped by size and padded tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        longest = max([lengths[j] for j in cur] + [lengths[i]])
+        if cur and (len(cur) >= batch_size or (token_budget and longest * (len(cur) + 1) > token_budget)):
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def decode(tokenizer: Any, gen: Generation) -> tuple[str, str]:
+    """(raw text with special tokens, cleaned text without them and without the stop token)."""
+    raw = tokenizer.decode(gen.token_ids, skip_special_tokens=False)
+    body = gen.token_ids[:-1] if gen.stop_reason != "max_tokens" else gen.token_ids
+    clean = tokenizer.decode(body, skip_special_tokens=True).strip()
+    return raw, clean

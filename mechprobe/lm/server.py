@@ -1,0 +1,399 @@
+"""A small OpenAI-compatible chat server on loopback, with pluggable responders.
+
+Two uses:
+
+* chat with a local (possibly steered) model through any OpenAI client:
+  ``python -m mechprobe.lm.server --model smollm2-135m-instruct --port 8000`` then point the client at
+  ``http://127.0.0.1:8000/v1``. The model runs greedy through the tokenizer's chat template; hooks
+  registered on the model (steering) apply to every request. A request whose ``response_format``
+  json_schema has a ``label`` enum (the ``openai:`` judge's) is answered by constrained choice, the
+  same scoring as ``--judge local:``, so the served and in-process judges give the same labels;
+* test the LLM judge over real HTTP: :class:`ScriptedResponder` answers from a function and injects
+  faults on demand (429 with ``Retry-After``, 500, a reply slower than the client's timeout, a
+  malformed body, a reply that is valid JSON but the wrong schema, a 400 for ``response_format``).
+
+It binds only to 127.0.0.1 (port 0 picks a free port): it has no authentication and is not meant to
+be reachable from other machines. Request bodies are kept in memory for tests; the Authorization
+header is never stored or logged (only whether one was sent).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from mechprobe.errors import UsageError
+
+LOOPBACK = ("127.0.0.1", "localhost")
+
+
+@dataclass
+class Reply:
+    """A raw HTTP reply a responder may return instead of the assistant's text.
+
+    ``body`` is a dict (sent as JSON), str/bytes (sent as is, e.g. a malformed body) or None (the
+    server builds a chat completion from ``content``). ``delay`` seconds pass before replying.
+    """
+
+    status: int = 200
+    body: dict[str, Any] | str | bytes | None = None
+    content: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+
+
+Responder = Callable[[dict[str, Any]], "str | Reply"]
+
+
+def chat_completion(content: str, model: str, prompt_tokens: int = 0, completion_tokens: int = 0) -> dict[str, Any]:
+    """An OpenAI ``chat.completion`` object holding one assistant message."""
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                     "finish_reason": "stop", "logprobs": None}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    }
+
+
+def error_body(message: str, type_: str = "server_error", code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": None, "code": code}}
+
+
+# --------------------------------------------------------------------------- faults
+
+
+class Fault:
+    """Replies that break a client in one specific way (each a :class:`Reply`)."""
+
+    @staticmethod
+    def rate_limit(retry_after: float = 0.05) -> Reply:
+        return Reply(429, error_body("rate limited", "rate_limit_error"), headers={"Retry-After": f"{retry_after:g}"})
+
+    @staticmethod
+    def server_error(status: int = 500) -> Reply:
+        return Reply(status, error_body("internal error"))
+
+    @staticmethod
+    def slow(seconds: float, content: str | None = None) -> Reply:
+        """Reply only after ``seconds``: past a client's timeout this is a timeout. ``content=None``
+        lets a :class:`ScriptedResponder` fill in its normal answer."""
+        return Reply(200, content=content, delay=seconds)
+
+    @staticmethod
+    def malformed() -> Reply:
+        """A 200 whose JSON body is cut off mid-object."""
+        return Reply(200, body=b'{"id": "chatcmpl-x", "object": "chat.completion", "choices": [{"mess',
+                     headers={"Content-Type": "application/json"})
+
+    @staticmethod
+    def wrong_schema(content: str = '{"verdict": "yes", "confidence": 0.9}') -> Reply:
+        """A well-formed completion whose *content* is not the requested verdict schema."""
+        return Reply(200, content=content)
+
+    @staticmethod
+    def bad_request(message: str = "response_format is not supported") -> Reply:
+        return Reply(400, error_body(message, "invalid_request_error"))
+
+
+class ScriptedResponder:
+    """Answers with ``answer(body)``, after playing a script of faults, for tests.
+
+    * ``faults``: replies used for the first requests, in order (one per request);
+    * ``always``: a reply used for every request (a persistent failure);
+    * ``reject_response_format``: answer 400 to any request that sets ``response_format``
+      (an endpoint without structured output).
+    """
+
+    def __init__(self, answer: Callable[[dict[str, Any]], str] | str, *, faults: Iterable[Reply] = (),
+                 always: Reply | None = None, reject_response_format: bool = False):
+        self.answer = answer if callable(answer) else (lambda _body, _a=answer: _a)
+        self._faults = list(faults)
+        self.always = always
+        self.reject_response_format = reject_response_format
+        self._lock = threading.Lock()
+
+    def __call__(self, body: dict[str, Any]) -> str | Reply:
+        if self.reject_response_format and "response_format" in body:
+            return Fault.bad_request()
+        if self.always is not None:
+            return self.always
+        with self._lock:
+            fault = self._faults.pop(0) if self._faults else None
+        if fault is not None:
+            if fault.status == 200 and fault.body is None and fault.content is None:  # e.g. slow(): answer late
+                return Reply(200, content=self.answer(body), headers=fault.headers, delay=fault.delay)
+            return fault
+        return self.answer(body)
+
+
+class HFResponder:
+    """Greedy replies from a local Hugging Face model through its own chat template.
+
+    One request at a time: the model is shared and hooks on it (steering) must see one forward pass
+    at a time. ``max_tokens``/``max_completion_tokens`` in a request lower the limit.
+
+    Why a worker thread: the HTTP handler threads are daemons, and a daemon thread still inside
+    torch when the interpreter finalizes is killed by a forced unwind through C++ frames, which
+    aborts the process ("terminate called without an active exception", exit 134). All model work
+    therefore runs on one executor thread that :meth:`close` (called by ``ChatServer.stop``) joins,
+    and that ``concurrent.futures`` also joins at interpreter exit, before finalization.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_new_tokens: int = 256):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mechprobe-model")
+            return self._pool
+
+    def close(self) -> None:
+        """Finish the request in flight (if any) and join the model thread."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def __call__(self, body: dict[str, Any]) -> str | Reply:
+        from mechprobe.lm import chat
+        from mechprobe.lm.generation import decode, generate
+
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            return Reply(400, error_body("'messages' must be a non-empty list", "invalid_request_error"))
+        messages = [{"role": str(m.get("role", "user")), "content": _text_content(m.get("content"))} for m in msgs]
+        choices = _label_enum(body.get("response_format"))
+        if choices:
+            return self._choose(messages, choices)
+        limit = body.get("max_completion_tokens") or body.get("max_tokens") or self.max_new_tokens
+        limit = max(1, min(int(limit), self.max_new_tokens))
+        try:
+            text = chat.render(self.tokenizer, messages, add_generation_prompt=True)
+        except chat.ChatTemplateError as e:
+            return Reply(400, error_body(str(e), "invalid_request_error"))
+        ids, _ = chat.tokenize_rendered(self.tokenizer, text)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+        def run() -> Any:
+            stops = chat.assistant_stop_token_ids(self.tokenizer, self.model)
+            return generate(self.model, [ids], stop_ids=stops, max_new_tokens=limit, pad_id=pad)[0]
+
+        gen = self._executor().submit(run).result()
+        _, content = decode(self.tokenizer, gen)
+        return Reply(200, body=None, content=content,
+                     headers={"X-Mechprobe-Tokens": f"{len(ids)},{len(gen.token_ids)}"})
+
+
+    def _choose(self, messages: list[dict[str, str]], choices: list[str]) -> Reply:
+        """A json_schema with a ``label`` enum: constrained choice, exactly as ``--judge local:``.
+
+        The enum values are scored as continuations of the local judge's answer prefix and the most
+        probable one is returned as ``{"label": ..., "rationale": ""}`` (the per-choice probabilities
+        ride along in ``choice_probs``). No free text is generated, so the reply always validates.
+        """
+        from mechprobe.lm import chat
+        from mechprobe.lm.choice import ChoiceScorer, normalise, prompt_ids
+
+        try:
+            _, ids = prompt_ids(self.tokenizer, messages)
+        except chat.ChatTemplateError as e:
+            return Reply(400, error_body(str(e), "invalid_request_error"))
+        scores = self._executor().submit(
+            lambda: ChoiceScorer(self.model, self.tokenizer, choices).score(ids)).result()
+        probs = normalise(scores)
+        best = choices[max(range(len(choices)), key=lambda i: probs[i])]
+        content = json.dumps({"rationale": "", "label": best,
+                              "choice_probs": {c: round(p, 6) for c, p in zip(choices, probs)}})
+        return Reply(200, body=None, content=content, headers={"X-Mechprobe-Tokens": f"{len(ids)},0"})
+
+
+def _label_enum(rf: Any) -> list[str] | None:
+    """The ``label`` property's enum of a ``json_schema`` response_format (the LLM judge's schema)."""
+    try:
+        enum = rf["json_schema"]["schema"]["properties"]["label"]["enum"]
+    except (KeyError, TypeError):
+        return None
+    if isinstance(enum, list) and enum and all(isinstance(e, str) and e for e in enum):
+        return list(enum)
+    return None
+
+
+def _text_content(c: Any) -> str:
+    """OpenAI content may be a string or a list of parts; only text parts are used."""
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list):
+        return "".join(p.get("text", "") for p in c if isinstance(p, dict) and p.get("type") == "text")
+    return "" if c is None else str(c)
+
+
+# --------------------------------------------------------------------------- server
+
+
+@dataclass
+class SeenRequest:
+    method: str
+    path: str
+    body: dict[str, Any] | None
+    had_authorization: bool
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        pass  # quiet: request lines would end up in test output and logs
+
+    def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+        try:
+            self.send_response(status)
+            hdrs = {"Content-Type": "application/json", **headers}
+            for k, v in hdrs.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (timeout): nothing to tell it
+
+    def _json(self, status: int, obj: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+        self._send(status, json.dumps(obj).encode("utf-8"), headers or {})
+
+    def do_GET(self) -> None:  # noqa: N802 - stdlib name
+        srv = self.server.owner
+        srv._record(SeenRequest("GET", self.path, None, "Authorization" in self.headers))
+        if self.path.rstrip("/") in ("/v1/models", "/models"):
+            self._json(200, {"object": "list", "data": [{"id": srv.model_name, "object": "model",
+                                                         "created": 0, "owned_by": "mechprobe"}]})
+        else:
+            self._json(404, error_body(f"no route {self.path}", "not_found"))
+
+    def do_POST(self) -> None:  # noqa: N802 - stdlib name
+        srv = self.server.owner
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n) if n else b""
+        try:
+            body = json.loads(raw or b"{}")
+        except json.JSONDecodeError:
+            body = None
+        srv._record(SeenRequest("POST", self.path, body, "Authorization" in self.headers))
+        if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
+            self._json(404, error_body(f"no route {self.path}", "not_found"))
+            return
+        if not isinstance(body, dict):
+            self._json(400, error_body("request body is not a JSON object", "invalid_request_error"))
+            return
+        try:
+            out = srv.responder(body)
+        except Exception as e:  # noqa: BLE001 - a responder bug is a 500 for the client, not a dead thread
+            self._json(500, error_body(f"responder failed: {type(e).__name__}: {e}"))
+            return
+        reply = out if isinstance(out, Reply) else Reply(200, content=out)
+        if reply.delay > 0 and srv._stop.wait(reply.delay):
+            self.close_connection = True  # shutting down: drop the connection instead of answering
+            return
+        model = str(body.get("model") or srv.model_name)
+        if reply.body is None:
+            self._json(reply.status, chat_completion(reply.content or "", model), reply.headers)
+        elif isinstance(reply.body, dict):
+            self._json(reply.status, reply.body, reply.headers)
+        else:
+            data = reply.body.encode("utf-8") if isinstance(reply.body, str) else reply.body
+            self._send(reply.status, data, reply.headers)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    owner: ChatServer
+
+
+class ChatServer:
+    """An OpenAI-compatible server in a background thread; use as a context manager.
+
+    >>> with ChatServer(ScriptedResponder("hi")) as srv:
+    ...     client = openai.OpenAI(base_url=srv.base_url, api_key="x")
+    """
+
+    def __init__(self, responder: Responder, *, host: str = "127.0.0.1", port: int = 0,
+                 model_name: str = "mechprobe-local"):
+        if host not in LOOPBACK:
+            raise UsageError(f"host {host!r}: this server has no authentication and binds to loopback only "
+                             "(127.0.0.1); put a real reverse proxy in front if you need remote access")
+        self.responder = responder
+        self.model_name = model_name
+        self.host, self.port = "127.0.0.1", port
+        self.requests: list[SeenRequest] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._httpd: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def _record(self, r: SeenRequest) -> None:
+        with self._lock:
+            self.requests.append(r)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def n_chat_requests(self) -> int:
+        with self._lock:
+            return sum(r.method == "POST" and r.path.endswith("/chat/completions") for r in self.requests)
+
+    def start(self) -> ChatServer:
+        self._stop.clear()
+        self._httpd = _Server((self.host, self.port), _Handler)
+        self._httpd.owner = self
+        self.port = self._httpd.server_address[1]
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name=f"mechprobe-server-{self.port}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()  # wakes handlers sleeping in a slow() fault
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        close = getattr(self.responder, "close", None)
+        if callable(close):
+            close()  # join the responder's model thread (see HFResponder)
+
+    def wait(self) -> None:
+        """Block until Ctrl-C (for the command line), then stop."""
+        try:
+            while self._thread is not None and self._thread.is_alive():
+                self._thread.join(0.5)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.stop()
+
+    def __enter__(self) -> ChatServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

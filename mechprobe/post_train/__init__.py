@@ -1,0 +1,1 @@
+"""mechprobe.post_train.train."""

@@ -1,0 +1,597 @@
+"""Steering vectors: build them from boundary activations, add them to the residual stream, bake them in.
+
+**What ``alpha`` multiplies** (CAA convention). The steered residual is ``h + alpha * v`` where ``v``
+is the *raw* difference of means ``mean(h | genuine) - mean(h | not genuine)`` of the boundary residual
+at the chosen residual index. ``alpha = 1`` moves the average non-follow-up boundary state onto the
+average follow-up state; the number is in units of "one class gap", not of the residual norm. Other
+vector kinds are put on the same scale so one alpha means the same push for all of them: a probe
+direction is the unit direction times the diff-of-means norm of the same layer (:func:`from_direction`),
+the random control has the diff-of-means norm (:func:`random_like`), the negative control is ``-v``.
+:meth:`SteeringVector.describe` states ``|v|`` and ``alpha * |v|`` relative to the layer's mean
+boundary residual norm, the number that says whether an alpha is gentle (~0.1) or destructive (~1).
+
+**Where it is added** (residual index ``r``, the convention of :mod:`mechprobe.activations.cache`: ``r = 0``
+is the embedding output = the input of block 0, ``r = i`` is the output of block ``i - 1``). Steering
+at ``r >= 1`` edits the output of block ``r - 1`` (a forward hook); at ``r = 0`` it edits the input of
+block 0 (a forward pre-hook). Both hooks are registered *first* (``prepend=True``), so every other
+observer of that residual -- ``output_hidden_states[r]``, activation-capture hooks, the next block --
+sees the steered value.
+
+**Which positions** (with a KV cache; see docs/steering.md). A forward whose KV cache is empty is a
+*prefill*: it holds the whole prompt, left-padded, and the probe prompt ends at the user-role boundary,
+so the boundary is its last position in every row. A forward on a non-empty cache feeds *generated*
+tokens (one per call in greedy decoding). ``positions`` selects:
+
+* ``boundary``: the last position of the prefill call only;
+* ``generated``: every position of every call on a non-empty cache (never the prefill, so the first
+  generated token, which the prefill produces, cannot change);
+* ``boundary+generated``: both; ``all``: every position of every call (prompt included), which is what a
+  baked bias does (:func:`bake`).
+
+The prefill/decode split is read from the cache length, not from ``seq_len``, so a one-token prompt is
+still a prefill. HF ``generate(use_cache=False)`` re-runs the whole sequence every step; a no-cache
+call whose ``input_ids`` extend the previous no-cache call's by exactly one token is recognised as such
+a step, and the boundary and generated positions are then found inside the full sequence, giving the
+same result as the cached run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from mechprobe.errors import MissingInput, UsageError
+from mechprobe.lm.models import get_blocks
+
+STEER_POSITIONS = ("boundary", "generated", "boundary+generated", "all")
+ALPHA_UNITS = ("raw", "resid")
+KINDS = ("diff_means", "probe", "random", "negative")
+FORMAT = "mechprobe.steering_vector/1"
+
+
+@dataclass
+class SteeringVector:
+    """A direction in the residual stream at residual index ``layer`` (0 = embeddings, r = output of block r-1).
+
+    ``metadata`` carries what a later reader needs to trust the vector: ``weight_hash`` (model the
+    activations came from), ``source_run``, ``position`` (where the activations were read, "boundary"),
+    ``n_pos`` / ``n_neg`` (examples per class) and ``resid_norm`` (mean L2 norm of that residual at that
+    position: the yardstick for ``|v|``).
+    """
+
+    vector: torch.Tensor
+    layer: int
+    kind: str = "diff_means"
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.vector, torch.Tensor) or self.vector.dim() != 1:
+            shape = tuple(self.vector.shape) if isinstance(self.vector, torch.Tensor) else type(self.vector).__name__
+            raise ValueError(f"a steering vector must be a 1-D tensor [d_model], got {shape}")
+        if not torch.isfinite(self.vector).all():
+            raise ValueError("steering vector has NaN/inf entries: check the activations it was built from")
+        if int(self.layer) < 0:
+            raise ValueError(f"layer is a residual index 0..n_layers, got {self.layer}")
+        self.layer = int(self.layer)
+        if self.kind not in KINDS:
+            raise ValueError(f"kind {self.kind!r} unknown; use one of {', '.join(KINDS)}")
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """Alias of :attr:`metadata` (older call sites)."""
+        return self.metadata
+
+    @property
+    def d_model(self) -> int:
+        return int(self.vector.shape[0])
+
+    @property
+    def norm(self) -> float:
+        return float(self.vector.float().norm())
+
+    @property
+    def resid_norm(self) -> float | None:
+        r = self.metadata.get("resid_norm")
+        return float(r) if r else None
+
+    def describe(self, alpha: float | None = None) -> str:
+        """One line: kind, where it is added, ``|v|`` relative to the layer's mean residual norm.
+
+        Print it next to every steering result: an alpha is only interpretable together with
+        ``alpha * |v| / |h|``.
+        """
+        where = "input of block 0" if self.layer == 0 else f"output of block {self.layer - 1}"
+        s = f"{self.kind} vector at residual index {self.layer} ({where}): |v| = {self.norm:.4g}"
+        ref = self.resid_norm
+        if ref:
+            pos = self.metadata.get("position", "boundary")
+            s += f" = {self.norm / ref:.3f} x mean {pos} residual norm ({ref:.4g})"
+        if "n_pos" in self.metadata and "n_neg" in self.metadata:
+            s += f"; from {self.metadata['n_pos']} genuine / {self.metadata['n_neg']} not"
+        if alpha is not None:
+            s += f"; alpha {alpha:g} adds |alpha v| = {abs(alpha) * self.norm:.4g}"
+            if ref:
+                s += f" ({abs(alpha) * self.norm / ref:.3f} x residual norm)"
+        return s
+
+    def scaled(self, alpha: float) -> torch.Tensor:
+        """``alpha * v`` in float32 (what :func:`steer` adds and :func:`bake` folds in)."""
+        return float(alpha) * self.vector.detach().float()
+
+    def negated(self) -> SteeringVector:
+        """``-v`` (control: if steering works, the negative vector should lower follow-up)."""
+        return SteeringVector(-self.vector, self.layer, "negative", {**self.metadata, "source_kind": self.kind})
+
+    def random_like(self, seed: int = 0, orthogonal: bool = True) -> SteeringVector:
+        """See :func:`random_like`."""
+        return random_like(self, seed, orthogonal)
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``<path>.safetensors`` (the vector) and ``<path>.json`` (layer, kind, metadata)."""
+        from safetensors.torch import save_file
+
+        base = _base_path(path)
+        base.parent.mkdir(parents=True, exist_ok=True)
+        st = base.with_name(base.name + ".safetensors")
+        info = {"format": FORMAT, "layer": self.layer, "kind": self.kind, "d_model": self.d_model,
+                "norm": self.norm, "metadata": self.metadata}
+        save_file({"vector": self.vector.detach().float().contiguous().cpu()}, str(st),
+                  metadata={"format": FORMAT, "layer": str(self.layer), "kind": self.kind})
+        side = base.with_name(base.name + ".json")
+        tmp = side.with_name(side.name + ".tmp")
+        tmp.write_text(json.dumps(info, indent=2, sort_keys=True, default=str) + "\n")
+        tmp.replace(side)
+        return st
+
+    @classmethod
+    def load(cls, path: str | Path) -> SteeringVector:
+        """Read what :meth:`save` wrote; ``path`` may name the base, the .safetensors or the .json file."""
+        from safetensors.torch import load_file
+
+        base = _base_path(path)
+        st, side = base.with_name(base.name + ".safetensors"), base.with_name(base.name + ".json")
+        for p in (st, side):
+            if not p.exists():
+                raise MissingInput(f"steering vector file {p} is missing; SteeringVector.save writes both "
+                                        f"{st.name} and {side.name}")
+        info = json.loads(side.read_text())
+        v = load_file(str(st))["vector"]
+        if int(info.get("d_model", v.shape[0])) != v.shape[0]:
+            raise ValueError(f"{st} holds {v.shape[0]} dims but {side} says {info['d_model']}: the files are from "
+                             "different vectors")
+        return cls(v, int(info["layer"]), info["kind"], info.get("metadata", info.get("meta", {})))
+
+
+def _base_path(path: str | Path) -> Path:
+    # Not Path.with_suffix: "vector_alpha_1.5" would lose ".5".
+    p = Path(path)
+    for suf in (".safetensors", ".json"):
+        if p.name.endswith(suf):
+            return p.with_name(p.name[: -len(suf)])
+    return p
+
+
+def diff_of_means(x_pos: torch.Tensor, x_neg: torch.Tensor, layer: int, *, position: str = "boundary",
+                  weight_hash: str | None = None, source_run: str | None = None, resid_norm: float | None = None,
+                  **extra: Any) -> SteeringVector:
+    """``mean(x_pos) - mean(x_neg)`` (rows: examples, columns: d_model), the CAA vector.
+
+    ``resid_norm`` defaults to the mean L2 norm of all rows (both classes): the layer's typical
+    residual size at ``position``, which :meth:`SteeringVector.describe` divides by.
+    """
+    x_pos, x_neg = torch.as_tensor(x_pos), torch.as_tensor(x_neg)
+    if x_pos.dim() != 2 or x_neg.dim() != 2 or x_pos.shape[1] != x_neg.shape[1]:
+        raise ValueError(f"x_pos and x_neg must be [n, d_model] with the same d_model, got {tuple(x_pos.shape)} "
+                         f"and {tuple(x_neg.shape)}")
+    if len(x_pos) == 0 or len(x_neg) == 0:
+        raise ValueError(f"need examples of both classes (got {len(x_pos)} positive, {len(x_neg)} negative): "
+                         "label more user turns or pool more items")
+    x_pos, x_neg = x_pos.float(), x_neg.float()
+    v = x_pos.mean(0) - x_neg.mean(0)
+    if resid_norm is None:
+        resid_norm = float(torch.cat([x_pos, x_neg]).norm(dim=-1).mean())
+    meta = {"n_pos": len(x_pos), "n_neg": len(x_neg), "resid_norm": float(resid_norm), "position": position,
+            "weight_hash": weight_hash, "source_run": source_run, **extra}
+    return SteeringVector(v, layer, "diff_means", {k: val for k, val in meta.items() if val is not None})
+
+
+def from_direction(direction: torch.Tensor, ref_norm: float | SteeringVector, *, layer: int | None = None,
+                   kind: str = "probe", **metadata: Any) -> SteeringVector:
+    """A direction (e.g. a linear probe's weight) rescaled to ``ref_norm``, so alphas match diff-of-means.
+
+    Pass the same layer's diff-of-means vector as ``ref_norm`` to take its norm, layer, ``resid_norm``,
+    ``weight_hash`` and ``source_run``, and to record the cosine between the two directions. The sign
+    of ``direction`` is kept: a probe trained with genuine = 1 points towards genuine follow-ups.
+    """
+    d = torch.as_tensor(direction).detach().float().flatten()
+    if not torch.isfinite(d).all() or float(d.norm()) == 0.0:
+        raise ValueError("direction is zero or not finite: nothing to steer along")
+    meta: dict[str, Any] = {}
+    if isinstance(ref_norm, SteeringVector):
+        ref = ref_norm
+        if ref.d_model != d.numel():
+            raise ValueError(f"direction has {d.numel()} dims, reference vector {ref.d_model}")
+        layer = ref.layer if layer is None else layer
+        meta = {k: ref.metadata[k] for k in ("resid_norm", "position", "weight_hash", "source_run")
+                if k in ref.metadata}
+        meta["cos_with_reference"] = float(torch.nn.functional.cosine_similarity(d, ref.vector.float(), dim=0))
+        meta["reference_kind"] = ref.kind
+        scale = ref.norm
+    else:
+        scale = float(ref_norm)
+    if layer is None:
+        raise ValueError("from_direction needs layer= (or a reference SteeringVector as ref_norm)")
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"ref_norm must be a positive number, got {scale}")
+    meta.update(metadata)
+    meta["ref_norm"] = scale
+    return SteeringVector(d / d.norm() * scale, layer, kind, meta)
+
+
+def random_like(vec: SteeringVector, seed: int = 0, orthogonal: bool = True) -> SteeringVector:
+    """A random direction with ``vec``'s norm and layer: separates "this direction" from "any push this big".
+
+    Drawn on the CPU from ``seed`` (the same on every machine). With ``orthogonal`` (default) the
+    component along ``vec`` is removed first, so the control carries none of ``vec``'s direction.
+    """
+    g = torch.Generator().manual_seed(int(seed))
+    r = torch.randn(vec.d_model, generator=g)
+    v = vec.vector.detach().float().cpu()
+    if orthogonal and float(v.norm()) > 0:
+        u = v / v.norm()
+        r = r - (r @ u) * u
+    r = r / r.norm() * vec.norm
+    meta = {**vec.metadata, "seed": int(seed), "orthogonal": bool(orthogonal), "source_kind": vec.kind}
+    return SteeringVector(r.to(vec.vector.dtype), vec.layer, "random", meta)
+
+
+def in_alpha_units(vec: SteeringVector, unit: str, resid_norm: float | None = None) -> SteeringVector:
+    """``vec`` rescaled so that ``steer(model, result, alpha)`` adds ``alpha`` in ``unit``.
+
+    * ``raw``: unchanged (CAA: ``alpha`` multiplies the raw vector, ``alpha = 1`` is one class gap).
+    * ``resid``: ``v / |v| * resid_norm``, so ``alpha`` is the added vector's norm as a multiple of the
+      layer's mean residual norm (``resid_norm``, default ``vec.resid_norm``). Why: a class gap is a
+      different size in every model and layer, a fraction of the residual norm is not, so ``alpha = 0.2``
+      means a comparable push everywhere; and every kind (diff-of-means, probe, random, negative) gets
+      exactly the same norm at the same alpha, whatever its raw norm was.
+
+    The unit and the yardstick are recorded in the metadata (``alpha_unit``, ``resid_norm``).
+    """
+    if unit not in ALPHA_UNITS:
+        raise UsageError(f"alpha unit {unit!r}: use one of {', '.join(ALPHA_UNITS)}")
+    ref = vec.resid_norm if resid_norm is None else float(resid_norm)
+    if unit == "raw":
+        meta = {**vec.metadata, "alpha_unit": "raw"}
+        return SteeringVector(vec.vector, vec.layer, vec.kind, meta)
+    if not ref or not math.isfinite(ref) or ref <= 0:
+        raise UsageError(f"alpha unit 'resid' needs the layer's mean residual norm, but this {vec.kind} vector has "
+                         f"none (resid_norm={ref}); build it with diff_of_means or pass resid_norm=")
+    if vec.norm == 0.0:
+        raise UsageError(f"{vec.kind} vector at layer {vec.layer} is zero: it has no direction to rescale")
+    v = vec.vector.detach().float()
+    meta = {**vec.metadata, "alpha_unit": "resid", "resid_norm": float(ref), "raw_norm": vec.norm}
+    return SteeringVector((v / v.norm() * ref).to(vec.vector.dtype), vec.layer, vec.kind, meta)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Application
+
+
+@dataclass
+class _Call:
+    """Where, in the current forward's positions, the boundary and the generated tokens are."""
+
+    boundary: int | None  # index into this call's seq dim, or None
+    gen_start: int  # positions >= gen_start are generated tokens (== seq_len: none)
+
+    def span(self, positions: str, seq_len: int) -> tuple[int, int] | None:
+        if positions == "all":
+            return (0, seq_len)
+        b = self.boundary if "boundary" in positions else None
+        g = self.gen_start if "generated" in positions and self.gen_start < seq_len else None
+        if b is not None and g is not None:
+            return (b, seq_len)  # the boundary is the position just before the first generated one
+        if b is not None:
+            return (b, b + 1)
+        if g is not None:
+            return (g, seq_len)
+        return None
+
+
+def _fallback_call(seq_len: int) -> _Call:
+    # Blocks called without their parent model (no cache information): seq_len > 1 is a prompt.
+    return _Call(seq_len - 1, seq_len) if seq_len > 1 else _Call(None, 0)
+
+
+def _cached_len(cache: Any) -> int | None:
+    if cache is None:
+        return 0
+    try:
+        return int(cache.get_seq_length())
+    except Exception:  # noqa: BLE001 - unknown cache type: fall back to the seq_len rule
+        return None
+
+
+class _CallTracker:
+    """Pre-hook on the module that runs the blocks: classifies each forward as prefill, decode or no-cache step."""
+
+    def __init__(self) -> None:
+        self.call: _Call | None = None
+        self.prev_ids: torch.Tensor | None = None  # ids of the last no-cache call (for use_cache=False generate)
+        self.prompt_len = 0
+
+    def pre(self, _m: nn.Module, args: tuple, kwargs: dict) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        x = ids if ids is not None else kwargs.get("inputs_embeds")
+        if x is None or x.dim() < 2:
+            self.call = None
+            return
+        t = int(x.shape[1])
+        # transformers >= 5.24 names the KV cache ``cache`` (``past_key_values`` before, still accepted with a
+        # deprecation warning): read both, or every decode step would look like a fresh prompt.
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        past = _cached_len(cache)
+        if past is None:
+            self.call = _fallback_call(t)
+        elif past > 0:  # decode step on a KV cache: everything in it is generated
+            self.call, self.prev_ids = _Call(None, 0), None
+        elif (cache is None and kwargs.get("use_cache") is False and ids is not None and self.prev_ids is not None
+              and self.prev_ids.shape[0] == ids.shape[0] and t == self.prev_ids.shape[1] + 1
+              and torch.equal(ids[:, :-1], self.prev_ids.to(ids.device))):
+            # HF generate(use_cache=False): the whole sequence again, one token longer.
+            self.call = _Call(self.prompt_len - 1, self.prompt_len)
+            self.prev_ids = ids.detach().clone()
+        else:  # prefill: the prompt ends at the boundary
+            self.prompt_len = t
+            self.call = _Call(t - 1, t)
+            self.prev_ids = ids.detach().clone() if (ids is not None and cache is None) else None
+
+    def post(self, _m: nn.Module, _args: Any, _out: Any) -> None:
+        self.call = None
+
+
+def _unwrap(model: Any) -> tuple[nn.Module, str | None]:
+    """Accept a :class:`~mechprobe.lm.models.LoadedModel` too (its weight hash is then checked)."""
+    if not isinstance(model, nn.Module) and hasattr(model, "model"):
+        return model.model, getattr(model, "weight_hash", None)
+    return model, None
+
+
+def _hidden_size(model: nn.Module) -> int | None:
+    cfg = getattr(model, "config", None)
+    for c in (cfg, getattr(cfg, "text_config", None)):
+        if c is not None and getattr(c, "hidden_size", None):
+            return int(c.hidden_size)
+    return None
+
+
+def _check(model: Any, vector: SteeringVector, alpha: float, positions: str) -> tuple[nn.Module, nn.ModuleList]:
+    if positions not in STEER_POSITIONS:
+        raise UsageError(f"positions={positions!r}: use one of {', '.join(STEER_POSITIONS)}")
+    if not isinstance(vector, SteeringVector):
+        raise TypeError(f"expected a SteeringVector, got {type(vector).__name__}; wrap a tensor with "
+                        "SteeringVector(tensor, layer, kind)")
+    if not math.isfinite(float(alpha)):
+        raise UsageError(f"alpha must be finite, got {alpha}")
+    mod, weight_hash = _unwrap(model)
+    blocks = get_blocks(mod)
+    if not 0 <= vector.layer <= len(blocks):
+        raise UsageError(f"layer {vector.layer} out of range: residual indices of this model are 0..{len(blocks)}")
+    d = _hidden_size(mod)
+    if d is not None and d != vector.d_model:
+        raise UsageError(f"vector has {vector.d_model} dims but the model's residual stream has {d}: it was built "
+                         f"for another model (weight_hash {vector.metadata.get('weight_hash', 'unknown')})")
+    vh = vector.metadata.get("weight_hash")
+    if weight_hash and vh and weight_hash != vh:
+        raise UsageError(f"vector was built from model weights {vh[:12]}..., this model is {weight_hash[:12]}...: "
+                         "rebuild the vector from this model's activations")
+    return mod, blocks
+
+
+def _blocks_parent(model: nn.Module, blocks: nn.ModuleList) -> nn.Module | None:
+    for mod in model.modules():
+        if any(child is blocks for child in mod.children()):
+            return mod
+    return None
+
+
+@contextlib.contextmanager
+def steer(model: Any, vector: SteeringVector, alpha: float, positions: str = "boundary+generated"
+          ) -> Iterator[None]:
+    """Add ``alpha * vector`` to the residual stream at ``vector.layer`` while the context is open.
+
+    Works for any forward-based decoding: :func:`mechprobe.lm.generation.generate`, HF ``generate`` (with
+    or without its KV cache), plain forwards. Hooks are removed on exit, also after an exception.
+    ``alpha == 0`` adds nothing, so outputs are token-identical to no steering. ``model`` may be an
+    ``nn.Module`` or a :class:`~mechprobe.lm.models.LoadedModel`.
+    """
+    mod, blocks = _check(model, vector, alpha, positions)
+    tracker = _CallTracker()
+    delta_cache: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+    alpha = float(alpha)
+
+    def delta(h: torch.Tensor) -> torch.Tensor:
+        key = (h.device, h.dtype)
+        if key not in delta_cache:
+            delta_cache[key] = vector.scaled(alpha).to(device=h.device, dtype=h.dtype)
+        return delta_cache[key]
+
+    def add(h: torch.Tensor, owned: bool) -> torch.Tensor:
+        if alpha == 0:
+            return h
+        t = h.shape[1]
+        span = (tracker.call or _fallback_call(t)).span(positions, t)
+        if span is None:
+            return h
+        if not owned or torch.is_grad_enabled():
+            # A block input may be the caller's inputs_embeds, and autograd may need the unedited
+            # output: copy. Under no_grad/inference a block's fresh output is edited in place (cheaper).
+            h = h.clone()
+        h[:, span[0]:span[1]] += delta(h)
+        return h
+
+    def post_hook(_m: nn.Module, _inp: Any, out: Any) -> Any:
+        if isinstance(out, torch.Tensor):  # transformers 5: decoder layers return a Tensor
+            return add(out, owned=True)
+        return (add(out[0], owned=True), *out[1:])  # older versions: (hidden, ...) tuples
+
+    def pre_hook(_m: nn.Module, args: tuple, kwargs: dict) -> Any:
+        if args:
+            return (add(args[0], owned=False), *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": add(kwargs["hidden_states"], owned=False)}
+
+    handles = []
+    try:
+        parent = _blocks_parent(mod, blocks)
+        if parent is not None:
+            handles.append(parent.register_forward_pre_hook(tracker.pre, with_kwargs=True, prepend=True))
+            handles.append(parent.register_forward_hook(tracker.post, always_call=True))
+        if vector.layer == 0:
+            handles.append(blocks[0].register_forward_pre_hook(pre_hook, with_kwargs=True, prepend=True))
+        else:
+            handles.append(blocks[vector.layer - 1].register_forward_hook(post_hook, prepend=True))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def bake(model: nn.Module, vector: SteeringVector, alpha: float) -> nn.Module:
+    """Fold ``alpha * v`` into the weights as the bias of block ``layer - 1``'s MLP ``down_proj``.
+
+    The block's output is ``h + attn + mlp(...)`` and ``down_proj`` is the MLP's last linear, so its bias
+    is added to the residual at residual index ``layer`` -- at *every* position of every call, i.e.
+    ``steer(..., positions="all")``, not boundary-only steering. The result is a standard HF model:
+    ``save_pretrained`` writes ``mlp_bias: true`` in config.json and ``from_pretrained`` rebuilds the
+    biases (zero for all other MLP linears). That needs a config with an ``mlp_bias`` switch whose MLP
+    adds ``down_proj``'s output straight to the residual (Llama family, SmolLM2 included); others raise
+    ``NotImplementedError`` (steer with hooks instead). Modifies the model in place and returns it;
+    the provenance is kept in ``config.mechprobe_steering``.
+    """
+    mod, _ = _unwrap(model)
+    _check(mod, vector, alpha, "all")
+    if vector.layer < 1:
+        raise ValueError("baking needs a block output (layer >= 1); residual index 0 would need the embedding, "
+                         "which SmolLM2 ties to the LM head")
+    cfg = mod.config
+    blocks = get_blocks(mod)
+    if not hasattr(cfg, "mlp_bias"):
+        raise NotImplementedError(f"{type(mod).__name__}'s config has no mlp_bias switch, so a bias would not "
+                                  "survive save/load; steer with hooks (positions='all') instead")
+    if any(not isinstance(getattr(getattr(b, "mlp", None), n, None), nn.Linear)
+           for b in blocks for n in ("gate_proj", "up_proj", "down_proj")):
+        raise NotImplementedError(f"{type(mod).__name__} blocks lack mlp.gate_proj/up_proj/down_proj linears")
+    for i, blk in enumerate(blocks):
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            lin: nn.Linear = getattr(blk.mlp, name)
+            if lin.bias is None:
+                new = nn.Linear(lin.in_features, lin.out_features, bias=True, device=lin.weight.device,
+                                dtype=lin.weight.dtype)
+                new.weight = lin.weight
+                with torch.no_grad():
+                    new.bias.zero_()
+                new.requires_grad_(lin.weight.requires_grad)
+                setattr(blk.mlp, name, new)
+        if i == vector.layer - 1:
+            with torch.no_grad():
+                blk.mlp.down_proj.bias += vector.scaled(alpha).to(blk.mlp.down_proj.bias)
+    cfg.mlp_bias = True
+    cfg.mechprobe_steering = {"layer": vector.layer, "alpha": float(alpha), "kind": vector.kind,
+                              "norm": vector.norm, "positions": "all",
+                              **{k: vector.metadata[k] for k in ("weight_hash", "source_run") if k in vector.metadata}}
+    return mod
+
+
+# ----------------------------------------------------------------------------------------------------------
+# nnsight
+
+
+def placeholder_tokenizer(vocab_size: int, pad_id: int = 0) -> Any:
+    """A word-level tokenizer over ``t0..t{V-1}``: nnsight's wrapper insists on a tokenizer even when it
+    is only given token ids (tiny test models have none)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(vocab_size)}
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token=f"t{pad_id}")),
+                                   pad_token=f"t{pad_id}")
+
+
+def _nnsight_wrap(model: nn.Module, tokenizer: Any) -> Any:
+    try:
+        from nnsight.modeling.transformers import TransformersModel
+
+        return TransformersModel(model, tokenizer=tokenizer, task="text-generation")
+    except ImportError:  # nnsight < 0.8
+        from nnsight import LanguageModel
+
+        return LanguageModel(model, tokenizer=tokenizer)
+
+
+def generate_nnsight(model: Any, prompts: Sequence[Sequence[int]], vector: SteeringVector, alpha: float,
+                     positions: str = "boundary+generated", *, max_new_tokens: int = 32, pad_id: int = 0,
+                     stop_ids: Sequence[int] | dict[int, str] | None = None, tokenizer: Any = None
+                     ) -> list[list[int]]:
+    """Greedy steered generation through nnsight, with the semantics of :func:`steer`.
+
+    The path for models served remotely by NDIF (same intervention code, ``remote=True``). nnsight
+    0.8 specifics: every generate step needs ``for step in tracer.all()``; ``step == 0`` is the
+    prefill (so a one-token prompt is handled like :func:`steer` does); code after that open-ended
+    loop never runs in the same invoke, so the ids are read in a second invoke. Returns the new
+    tokens per prompt, cut after the first stop token (included), like
+    :func:`mechprobe.lm.generation.generate`. ``tokenizer`` defaults to a placeholder (ids are passed
+    directly); the caller's tokenizer is left as it was (nnsight sets left padding and a pad token).
+    """
+    from mechprobe.activations.backends import _blocks_path
+    from mechprobe.lm.generation import input_device, left_pad
+
+    mod, blocks = _check(model, vector, alpha, positions)
+    stops = sorted(stop_ids) if stop_ids else []
+    tok = tokenizer if tokenizer is not None else placeholder_tokenizer(int(mod.config.vocab_size), pad_id)
+    saved = {k: getattr(tok, k, None) for k in ("padding_side", "pad_token")}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            nm = _nnsight_wrap(mod, tok)
+            ids, mask, _ = left_pad(prompts, pad_id, input_device(mod))
+            delta = vector.scaled(alpha).to(device=input_device(mod))
+            env: Any = nm
+            for part in _blocks_path(mod).split("."):
+                env = getattr(env, part)
+            with nm.generate(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_id,
+                             eos_token_id=stops or None) as tracer:
+                with tracer.invoke({"input_ids": ids, "attention_mask": mask}):
+                    # alpha 0: no loop at all (a tracer.all() body that touches no module never ends).
+                    for step in (tracer.all() if alpha != 0 else ()):
+                        if vector.layer == 0:
+                            h = env[0].input
+                        else:
+                            h = env[vector.layer - 1].output
+                            h = h if isinstance(h, torch.Tensor) else h[0]
+                        call = _Call(h.shape[1] - 1, h.shape[1]) if step == 0 else _Call(None, 0)
+                        span = call.span(positions, h.shape[1])
+                        if span is not None:
+                            h[:, span[0]:span[1]] += delta.to(h.dtype)
+                with tracer.invoke():
+                    out = nm.generator.output.save()
+    finally:
+        for k, val in saved.items():
+            if val is not None or k == "pad_token":
+                with contextlib.suppress(Exception):
+                    setattr(tok, k, val)
+    new = out[:, ids.shape[1]:].tolist()
+    result = []
+    for row in new:
+        cut = next((i for i, t in enumerate(row) if t in stops), None)
+        result.append(row if cut is None else row[: cut + 1])
+    return result

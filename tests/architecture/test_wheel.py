@@ -1,0 +1,49 @@
+"""The package works from a built wheel, installed non-editable into a fresh virtualenv, run from outside the clone.
+
+The virtualenv sees the system's site-packages (torch, transformers: gigabytes not worth reinstalling), but
+mechprobe itself comes only from the wheel: the test checks where it was imported from.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_wheel_installs_and_runs_outside_the_clone(tmp_path):
+    wheels = tmp_path / "wheels"
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                        str(wheels), str(REPO)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (wheel,) = wheels.glob("mechprobe-*.whl")
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    py = env_dir / "bin" / "python"
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    r = subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target",
+                        str(env_dir / "wheel-site"), str(wheel)], capture_output=True, text=True, cwd=outside, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    # The wheel's copy must win over an editable install of the clone that the system site-packages may hold.
+    env["PYTHONPATH"] = str(env_dir / "wheel-site")
+    code = ("import mechprobe, sys; from mechprobe import ActivationCache, SteeringVector; "
+            "print(mechprobe.__file__)")
+    r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=outside, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert str(env_dir / "wheel-site") in r.stdout and str(REPO) not in r.stdout, r.stdout
+    for cmd in (["steer", "--help"], ["probes", "--help"], ["--help"]):
+        r = subprocess.run([str(py), "-m", "mechprobe", *cmd], capture_output=True, text=True, cwd=outside, env=env)
+        assert r.returncode == 0 and "usage" in r.stdout, (cmd, r.stderr[-2000:])
+    # package data travels with the wheel
+    r = subprocess.run([str(py), "-c", "from mechprobe.turns.datasets import load_dataset; "
+                        "print(len(load_dataset('builtin').items))"], capture_output=True, text=True, cwd=outside, env=env)
+    assert r.returncode == 0 and int(r.stdout.strip()) > 0, r.stderr[-2000:]
