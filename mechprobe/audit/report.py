@@ -151,6 +151,7 @@ def build_report(table: TurnTable, sample: AuditSample, labellers: list[Labeller
         judge_u = [int(t.judge_genuine) for t in turns if t.record_id not in audited]
         aud = [audited[t.record_id] for t in turns if t.record_id in audited]
         entry = {"n_turns": len(turns), "n_audited": len(aud),
+                 "audited_genuine": sum(r.consensus or 0.0 for r in aud),
                  "judge_only": judge_only_rate([int(t.judge_genuine) for t in turns], alpha).to_dict(),
                  "judge_on_audited": judge_only_rate([int(r.judge_label == GENUINE) for r in aud], alpha).to_dict(),
                  "corrected": corrected_rate(judge_u, [int(r.judge_label == GENUINE) for r in aud],
@@ -199,6 +200,11 @@ def _est(d: dict[str, Any]) -> str:
     return Estimate(**d).cell()
 
 
+def _md(s: str) -> str:
+    """A markdown table cell: condition names such as ``diff_means|L14|a0.8`` contain pipes."""
+    return s.replace("|", "\\|")
+
+
 def report_markdown(rep: dict[str, Any]) -> str:
     """Short markdown tables: "judge only" next to "corrected (n audited)" for every rate and difference."""
     s = rep["sample"]
@@ -213,15 +219,21 @@ def report_markdown(rep: dict[str, Any]) -> str:
                   "the labellers with the labels as they are now.", ""]
     lines += [f"## Follow-up rate per {s['by']} ({pct}% CIs)", "",
               f"| {s['by']} | turns | judge only | corrected (n audited) |", "|---|---|---|---|"]
+    weak = False
     for k, r in rep["rates"].items():
         c = r["corrected"]
-        lines.append(f"| {k} | {r['n_turns']} | {_est(r['judge_only'])} | {_est(c)} (n={c['n_audited']}) |")
+        mark = " †" if c["n_audited"] < 30 or not r["audited_genuine"] else ""
+        weak = weak or bool(mark)
+        lines.append(f"| {_md(k)} | {r['n_turns']} | {_est(r['judge_only'])} | {_est(c)} (n={c['n_audited']}){mark} |")
+    if weak:
+        lines += ["", "† fewer than 30 audited turns or no audited follow-up: the corrected interval is a CLT "
+                  "interval and can be too narrow; audit more turns of that stratum."]
     if rep["differences"]:
         lines += ["", f"## Paired difference vs `{rep['differences'][0]['base']}` (same items)", "",
                   "| condition | items | judge only | corrected (n items audited in both) |", "|---|---|---|---|"]
         for d in rep["differences"]:
             c = d["corrected"]
-            lines.append(f"| {d['condition']} | {d['judge_only']['n_total']} | {_est(d['judge_only'])} | "
+            lines.append(f"| {_md(d['condition'])} | {d['judge_only']['n_total']} | {_est(d['judge_only'])} | "
                          f"{_est(c)} (n={c['n_audited']}) |")
 
     if rep["inter_labeller"]:
@@ -233,7 +245,7 @@ def report_markdown(rep: dict[str, Any]) -> str:
         lines += ["", f"## Judge vs labeller per {s['by']}", "",
                   f"| labeller | {s['by']} | binary (genuine) | 8-label |", "|---|---|---|---|"]
         for k in rep["judge_vs_labeller"]:
-            lines.append(f"| {k['labeller']} | {k['stratum']} | {Kappa(**k['binary']).cell()} | "
+            lines.append(f"| {k['labeller']} | {_md(k['stratum'])} | {Kappa(**k['binary']).cell()} | "
                          f"{Kappa(**k['labels8']).cell()} |")
     conf = rep["confusion"]["counts"]
     used = [c for c in [*LABELS, NO_MAJORITY] if any(conf[j][c] for j in conf)]

@@ -104,7 +104,7 @@ def test_import_and_report(drawn, tmp_path, capsys):
     assert diffs["diff_means|L14|a0.8"]["corrected"]["n_audited"] == 6
     assert diffs["diff_means|L14|a0.8"]["judge_only"]["n_total"] == 16
     md = (run_dir / "audit" / "report.md").read_text()
-    assert "| diff_means|L14|a0.8 | 16 |" in md and "Paired difference" in md
+    assert "| diff_means\\|L14\\|a0.8 | 16 |" in md and "Paired difference" in md
     # importing the same files again is a no-op
     assert run(_ns(str(run_dir), "--labels", str(tmp_path / "fred.json"), "--n-boot", "20")) == 0
 
