@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -226,6 +226,3 @@ def table_from_rows(rows: Iterable[dict[str, Any]], label_field: str = "judge_la
                                 str(d.get("decoding", "greedy")), str(d.get("dataset", "unknown"))))
     return TurnTable(out, dict(sources or {}), skipped)
 
-
-def stratum_values(rows: Sequence[LabelledTurn], by: str) -> list[str]:
-    return sorted({r.stratum(by) for r in rows})
