@@ -18,6 +18,7 @@ Assumptions the corrected numbers rest on (also printed in the report):
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -88,10 +89,18 @@ def _ppi(y: np.ndarray, yhat: np.ndarray, yhat_u: np.ndarray, alpha: float, lo_c
         point = float(y.mean())
         half = float(norm.ppf(1 - alpha / 2)) * float(y.std()) / math.sqrt(y.size)
         return point, max(lo_clip, point - half), min(hi_clip, point + half), "audit only (every turn audited)"
-    point = float(np.asarray(ppi_mean_pointestimate(y, yhat, yhat_u)).ravel()[0])
-    lo, hi = ppi_mean_ci(y, yhat, yhat_u, alpha=alpha)
+    method, lam = "ppi++ (ppi_py, power-tuned)", None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # 0/0 power tuning: handled just below
+        point = float(np.asarray(ppi_mean_pointestimate(y, yhat, yhat_u)).ravel()[0])
+    if not math.isfinite(point):
+        # Power tuning is 0/0 when the audited judge verdicts and the unlabelled ones are all one value
+        # (no variance to trade); plain PPI (lam = 1) is still defined.
+        method, lam = "ppi (ppi_py, lam=1: power tuning undefined)", 1.0
+        point = float(np.asarray(ppi_mean_pointestimate(y, yhat, yhat_u, lam=lam)).ravel()[0])
+    lo, hi = ppi_mean_ci(y, yhat, yhat_u, alpha=alpha, lam=lam)
     lo_f, hi_f = float(np.asarray(lo).ravel()[0]), float(np.asarray(hi).ravel()[0])
-    return point, max(lo_clip, lo_f), min(hi_clip, hi_f), "ppi++ (ppi_py, power-tuned)"
+    return point, max(lo_clip, lo_f), min(hi_clip, hi_f), method
 
 
 def corrected_rate(judge_all: Any, judge_audited: Any, labels_audited: Any, alpha: float = 0.05) -> Estimate:
