@@ -1,0 +1,85 @@
+"""``mechprobe audit``: draw the blind sample and write the sheet, or import labels and print the report.
+
+    mechprobe audit RUN --n 80 --by condition [--seed 0] [--redraw]     # writes audit/sheet.html + sheet.csv
+    mechprobe audit RUN --labels alice.json bob.csv [--labeller-kind person|model]   # imports, then reports
+
+Why one command with two modes: both act on the same recorded sample (``<run>/audit/sample.json``), and the
+second is meaningless without the first; keeping them together keeps the sample's arguments in one place.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .labels import KINDS, import_labels, load_labellers
+from .report import build_report, report_markdown, write_report
+from .sample import load_or_draw, load_sample
+from .sheet import write_sheet
+from .table import STRATA, load_run_table
+
+__all__ = ["add_args", "run"]
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    """Add the audit command's arguments to ``p`` (the CLI's subparser, or a parser of its own)."""
+    p.add_argument("run", help="the run directory (assistant.jsonl, user_turns.jsonl, labels.jsonl, steering*/)")
+    p.add_argument("--n", type=int, default=80, help="turns to audit in total, spread evenly over strata (default 80)")
+    p.add_argument("--by", choices=STRATA, default="condition", help="stratum field (default condition)")
+    p.add_argument("--seed", type=int, default=0, help="sampling and shuffling seed (default 0)")
+    p.add_argument("--redraw", action="store_true", help="replace a sample drawn with other --n/--by/--seed")
+    p.add_argument("--labels", nargs="+", metavar="FILE",
+                   help="import these labels files (one per labeller: the sheet's JSON export or a filled "
+                        "sheet.csv), then write and print the report")
+    p.add_argument("--labeller-kind", choices=KINDS, default=None,
+                   help="person or model, for files that do not say (CSV)")
+    p.add_argument("--alpha", type=float, default=0.05, help="1 - confidence level (default 0.05)")
+    p.add_argument("--n-boot", type=int, default=500, help="bootstrap draws for kappa intervals (default 500)")
+
+
+def run(a: argparse.Namespace) -> int:
+    """Run the command; returns the exit code (errors the user can fix raise :class:`~mechprobe.errors.UserError`).
+
+    Example:
+        >>> p = argparse.ArgumentParser(); add_args(p)
+        >>> run(p.parse_args(["runs/x", "--n", "80", "--by", "condition"]))
+        0
+    """
+    run_dir = Path(a.run)
+    table = load_run_table(run_dir)
+    if a.labels:
+        sample = load_sample(run_dir)
+        stored = import_labels(run_dir, a.labels, sample, kind=a.labeller_kind)
+        for p in stored:
+            print(f"imported {p}")
+        rep = build_report(table, sample, load_labellers(run_dir, sample), alpha=a.alpha, n_boot=a.n_boot,
+                           seed=a.seed)
+        md, js = write_report(run_dir, rep)
+        print(report_markdown(rep))
+        print(f"report: {md}\nreport data: {js}")
+        return 0
+    sample, drawn = load_or_draw(run_dir, table, a.n, a.by, a.seed, a.redraw)
+    html_p, csv_p = write_sheet(run_dir, sample, table)
+    verb = "drew" if drawn else "reused"
+    print(f"{verb} sample {sample.sample_id}: {len(sample.record_ids)} turns by {sample.by} "
+          + ", ".join(f"{k} {v}" for k, v in sample.per_stratum.items()))
+    print(html_p)
+    print(csv_p)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry point (``python -m mechprobe.audit.command RUN ...``) until the CLI wires it in."""
+    from mechprobe.errors import UserError
+
+    p = argparse.ArgumentParser(prog="mechprobe audit", description=__doc__.split("\n\n")[0])
+    add_args(p)
+    try:
+        return run(p.parse_args(argv))
+    except UserError as e:
+        print(f"error: {e}")
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,120 @@
+"""The blind labelling sheet: one self-contained HTML page (and the same rows as CSV) per audit sample.
+
+Why a static page: labellers work from ``file://`` on any machine, offline, with nothing to install; the
+page embeds its data and the codebook, saves progress in the browser's localStorage (keyed by the sample
+id, so a reload resumes and two samples never mix) and exports a labels file that
+:func:`mechprobe.audit.labels.import_labels` reads. Why blind: rows are shuffled with a seed and carry an
+opaque row key, and neither the condition nor the judge's label is in the page, so a labeller cannot label
+towards a hypothesis. ``sheet.csv`` holds the same rows for spreadsheet users and imports the same way.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import json
+import random
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from mechprobe.taxonomy import TAXONOMY
+
+from .codebook import codebook_text
+from .labels import LABELS_FORMAT
+from .sample import AuditSample, audit_dir
+from .table import TurnTable
+
+__all__ = ["SheetRow", "sheet_rows", "render_sheet_html", "write_sheet", "CSV_COLUMNS"]
+
+CSV_COLUMNS = ("sample_id", "row", "query", "answer", "user_turn", "label", "borderline", "note", "labeller",
+               "labeller_kind")
+_PLACEHOLDER = re.compile(r"\{\{(TITLE|CODEBOOK_HTML|DATA_JSON)\}\}")
+
+
+@dataclass(frozen=True)
+class SheetRow:
+    """What a labeller sees of one sampled turn: the opaque row key and the three texts, nothing else."""
+
+    row: str
+    query: str
+    answer: str
+    turn: str
+
+
+def sheet_rows(sample: AuditSample, table: TurnTable, seed: int | None = None) -> list[SheetRow]:
+    """The sample's turns in a seeded shuffled order, stripped of condition and judge label.
+
+    Args:
+        sample: the recorded sample.
+        table: the run's table (for the texts).
+        seed: shuffle seed; default the sample's seed. The order is a function of (sample id, seed) only.
+    Returns:
+        one :class:`SheetRow` per sampled turn.
+    Example:
+        >>> [r.row for r in sheet_rows(sample, table)][:2]
+        ['r3f0c...', 'r91aa...']
+    """
+    rows = []
+    for rid in sample.record_ids:
+        t = table.get(rid)
+        rows.append(SheetRow(sample.row_key(rid), t.query, t.answer, t.turn))
+    rows.sort(key=lambda r: r.row)
+    random.Random(f"sheet|{sample.sample_id}|{sample.seed if seed is None else seed}").shuffle(rows)
+    return rows
+
+
+def _json_for_script(obj: object) -> str:
+    """JSON safe inside ``<script>``: ``<``, ``>``, ``&`` escaped so no text can close the script tag."""
+    s = json.dumps(obj, ensure_ascii=False)
+    return s.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace(
+        "\u2028", "\\u2028").replace("\u2029", "\\u2029")
+
+
+def render_sheet_html(sample: AuditSample, rows: list[SheetRow], codebook: str | None = None) -> str:
+    """The sheet page as one string (see the module docstring).
+
+    Args:
+        sample: the recorded sample (its id keys the browser's saved state and the export).
+        rows: :func:`sheet_rows` output.
+        codebook: the markdown shown in the collapsible panel; default :func:`codebook_text` (tests pass
+            nothing: the page must show exactly the package's codebook).
+    Returns:
+        HTML with no external resource (no CDN, no font, no script URL).
+    Example:
+        >>> Path("sheet.html").write_text(render_sheet_html(sample, sheet_rows(sample, table)))
+    """
+    data = {"format": LABELS_FORMAT, "sample_id": sample.sample_id,
+            "labels": [{"name": lab.name, "definition": lab.definition} for lab in TAXONOMY],
+            "rows": [{"row": r.row, "query": r.query, "answer": r.answer, "turn": r.turn} for r in rows]}
+    values = {"TITLE": html.escape(f"mechprobe audit sheet {sample.sample_id}"),
+              "CODEBOOK_HTML": html.escape(codebook_text() if codebook is None else codebook, quote=False),
+              "DATA_JSON": _json_for_script(data)}
+    template = resources.files(__package__).joinpath("sheet_template.html").read_text(encoding="utf-8")
+    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
+
+
+def write_sheet(run: str | Path, sample: AuditSample, table: TurnTable, seed: int | None = None
+                ) -> tuple[Path, Path]:
+    """Write ``<run>/audit/sheet.html`` and ``<run>/audit/sheet.csv`` for ``sample``.
+
+    Args:
+        run: the run directory.
+        sample: the recorded sample; table: the run's table; seed: shuffle seed (default the sample's).
+    Returns:
+        ``(html_path, csv_path)``.
+    Example:
+        >>> html_p, csv_p = write_sheet(run, sample, table)
+    """
+    rows = sheet_rows(sample, table, seed)
+    out = audit_dir(run)
+    out.mkdir(parents=True, exist_ok=True)
+    html_p, csv_p = out / "sheet.html", out / "sheet.csv"
+    html_p.write_text(render_sheet_html(sample, rows), encoding="utf-8")
+    with open(csv_p, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(CSV_COLUMNS)
+        for r in rows:
+            w.writerow([sample.sample_id, r.row, r.query, r.answer, r.turn, "", "", "", "", ""])
+    return html_p, csv_p

@@ -1,0 +1,62 @@
+"""The turn table reads a real run (probe + steering layout); the sample is stratified, recorded and reused."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from mechprobe.audit import draw_sample, load_or_draw, load_run_table
+from mechprobe.errors import UsageError
+from mechprobe.io import read_json
+
+from .run_fixture import CONDITION_NAMES, build_run
+
+
+@pytest.fixture()
+def run(tmp_path):
+    build_run(tmp_path)
+    return tmp_path
+
+
+def test_table_reads_probe_and_steering_turns(run):
+    t = load_run_table(run)
+    counts = Counter(r.condition for r in t.rows)
+    assert counts == {"probe": 12, **dict.fromkeys(CONDITION_NAMES.values(), 16)}
+    assert set(t.judges) == {"hand-D", "hybrid:test"}
+    r = t.get("steering/alpha_0_none.jsonl#gsm8k-0185")
+    assert r.query.startswith("Jenna and her mother") and r.turn.endswith("<|im_end|>")
+    assert Counter(r.decoding for r in t.rows)["T1"] == 8
+    assert set(t.sources) >= {"assistant.jsonl", "labels.jsonl", "steering/alpha_0_none.jsonl"}
+
+
+def test_sample_is_stratified_seeded_and_coordinated(run):
+    t = load_run_table(run)
+    s = draw_sample(t, 20, "condition", seed=3)
+    assert sum(s.per_stratum.values()) == 20 and set(s.per_stratum.values()) == {5}
+    assert draw_sample(t, 20, "condition", seed=3) == s
+    assert draw_sample(t, 20, "condition", seed=4).record_ids != s.record_ids
+    steered = {c: {t.get(r).item_id for r in s.record_ids if t.get(r).condition == c}
+               for c in CONDITION_NAMES.values()}
+    # one seeded item order for every stratum: the conditions of a steering run are audited on the same items
+    assert steered["none"] == steered["diff_means|L14|a0.8"] == steered["random|L14|a0.8"]
+    # a stratum smaller than its share gives all it has, the rest goes to the others
+    s2 = draw_sample(t, 60, "condition", seed=0)
+    assert s2.per_stratum["probe"] == 12 and sum(s2.per_stratum.values()) == 60
+
+
+def test_sample_recorded_reused_and_refused(run):
+    t = load_run_table(run)
+    s, drawn = load_or_draw(run, t, 20, "condition", 0)
+    assert drawn
+    rec = read_json(run / "audit" / "sample.json")
+    assert rec["record_ids"] == list(s.record_ids) and rec["labels_sha256"] == t.labels_sha256
+    assert rec["judges"] == ["hand-D", "hybrid:test"] and rec["seed"] == 0 and rec["by"] == "condition"
+    again, drawn = load_or_draw(run, t, 20, "condition", 0)
+    assert not drawn and again == s
+    with pytest.raises(UsageError, match="--redraw"):
+        load_or_draw(run, t, 24, "condition", 0)
+    new, drawn = load_or_draw(run, t, 24, "decoding", 0, redraw=True)
+    assert drawn and new.by == "decoding" and new.sample_id != s.sample_id
+    with pytest.raises(UsageError, match="stratum"):
+        draw_sample(t, 10, "model")
