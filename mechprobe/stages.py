@@ -15,9 +15,15 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from mechprobe.activations.cache import cache_run
 from mechprobe.errors import UserError
 from mechprobe.io import read_json, read_jsonl
-from mechprobe.lm.models import DEFAULT_MODEL, LoadedModel, load_model
+from mechprobe.judges.base import JudgeMismatch
+from mechprobe.judges.factory import default_judge
+from mechprobe.judges.run import judge_run
+from mechprobe.lm.llamacpp import resolve_gguf
+from mechprobe.lm.models import DEFAULT_MODEL, LoadedModel, load_model, native_bf16_dtype
+from mechprobe.turns.datasets import find_data_dir, load_dataset
 from mechprobe.turns.pipeline import (
     ASSISTANT,
     SKIPPED,
@@ -32,7 +38,6 @@ from mechprobe.turns.pipeline import (
 def default_dataset() -> str:
     """GSM8K when the shared data folder is reachable, else the bundled prompts (offline machines)."""
     try:
-        from mechprobe.turns.datasets import find_data_dir
 
         return "gsm8k" if find_data_dir() is not None else "builtin"
     except (ImportError, FileNotFoundError):
@@ -77,12 +82,10 @@ class Stages:
         return self._timed("probe", lambda: run_probe(self.cfg, self.run_dir, lm=self.model()))
 
     def labels(self, judge: str = "offline", **opts: Any) -> Any:
-        from mechprobe.judges.run import judge_run
 
         return self._timed("judge", lambda: judge_run(self.run_dir, judge=judge, **opts))
 
     def cache(self, backend: str = "hooks", positions: tuple[str, ...] = ("boundary",), **opts: Any) -> Path:
-        from mechprobe.activations.cache import cache_run
 
         return self._timed("cache", lambda: cache_run(self.run_dir, model=self.model(), backend=backend,
                                                       positions=positions, **opts))
@@ -116,11 +119,9 @@ def finding_engine(model: str) -> dict[str, str]:
 
     import torch
 
-    from mechprobe.lm.models import native_bf16_dtype
 
     if not torch.cuda.is_available() and importlib.util.find_spec("llama_cpp") is not None:
         try:
-            from mechprobe.lm.llamacpp import resolve_gguf
 
             resolve_gguf(model)
             return {"engine": "llamacpp"}
@@ -158,30 +159,16 @@ def finding_presets(preset: dict[str, Any], datasets: list[str], limit: int | No
     (:func:`share_items`, dataset sizes read from the local files or the hub)."""
     if len(datasets) < 2 or limit is not None:
         return [preset] * max(1, len(datasets))
-    from mechprobe.turns.datasets import load_dataset
 
     sizes = [len(load_dataset(ds).items) for ds in datasets]
     return [{**preset, "limit": n} for n in share_items(preset["limit"], sizes)]
 
 
 def auto_judge(run: Path, model: str) -> str:
-    """The judge ``--judge auto`` means for ``run``: the one that wrote its labels, when it can be named again;
-    else ``offline`` for the embedded default and local checkpoints (fast, the main job's), else the judge people
-    agree with best (:func:`mechprobe.judges.run.best_judge`). ``$MECHPROBE_JUDGE_MODEL`` (OpenAI-compatible) wins."""
-    from mechprobe.judges.factory import best_judge, resolve_judge_spec
-
-    env = resolve_judge_spec(None)  # openai:$MECHPROBE_JUDGE_MODEL when set (the judge CLI's own rule), else offline
-    if env != "offline":
-        return env
+    """The judge ``--judge auto`` means for ``run`` (:func:`mechprobe.judges.factory.default_judge`, given the
+    judge that wrote the run's labels, if any)."""
     rows = read_jsonl(run / "labels.jsonl") if (run / "labels.jsonl").exists() else []
-    name = str(rows[0].get("judge", "")) if rows else ""
-    if name.startswith("offline"):
-        return "offline-lexical" if "lexical" in name else "offline"
-    if name.startswith("hybrid:") and "@" in name:
-        judge_model = name.split(":", 1)[1].split("@", 1)[0]
-        return f"{'hybrid2' if '+voice' in name else 'hybrid'}:{judge_model}"
-    local = Path(model).exists() or str(model).endswith(".gguf")
-    return "offline" if model == DEFAULT_MODEL or local else best_judge()
+    return default_judge(model, str(rows[0].get("judge", "")) if rows else None)
 
 
 def probe_config(model: str, dataset: str | None, preset: dict[str, Any] | None = None,
@@ -293,7 +280,6 @@ def ensure_stages(run: Path, cfg: ProbeConfig, judge: str, backend: str = "hooks
     """probe -> judge -> cache, each reused when already complete. Returns (seconds per stage, judge name).
 
     Pass ``stages`` to keep its model loaded for later use (it is loaded only if a stage needs it)."""
-    from mechprobe.judges.base import JudgeMismatch
 
     st = stages if stages is not None else Stages(run, cfg)
     if judge == "auto":

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any
+
+from statsmodels.stats.contingency_tables import mcnemar
+from statsmodels.stats.proportion import proportion_confint
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -17,11 +20,9 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
         raise ValueError(f"wilson needs 0 <= k <= n, got k={k}, n={n}")
     if n == 0:
         return (0.0, 1.0)
-    p = k / n
-    den = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    alpha = 2 * (1 - NormalDist().cdf(z))  # statsmodels takes the level; callers keep passing z
+    lo, hi = proportion_confint(k, n, alpha=alpha, method="wilson")
+    return (max(0.0, float(lo)), min(1.0, float(hi)))
 
 
 def mcnemar_exact(b: int, c: int) -> float:
@@ -34,12 +35,9 @@ def mcnemar_exact(b: int, c: int) -> float:
     """
     if b < 0 or c < 0:
         raise ValueError(f"mcnemar_exact needs counts >= 0, got b={b}, c={c}")
-    n = b + c
-    if n == 0:
+    if b + c == 0:
         return 1.0
-    k = min(b, c)
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2.0 ** n
-    return min(1.0, 2.0 * tail)
+    return float(min(1.0, mcnemar([[0, b], [c, 0]], exact=True).pvalue))
 
 
 def paired_bootstrap(a_k: list[int], a_n: list[int], b_k: list[int], b_n: list[int], n_boot: int = 2000,

@@ -5,6 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# Headless Chromium + its driver for the audit sheet's browser test (Debian packages; skipped where apt is absent).
+if command -v apt-get >/dev/null && ! command -v chromedriver >/dev/null; then
+  apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null
+fi
 if ! "$PY" -c "import torch" 2>/dev/null; then
   "$PY" -m pip install -q "torch==2.13.0"
 fi

@@ -7,7 +7,8 @@ from collections import Counter
 
 import pytest
 
-from mechprobe.judges.human_reference import auroc, evaluate, reference_inputs
+from mechprobe.judges.human_reference import auroc_pos_neg as auroc
+from mechprobe.judges.human_reference import evaluate, reference_inputs
 from tests.conftest import shared_data_dir
 
 

@@ -142,7 +142,7 @@ def test_wilson_interval_known_values():
     assert wilson(0, 10)[0] == 0.0 and wilson(10, 10)[1] == 1.0
     # n = 0: no evidence, the whole range (finite, so JSON stays valid); both call sites share it.
     assert wilson(0, 0) == (0.0, 1.0)
-    from mechprobe.judges.human_reference import evaluate as steer_eval
+    from mechprobe.steering import evaluate as steer_eval
 
     assert steer_eval.wilson is wilson
     with pytest.raises(ValueError, match="0 <= k <= n"):

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mechprobe.judges.human_reference import evaluate as ev
+from mechprobe.post_train import evaluate as ev
 
 
 def test_mcnemar_exact_known_values():
@@ -50,7 +50,7 @@ def test_rates_paired_and_accuracy(tmp_path):
     assert fp["sample"].ci[1] == 1.0 and fp["sample"].ci[0] < 1.0
     acc = ev.task_accuracy(rb)
     assert (acc.k, acc.n) == (1, 2)
-    pairs = {p.decoding: p for p in ev.paired_test(rb, rp)}
+    pairs = {p.decoding: p for p in ev.paired_arm_test(rb, rp)}
     g, s = pairs["greedy"], pairs["sample"]
     assert (g.n, g.both, g.only_a, g.only_b) == (6, 1, 0, 5)
     assert g.p == pytest.approx(2 / 32)
@@ -86,9 +86,9 @@ def test_paired_test_keeps_only_selected_items(tmp_path):
     ids = [f"i{k}|greedy|s0" for k in range(4)]
     rb = _write(tmp_path / "b", dict.fromkeys(ids, False), [])
     rp = _write(tmp_path / "p", dict.fromkeys(ids, True), [])
-    g = {p.decoding: p for p in ev.paired_test(rb, rp, keep=lambda i: i in ("i1", "i3"))}["greedy"]
+    g = {p.decoding: p for p in ev.paired_arm_test(rb, rp, keep=lambda i: i in ("i1", "i3"))}["greedy"]
     assert (g.n, g.only_b) == (2, 2)
-    assert {p.decoding: p for p in ev.paired_test(rb, rp)}["greedy"].n == 4
+    assert {p.decoding: p for p in ev.paired_arm_test(rb, rp)}["greedy"].n == 4
 
 
 def _args(**kw):

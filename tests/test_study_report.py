@@ -7,9 +7,9 @@ import pytest
 
 from mechprobe.cli.study import main
 from mechprobe.stats import Rate, paired_bootstrap
+from mechprobe.study import report as sr
 from mechprobe.study.report import Verdict
 from mechprobe.study.run import StudyConfig, run_study
-from mechprobe.study.run import report as sr
 
 from .study_helpers import write_synthetic_run
 
@@ -135,7 +135,7 @@ def test_variant_samples_profile_and_legacy_roots(tmp_path):
     recorded keeps its 2 samples per variant, so resuming it neither mixes plans nor regenerates."""
     import json
 
-    from mechprobe.judges.human_reference import run as study
+    from mechprobe.study import run as study
     from mechprobe.turns.pipeline import ProbeConfig
 
     cfg = ProbeConfig(model="m", dataset="builtin", temperatures=[0.0, 0.4, 0.7, 1.0, 1.3], samples=2)

@@ -3,7 +3,7 @@
 Draw a stratified sample of a run's judged turns (:mod:`.sample`), label it blind in a self-contained HTML
 sheet or CSV (:mod:`.sheet`, codebook in :mod:`.codebook`), import each labeller's file (:mod:`.labels`) and
 report agreement plus judge-only vs corrected rates (:mod:`.report`, :mod:`.estimate`). The command lives in
-:mod:`.command`.
+:mod:`mechprobe.cli.audit`.
 """
 
 from __future__ import annotations

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from mechprobe.stats import paired_bootstrap
+
 __all__ = ["Estimate", "corrected_rate", "judge_only_rate", "corrected_paired_difference", "judge_only_difference"]
 
 
@@ -141,7 +143,6 @@ def judge_only_difference(judge_a: dict[str, float], judge_b: dict[str, float], 
     Returns:
         the mean per-item difference with a 95% item-bootstrap interval (:func:`mechprobe.stats.paired_bootstrap`).
     """
-    from mechprobe.stats import paired_bootstrap
 
     common = sorted(set(judge_a) & set(judge_b))
     if not common:

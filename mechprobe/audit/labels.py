@@ -22,10 +22,10 @@ from mechprobe.taxonomy import DEFINITIONS, LABELS
 
 from .sample import AuditSample, audit_dir
 
-__all__ = ["RowLabel", "LabellerLabels", "read_labels_file", "import_labels", "load_labellers", "KINDS",
+__all__ = ["RowLabel", "LabellerLabels", "read_labels_file", "import_labels", "load_labellers", "LABELLER_KINDS",
            "LABELS_FORMAT"]
 
-KINDS = ("person", "model")
+LABELLER_KINDS = ("person", "model")
 LABELS_FORMAT = "mechprobe-audit-labels-v1"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _TRUE = {"1", "true", "yes", "y", "x", "b", "borderline"}
@@ -144,7 +144,7 @@ def read_labels_file(path: str | Path, kind: str | None = None, name: str | None
         raise UsageError(f"{path}: the file says labeller kind {file_kind!r} but --labeller-kind is {kind!r}; "
                          f"drop --labeller-kind or fix the kind in the sheet")
     k = kind or file_kind
-    if k not in KINDS:
+    if k not in LABELLER_KINDS:
         raise UsageError(f"{path}: labeller kind {k or 'missing'!r}; pass --labeller-kind person or model")
     rows: list[RowLabel] = []
     seen: set[str] = set()

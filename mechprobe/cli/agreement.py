@@ -15,10 +15,11 @@ from mechprobe.judges.agreement import (
     load_labels,
     report_markdown,  # FIXME ambiguous ['mechprobe.judges.agreement', 'mechprobe.post_train.evaluate']
 )
+from mechprobe.judges.human_reference import run
 
 
 def add_agreement_args(p: argparse.ArgumentParser) -> None:
-    """Arguments of ``mechprobe agreement A B`` (also ``python -m mechprobe.judges.agreement``)."""
+    """Arguments of ``mechprobe agreement A B`` (also ``mechprobe agreement``)."""
     p.add_argument("a", nargs="?", help="labels.jsonl, run dir, or hand-label fixture (the reference)")
     p.add_argument("b", nargs="?", help="labels.jsonl, run dir, fixture, or a judge spec (offline, "
                                         "offline-lexical, openai:MODEL, local:MODEL, hybrid:MODEL) to run on A's rows")
@@ -28,7 +29,7 @@ def add_agreement_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", type=int, default=100, help="--human-reference: conversations per dataset")
     p.add_argument("--max-chars", type=int, default=1500,
                    help="--human-reference: skip conversations longer than this (prompt+reply+next turn)")
-    p.add_argument("--dtype", default=None, help="local judge: float32 | bfloat16 (default: bf16 on CPU)")
+    p.add_argument("--judge-dtype", "--dtype", dest="dtype", default=None, choices=["float32", "bfloat16", "float16"], help="local judge: float32 | bfloat16 (default: bf16 on CPU)")
     p.add_argument("--few-shot", type=int, default=None, help="local judge: dev-split examples in the prompt")
     p.add_argument("--threshold", type=float, default=None,
                    help="hybrid judge: grounding-PMI threshold (default: the one chosen on the dev split)")
@@ -52,7 +53,6 @@ def run_agreement_cli(a: argparse.Namespace) -> int:
         return local_opts if spec.startswith("local:") else hybrid_opts if spec.startswith(("hybrid:", "hybrid2:")) else {}
 
     if a.human_reference:
-        from mechprobe.judges.human_reference import run
 
         text, _ = run(a.human_reference, n=a.n, save=a.save_labels, max_chars=a.max_chars,
                       **opts_for(a.human_reference))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from mechprobe.activations.backends import BACKENDS, CACHE_POSITIONS
 from mechprobe.activations.cache import LAYERS_HELP, _run_model, cache_run
+from mechprobe.cli import common
 from mechprobe.io import read_json
 from mechprobe.lm.models import load_model
 
@@ -20,12 +21,12 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--positions", nargs="+", default=["boundary"],
                    help=f"one or more of {', '.join(CACHE_POSITIONS)} (space-separated, or one comma string)")
     p.add_argument("--layers", nargs="+", default=["all"], help=LAYERS_HELP)
-    p.add_argument("--dtype", default="float16", choices=["float16", "float32", "bfloat16"],
+    p.add_argument("--store-dtype", "--dtype", dest="dtype", default="float16", choices=["float16", "float32", "bfloat16"],
                    help="storage dtype (float16: ~3e-4 relative round-off per vector)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--model", default=None, help="default: the run's model (from its manifest)")
-    p.add_argument("--device", default=None)
-    p.add_argument("--no-progress", action="store_true")
+    common.add_device(p)
+    common.add_no_progress(p)
 
 
 def run_cache_cli(a: argparse.Namespace) -> int:

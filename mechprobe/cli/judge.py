@@ -5,19 +5,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
+from mechprobe.cli import common
 from mechprobe.errors import UserError
-from mechprobe.judges.factory import resolve_judge_spec
+from mechprobe.io import read_json
 from mechprobe.judges.run import LABELS_FILE, judge_run
+from mechprobe.stages import auto_judge
 
 
 def add_judge_args(p: argparse.ArgumentParser) -> None:
     """Arguments of ``mechprobe judge`` (the CLI module calls this and :func:`run_judge_cli`)."""
     p.add_argument("run_dir", help="probe run directory (holds user_turns.jsonl and assistant.jsonl)")
-    p.add_argument("--judge", default=None,
-                   help="offline | offline-lexical | openai:MODEL | local:MODEL | hybrid:MODEL | hybrid2:MODEL (default: openai:$MECHPROBE_JUDGE_MODEL "
-                        "if set, else offline)")
+    common.add_judge(p)
     p.add_argument("--base-url", default=None,
                    help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL, else api.openai.com)")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY",
@@ -32,12 +33,16 @@ def add_judge_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--labels", default=LABELS_FILE, help="labels file name inside RUN_DIR")
     p.add_argument("--limit", type=int, default=None, help="judge at most N new rows")
     p.add_argument("--keep-errors", action="store_true", help="do not retry earlier judge_error rows")
-    p.add_argument("--no-progress", action="store_true")
+    common.add_no_progress(p)
 
 
 def run_judge_cli(a: argparse.Namespace) -> int:
     """Run the stage from parsed arguments and print the summary table."""
-    spec = resolve_judge_spec(a.judge)
+    spec = a.judge
+    if spec in (None, "auto"):
+        run = Path(a.run_dir)
+        man = read_json(run / "manifest.json") if (run / "manifest.json").is_file() else {}
+        spec = auto_judge(run, str((man.get("config") or {}).get("model") or ""))
     opts: dict[str, Any] = {}
     if spec.startswith("openai:"):
         opts = {"base_url": a.base_url, "concurrency": a.concurrency, "timeout": a.timeout,

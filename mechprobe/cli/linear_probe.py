@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from mechprobe.cli import common
 from mechprobe.cli.common import merge_run
+from mechprobe.errors import UserError
 from mechprobe.linear.experiment import LinearProbeConfig, run_linear_probe
+from mechprobe.turns.datasets import NAMES
 
 
 def add_probes_args(p: Any, figures: str | None = None) -> None:
@@ -27,9 +30,7 @@ def add_probes_args(p: Any, figures: str | None = None) -> None:
     p.add_argument("--min-samples", type=int, default=2,
                    help="propensity target: drop items with fewer judged samples than this (judge errors skipped)")
     p.add_argument("--run", default=None, help="run directory (default runs/<model>-<dataset>)")
-    p.add_argument("--judge", default="auto",
-                   help="auto (default: the judge of the run's labels; else offline for the embedded default model, "
-                        "hybrid2:qwen2.5-coder-1.5b-instruct for other models) | offline | hybrid2:MODEL | openai:MODEL")
+    common.add_judge(p)
     p.add_argument("--layers", nargs="+", default="all",
                    help="all, or residual indices like 0 6 12 (or 0,6,12; 0 is always added): r = input of block r "
                         "(TransformerLens resid_pre), 0 = embeddings; steering-vectors/repeng/nnsight layer L = our L+1")
@@ -45,21 +46,17 @@ def add_probes_args(p: Any, figures: str | None = None) -> None:
     g.add_argument("--max-assistant-tokens", type=int, default=None)
     g.add_argument("--max-user-tokens", type=int, default=None)
     g.add_argument("--batch-size", type=int, default=None)
-    g.add_argument("--engine", default=None, choices=["hf", "llamacpp", "vllm"],
-                   help="generation engine (default hf; llamacpp = CPU over the GGUF, see docs/cpu_speed.md)")
-    g.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                   help="HF weights dtype for generation and caching (default: fp32 on CPU, bf16 on CUDA)")
+    common.add_engine(g)
+    common.add_dtype(g)
     g = p.add_argument_group("analysis")
     g.add_argument("--folds", type=int, default=5)
     g.add_argument("--n-boot", type=int, default=1000, help="item-bootstrap draws for the 95%% CIs")
     g.add_argument("--no-shuffled", action="store_true", help="skip the shuffled-label probe (halves probe time)")
-    g.add_argument("--seed", type=int, default=0)
+    common.add_seed(g)
     g.add_argument("--transfer-datasets", nargs="*", default=[],
                    help="also build runs of these datasets with the same config and report a transfer matrix")
     g.add_argument("--transfer-runs", nargs="*", default=[], help="existing runs (same model) for the transfer matrix")
-    p.add_argument("--figures", default=figures,
-                   help="folder for the figure (default: <run>/figures, inside the ignored run directory, so a run "
-                        "never dirties the repo; pass --figures figures to publish into the committed folder)")
+    common.add_figures(p, figures)
 
 
 # Fewer item-bootstrap draws than this and the 2.5/97.5 percentiles are just the extreme draws.
@@ -68,7 +65,6 @@ MIN_BOOT = 20
 
 def validate_probes_args(a: argparse.Namespace) -> None:
     """Refuse analysis options that would give NaN or meaningless numbers, before any stage runs."""
-    from mechprobe.turns.datasets import NAMES
 
     bad = []
     if a.folds < 2:
@@ -93,7 +89,6 @@ def validate_probes_args(a: argparse.Namespace) -> None:
     if not (isinstance(t, int | float) and t > 0 and t == t and t != float("inf")):
         bad.append(f"--propensity-temperature must be a finite number > 0, got {t}")
     if bad:
-        from mechprobe.errors import UserError
 
         raise UserError("; ".join(bad))
 

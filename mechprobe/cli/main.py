@@ -6,6 +6,7 @@
     mechprobe probes RUN                                        # linear probes per layer (experiments/linear_probe.py)
     mechprobe steer RUN --alpha 4                               # steering vectors (experiments/steer.py)
     mechprobe agreement A B                                     # agreement between two label sources
+    mechprobe audit RUN --n 80 --by condition                   # blind audit sheet; --labels F.json: corrected rates
     mechprobe serve --model NAME                                # OpenAI-compatible server on loopback
     mechprobe models list | fetch NAME                          # embedded models
 
@@ -24,7 +25,7 @@ import argparse
 import logging
 import sys
 
-from mechprobe.cli import agreement, cache, judge, linear_probe, models, probe, serve, steer
+from mechprobe.cli import agreement, audit, cache, judge, linear_probe, models, probe, serve, steer
 from mechprobe.cli.common import friendly, run_positional
 
 
@@ -58,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     ag = sub.add_parser("agreement", help="agreement between two label sources (kappa, confusion)")
     agreement.add_agreement_args(ag)
     ag.set_defaults(func=agreement.run_agreement_cli)
+
+    au = sub.add_parser("audit", help="blind audit of the judge: a sheet to label, then judge-only vs corrected rates")
+    audit.add_args(au)
+    au.set_defaults(func=audit.run)
 
     sv = sub.add_parser("serve", help="serve a local model as an OpenAI-compatible endpoint on 127.0.0.1")
     serve.add_serve_args(sv)

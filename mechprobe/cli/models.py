@@ -9,7 +9,7 @@ from mechprobe.lm.models import CHUNKED, EMBEDDED, ModelLoadError, embedded_gguf
 
 
 def add_models_args(p: Any) -> None:
-    """Arguments of ``mechprobe models list|fetch NAME`` (also ``python -m mechprobe.lm.models``)."""
+    """Arguments of ``mechprobe models list|fetch NAME`` (also ``mechprobe models``)."""
     sub = p.add_subparsers(dest="models_cmd", required=True)
     sub.add_parser("list", help="embedded models and how to install each")
     f = sub.add_parser("fetch", help="download (or re-download a damaged copy of) an embedded model's weights")

@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from mechprobe.cli import common
+from mechprobe.lm.models import DEFAULT_MODEL
 from mechprobe.post_train.evaluate import DEFAULTS, PostTrainConfig, run_post_train
+from mechprobe.post_train.train import SOURCES
 
 
 def add_args(p: Any) -> None:
-    from mechprobe.lm.models import DEFAULT_MODEL
-    from mechprobe.post_train.train import SOURCES
 
-    p.add_argument("--model", default=DEFAULT_MODEL, help="embedded name, HF id/dir, or .gguf file")
+    common.add_model(p, DEFAULT_MODEL)
     p.add_argument("--out", default=None, help="output dir (default runs/post_train/<model>)")
     p.add_argument("--sources", nargs="+", default=list(SOURCES), help="training conversations")
     p.add_argument("--data-path", default=None, help="folder laid out like shared/data")
@@ -27,7 +28,7 @@ def add_args(p: Any) -> None:
     p.add_argument("--lora-alpha", type=int, default=DEFAULTS["lora_alpha"])
     p.add_argument("--lora-dropout", type=float, default=0.05)
     p.add_argument("--target-modules", default="all-linear", help="'all-linear' or comma-separated names")
-    p.add_argument("--seed", type=int, default=0)
+    common.add_seed(p)
     p.add_argument("--checkpoint-every", type=int, default=DEFAULTS["checkpoint_every"])
     p.add_argument("--device", default="cpu", help="training device (CPU fp32 by default)")
     p.add_argument("--eval-only", action="store_true", help="reuse the trained adapter in --out")
@@ -38,9 +39,7 @@ def add_args(p: Any) -> None:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--max-assistant-tokens", type=int, default=192)
     p.add_argument("--max-user-tokens", type=int, default=48)
-    p.add_argument("--judge", default=None,
-                   help="offline | hybrid2:MODEL | openai:MODEL | local:MODEL (default: the best-validated judge "
-                        "this machine can run: hybrid2 on the 1.5B Qwen when fetched, else offline)")
+    common.add_judge(p)
     p.add_argument("--relabel", action="store_true",
                    help="eval runs labelled by another judge: move those labels aside and relabel")
     p.add_argument("--steer-run", default=None,

@@ -6,28 +6,35 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from mechprobe.cli import common
 from mechprobe.lm.models import DEFAULT_MODEL
-from mechprobe.turns.pipeline import ENGINES, ProbeConfig, batch_size_arg
+from mechprobe.turns.pipeline import (
+    ProbeConfig,
+    batch_size_arg,
+    default_run_dir,
+    run_probe,
+    summarize_run,
+)
 
 
 def add_probe_args(p: Any) -> None:
-    p.add_argument("--model", default=DEFAULT_MODEL, help="embedded name, HF id/dir, or .gguf file")
+    common.add_model(p, DEFAULT_MODEL)
     p.add_argument("--dataset", default="builtin",
                    help="builtin | gsm8k | math500 | ifeval | mt_bench | hh_rlhf | topical_chat")
-    p.add_argument("--data-path", default=None, help="dataset file/dir (default: ../shared/data or $MECHPROBE_DATA_DIR)")
+    common.add_data_path(p)
     p.add_argument("--limit", type=int, default=50, help="first N items (0 = all)")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], help="0 = greedy")
     p.add_argument("--samples", type=int, default=3, help="samples per temperature > 0")
     p.add_argument("--max-assistant-tokens", type=int, default=256)
     p.add_argument("--max-user-tokens", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
+    common.add_seed(p)
     p.add_argument("--system", default=None, help="system prompt (default: the template's own)")
     p.add_argument("--chat-template", default=None, help="Jinja template file, for models without one")
     p.add_argument("--batch-size", type=batch_size_arg, default=None, metavar="N|auto",
                    help="rows per decode call (default auto: as many as fit in half the free memory, <= 64)")
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16", "float16"])
-    p.add_argument("--engine", default="hf", choices=list(ENGINES),
+    common.add_device(p)
+    common.add_dtype(p, help="HF weights dtype (default: fp32 on CPU, bf16 on CUDA)")
+    common.add_engine(p, default="hf",
                    help="hf: exact and hookable (default); vllm: GPU throughput for large sampling runs; "
                         "llamacpp: GGUF models on CPU, several times faster (pip install llama-cpp-python)")
 
@@ -41,7 +48,6 @@ def config_from_args(a: Any) -> ProbeConfig:
 
 
 def run(a: argparse.Namespace) -> int:
-    from mechprobe.turns.pipeline import config_from_args, default_run_dir, run_probe, summarize_run
 
     cfg = config_from_args(a)
     out = Path(a.out) if a.out else default_run_dir(cfg)

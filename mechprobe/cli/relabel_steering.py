@@ -19,20 +19,22 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from mechprobe.cli import common
+from mechprobe.io import read_jsonl
+from mechprobe.judges.base import JudgeInput
+from mechprobe.judges.factory import make_judge
+from mechprobe.stats import wilson
+from mechprobe.steering.evaluate import paired_vs_base
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", required=True, help="the probe run (assistant.jsonl) the steering ran on")
     p.add_argument("--steer-dir", default=None, help="default: the run's steering_llamacpp or steering directory")
-    p.add_argument("--judge", required=True)
+    common.add_judge(p, required=True)
     p.add_argument("--exclude-items", default=None, help="file with one item id per line to leave out")
     a = p.parse_args(argv)
 
-    from mechprobe.io import read_jsonl
-    from mechprobe.judges.base import JudgeInput
-    from mechprobe.judges.factory import make_judge
-    from mechprobe.stats import wilson
-    from mechprobe.steering.evaluate import paired_vs_base
 
     run = Path(a.run)
     sdir = Path(a.steer_dir) if a.steer_dir else next((run / d for d in ("steering_llamacpp", "steering")

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import argparse
 
+from mechprobe.cli import common
+from mechprobe.lm.models import DEFAULT_MODEL, load_model
 from mechprobe.lm.server import ChatServer, HFResponder
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
-    """Arguments of ``mechprobe serve`` (also ``python -m mechprobe.lm.server``)."""
+    """Arguments of ``mechprobe serve`` (also ``mechprobe serve``)."""
     p.add_argument("--model", default=None, help="embedded name, HF id/dir or .gguf (default: the embedded default)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--device", default=None)
+    common.add_device(p)
 
 
 def run_serve_cli(a: argparse.Namespace) -> int:
     """Load the model and serve it on loopback until interrupted."""
-    from mechprobe.lm.models import DEFAULT_MODEL, load_model
 
     lm = load_model(a.model or DEFAULT_MODEL, device=a.device)
     srv = ChatServer(HFResponder(lm.model, lm.tokenizer, max_new_tokens=a.max_new_tokens), port=a.port,

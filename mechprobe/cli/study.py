@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mechprobe.cli import common
 from mechprobe.errors import UserError
 from mechprobe.io import read_json
-from mechprobe.judges.factory import best_judge as default_judge
+from mechprobe.judges.factory import default_judge
 from mechprobe.study.report import PLAN
 from mechprobe.study.run import DATASETS, MODELS, PROFILES, StudyConfig, _config_from_args, report, run_study
 from mechprobe.turns.perturb import VARIANTS
@@ -21,15 +22,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variants", nargs="+", default=None, help=f"default: {' '.join(VARIANTS)}")
     p.add_argument("--quick", action="store_true", help="few items, samples and temperatures (see docs/study.md)")
     p.add_argument("--report-only", action="store_true", help="regenerate the report and figures from the runs")
-    p.add_argument("--judge", default=None,
-                   help="offline | hybrid:MODEL | openai:MODEL | local:MODEL (named in the report); default: the "
-                        "judge of the existing runs (plan.json), else the best-validated judge available, "
-                        "hybrid2:qwen2.5-coder-1.5b-instruct when that model is "
-                        "fetched, else offline")
-    p.add_argument("--engine", default="hf", choices=["hf", "vllm", "llamacpp"])
-    p.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16", "float16"],
-                   help="default: bfloat16 on a CPU with native bf16 (AVX512-BF16/AMX: 2-5x fp32, "
-                        "benchmarks/README.md), else the model's default")
+    common.add_judge(p)
+    common.add_engine(p, default="hf")
+    common.add_dtype(p, help="HF weights dtype (default: bfloat16 on a CPU with native bf16, AVX512-BF16/AMX: "
+                                 "2-5x fp32, benchmarks/README.md; else the model's default)")
     p.add_argument("--limit", type=int, default=None, help="items per dataset (default: the profile's)")
     p.add_argument("--samples", type=int, default=None, help="samples per temperature > 0 (default: the profile's)")
     p.add_argument("--variant-samples", type=int, default=None,
@@ -43,13 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default=None, help="runs folder (default runs/study/<profile>)")
     p.add_argument("--report-dir", default="reports/study")
     p.add_argument("--figures-dir", default="figures")
-    p.add_argument("--no-progress", action="store_true")
+    common.add_no_progress(p)
     return p
 
 
 def config_from_args(a: argparse.Namespace) -> StudyConfig:
     sc = _config_from_args(a)
-    if not a.judge:
+    if a.judge in (None, "auto"):
         # The judge the existing runs were labelled by (plan.json), so a resumed study or --report-only keeps
         # reading the same labels; a new study root gets the best-validated judge available.
         plan = sc.root_dir() / PLAN

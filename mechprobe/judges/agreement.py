@@ -10,20 +10,22 @@ Why kappa and not accuracy alone: the label distribution is very skewed (few gen
 a judge that always says "not genuine" has high accuracy and kappa 0. The first source is read as
 the reference for precision/recall (put the hand labels first).
 
-    python -m mechprobe.judges.agreement tests/fixtures/hand_labels.jsonl offline --split test --out report.md
+    mechprobe agreement tests/fixtures/hand_labels.jsonl offline --split test --out report.md
 """
 
 from __future__ import annotations
 
-import math
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sklearn.metrics import cohen_kappa_score
+
 from mechprobe.errors import MissingInput, UsageError
 from mechprobe.io import JsonlStore, read_jsonl
+from mechprobe.judges.base import inputs_from_rows
+from mechprobe.judges.factory import make_judge
 from mechprobe.taxonomy import GENUINE, JUDGE_ERROR, LABELS
 
 SHORT = {"genuine_followup": "genuine", "generic_followup": "generic", "new_query": "new",
@@ -38,16 +40,10 @@ def cohen_kappa(a: Sequence[str], b: Sequence[str], labels: Sequence[str] | None
     """Cohen's kappa = (p_o - p_e) / (1 - p_e); NaN when p_e = 1 (both raters used one class)."""
     if len(a) != len(b):
         raise ValueError(f"kappa needs paired ratings, got {len(a)} and {len(b)}")
-    n = len(a)
-    if n == 0:
+    if len(a) == 0 or len(set(a) | set(b)) < 2:  # no ratings, or both raters used one class: p_e = 1
         return float("nan")
     labs = list(labels) if labels is not None else sorted(set(a) | set(b))
-    ca, cb = Counter(a), Counter(b)
-    p_o = sum(x == y for x, y in zip(a, b)) / n
-    p_e = sum((ca[k] / n) * (cb[k] / n) for k in labs)
-    if math.isclose(p_e, 1.0):
-        return float("nan")
-    return (p_o - p_e) / (1 - p_e)
+    return float(cohen_kappa_score(list(a), list(b), labels=labs))
 
 
 def confusion_matrix(a: Sequence[str], b: Sequence[str], labels: Sequence[str]) -> list[list[int]]:
@@ -133,8 +129,6 @@ def load_labels(path: str | Path, split: str | None = None, name: str | None = N
 
 def judge_source(spec: str, rows: list[dict[str, Any]], *, save: str | Path | None = None, **opts: Any) -> LabelSource:
     """Run judge ``spec`` on self-contained rows (the fixture) and return its labels."""
-    from mechprobe.judges.base import inputs_from_rows
-    from mechprobe.judges.factory import make_judge
 
     judge = make_judge(spec, **opts)
     inputs = inputs_from_rows(rows)

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from mechprobe.errors import UsageError
 from mechprobe.judges.base import Judge
+from mechprobe.judges.hybrid import DEFAULT_VOICE, HybridJudge
+from mechprobe.judges.llm import LLMJudge
+from mechprobe.judges.local import LocalJudge
+from mechprobe.judges.offline import OfflineJudge
+from mechprobe.lm.models import DEFAULT_MODEL, EMBEDDED, ModelLoadError, embedded_gguf_path
 
 BEST_JUDGE = "hybrid2:qwen2.5-coder-1.5b-instruct"
 
@@ -27,7 +33,6 @@ def best_judge() -> str:
 def model_unavailable(model: str) -> str | None:
     """Why ``model`` cannot run here (weights not fetched), or None. Only embedded names are checked:
     a HF id or path fails at load time with its own message."""
-    from mechprobe.lm.models import EMBEDDED, ModelLoadError, embedded_gguf_path
 
     if model not in EMBEDDED:
         return None
@@ -36,6 +41,44 @@ def model_unavailable(model: str) -> str | None:
     except ModelLoadError as e:
         return str(e)
     return None
+
+
+def spec_of_judge_name(name: str) -> str | None:
+    """The ``--judge`` spec that reproduces a judge recorded in ``labels.jsonl`` by its name, or None."""
+    if name.startswith("offline"):
+        return "offline-lexical" if "lexical" in name else "offline"
+    if name.startswith("hybrid:") and "@" in name:
+        judge_model = name.split(":", 1)[1].split("@", 1)[0]
+        return f"{'hybrid2' if '+voice' in name else 'hybrid'}:{judge_model}"
+    return None
+
+
+def default_judge(model: str | None = None, labelled_by: str | None = None) -> str:
+    """What ``--judge auto`` (every command's default) means: the one rule, in order.
+
+    1. ``openai:$MECHPROBE_JUDGE_MODEL`` when that variable is set;
+    2. the judge that already labelled the run (``labelled_by``, a judge name from ``labels.jsonl``), when it
+       can be named again, so resuming a run never mixes judges;
+    3. ``offline`` for the embedded default model and local checkpoints (the main job's fast path);
+    4. otherwise the best-validated judge this machine can run (:func:`best_judge`).
+
+    Args:
+        model: the subject model of the run (None: several models, e.g. the study).
+        labelled_by: the judge name recorded in an existing ``labels.jsonl``.
+
+    Returns:
+        A judge spec for :func:`make_judge`.
+    """
+
+    env = os.environ.get("MECHPROBE_JUDGE_MODEL")
+    if env:
+        return f"openai:{env}"
+    again = spec_of_judge_name(labelled_by or "")
+    if again:
+        return again
+    if model is not None and (model == DEFAULT_MODEL or Path(model).exists() or str(model).endswith(".gguf")):
+        return "offline"
+    return best_judge()
 
 
 def resolve_judge_spec(spec: str | None) -> str:
@@ -56,7 +99,6 @@ def make_judge(spec: str | None = "offline", **opts: Any) -> Judge:
     spec = resolve_judge_spec(spec)
     opts = {k: v for k, v in opts.items() if v is not None}
     if spec in ("offline", "offline-lexical", "offline-embed"):
-        from mechprobe.judges.offline import OfflineJudge
 
         allowed = {"embed", "batch_size"}
         if spec == "offline-lexical":
@@ -68,7 +110,6 @@ def make_judge(spec: str | None = "offline", **opts: Any) -> Judge:
         model = spec.split(":", 1)[1]
         if not model:
             raise UsageError("--judge openai:MODEL needs a model name, e.g. openai:gpt-4o-mini")
-        from mechprobe.judges.llm import LLMJudge
 
         allowed = {"base_url", "api_key", "concurrency", "timeout", "max_retries", "cache_dir",
                    "backoff", "max_backoff", "structured", "max_tokens"}
@@ -78,7 +119,6 @@ def make_judge(spec: str | None = "offline", **opts: Any) -> Judge:
         if not model:
             raise UsageError("--judge local:MODEL needs a model: an embedded name (e.g. "
                              "local:qwen2.5-coder-1.5b-instruct), a HF model directory or a .gguf file")
-        from mechprobe.judges.local import LocalJudge
 
         allowed = {"dtype", "device", "few_shot", "bias", "cache_dir", "loaded"}
         return LocalJudge(model, **{k: v for k, v in opts.items() if k in allowed})
@@ -87,12 +127,10 @@ def make_judge(spec: str | None = "offline", **opts: Any) -> Judge:
         if not model:
             raise UsageError("--judge hybrid:MODEL needs a model: an embedded name (e.g. "
                              "hybrid:qwen2.5-coder-1.5b-instruct), a HF model directory or a .gguf file")
-        from mechprobe.judges.hybrid import HybridJudge
 
         allowed = {"dtype", "device", "threshold", "veto", "cache_dir", "loaded", "embed", "voice"}
         kw = {k: v for k, v in opts.items() if k in allowed}
         if spec.startswith("hybrid2:"):  # + the voice check at the margin chosen on the dev splits
-            from mechprobe.judges.hybrid import DEFAULT_VOICE
 
             kw.setdefault("voice", DEFAULT_VOICE)
         return HybridJudge(model, **kw)

@@ -12,7 +12,7 @@ Swapping: within one dataset, conversation ``i`` gets the real next turn of conv
 (in a seeded random order), so every turn appears once real and once swapped and the two sets
 hold exactly the same texts: only the pairing differs.
 
-    python -m mechprobe.judges.agreement --human-reference local:qwen2.5-coder-1.5b-instruct --n 100 \\
+    mechprobe agreement --human-reference local:qwen2.5-coder-1.5b-instruct --n 100 \\
         --out human_ref.md --save-labels human_ref_labels.jsonl
 """
 
@@ -24,9 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sklearn.metrics import roc_auc_score
+
+from mechprobe.io import JsonlStore, read_jsonl
 from mechprobe.judges.base import JudgeInput
+from mechprobe.judges.factory import make_judge
 from mechprobe.stats import wilson
 from mechprobe.taxonomy import GENUINE, JUDGE_ERROR
+from mechprobe.turns.datasets import load_dataset
 
 DATASETS = ("hh_rlhf", "topical_chat")
 
@@ -39,7 +44,6 @@ def reference_inputs(datasets: Sequence[str] = DATASETS, n: int = 100, *, seed: 
     at most ``max_chars`` characters are used (the first ones of the file in that order), which keeps
     a CPU judge's cost bounded; the cut is the same for real and swapped turns.
     """
-    from mechprobe.turns.datasets import load_dataset
 
     out: list[JudgeInput] = []
     for name in datasets:
@@ -70,23 +74,12 @@ def reference_inputs(datasets: Sequence[str] = DATASETS, n: int = 100, *, seed: 
     return out
 
 
-def auroc(pos: Sequence[float], neg: Sequence[float]) -> float:
-    """P(score of a random positive > a random negative), ties counting half (Mann-Whitney U)."""
+def auroc_pos_neg(pos: Sequence[float], neg: Sequence[float]) -> float:
+    """P(score of a random positive > a random negative), ties counting half (Mann-Whitney U), from two score
+    lists: ``sklearn.metrics.roc_auc_score`` on their concatenation. NaN when either list is empty."""
     if not pos or not neg:
         return float("nan")
-    allv = sorted([(v, 1) for v in pos] + [(v, 0) for v in neg])
-    ranks = [0.0] * len(allv)
-    i = 0
-    while i < len(allv):
-        j = i
-        while j + 1 < len(allv) and allv[j + 1][0] == allv[i][0]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[k] = (i + j) / 2 + 1
-        i = j + 1
-    r_pos = sum(r for r, (_, y) in zip(ranks, allv) if y == 1)
-    n1, n0 = len(pos), len(neg)
-    return (r_pos - n1 * (n1 + 1) / 2) / (n1 * n0)
+    return float(roc_auc_score([1] * len(pos) + [0] * len(neg), [*pos, *neg]))
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -132,7 +125,7 @@ def evaluate(rows: Sequence[dict[str, Any]], dataset: str = "all", n_boot: int =
     def stats(ps: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[float, float, float]:
         gr = sum(a["label"] == GENUINE for a, _ in ps) / len(ps)
         gs = sum(b["label"] == GENUINE for _, b in ps) / len(ps)
-        return gr, gs, auroc([score(a) for a, _ in ps], [score(b) for _, b in ps])
+        return gr, gs, auroc_pos_neg([score(a) for a, _ in ps], [score(b) for _, b in ps])
 
     n = len(full)
     if n == 0:
@@ -180,8 +173,6 @@ def run(judge_spec: str, *, n: int = 100, datasets: Sequence[str] = DATASETS, sa
     """Judge real and swapped turns (resumably, when ``save`` is given) and return (markdown, results)."""
     import time
 
-    from mechprobe.io import JsonlStore, read_jsonl
-    from mechprobe.judges.factory import make_judge
 
     inputs = reference_inputs(datasets, n, seed=seed, max_chars=max_chars)
     judge = make_judge(judge_spec, **opts)

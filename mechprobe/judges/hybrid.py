@@ -42,8 +42,11 @@ from typing import Any
 
 import torch
 
-from mechprobe.judges.base import JudgeInput
+from mechprobe.judges.base import JudgeInput, load_judge_model
+from mechprobe.judges.llm import JudgeCache, default_cache_dir
 from mechprobe.judges.local import DEFAULT_LOCAL_MODEL
+from mechprobe.judges.offline import OfflineJudge, split_roles
+from mechprobe.lm import chat
 from mechprobe.lm.choice import ChoiceScorer, cache_of, crop_kv
 from mechprobe.lm.models import kv_kw
 from mechprobe.records import LabelRecord
@@ -70,7 +73,6 @@ def turn_logprob(store: ChoiceScorer, tokenizer: Any, conv: list[dict[str, str]]
     other turns reuse it; the turn's tokens are those of the whole rendering after the header
     (tokenised in context, so a merge across the boundary cannot shift them).
     """
-    from mechprobe.lm import chat
 
     pre_text = chat.render(tokenizer, conv) + chat.user_header(tokenizer)
     full = pre_text + turn
@@ -106,7 +108,6 @@ def turn_logprobs(store: ChoiceScorer, tokenizer: Any, conv: list[dict[str, str]
     as one turn at a time up to float summation order (tested: fp32 to 1e-4; in bf16 the batch shape can move
     a log-probability by a bf16 rounding step).
     """
-    from mechprobe.lm import chat
 
     pre_text = chat.render(tokenizer, conv) + (chat.user_header(tokenizer) if header is None else header)
     out: list[tuple[float, int] | None] = [None] * len(turns)
@@ -166,7 +167,6 @@ def assistant_header(tokenizer: Any, conv: list[dict[str, str]]) -> str:
     Read from the template itself (render with and without ``add_generation_prompt`` after a placeholder user
     turn), so no per-family strings: ``<|im_start|>assistant\n`` for ChatML, ``<start_of_turn>model\n`` for Gemma.
     """
-    from mechprobe.lm import chat
 
     probe = conv + [{"role": "user", "content": "x"}]
     a, b = chat.render(tokenizer, probe), chat.render(tokenizer, probe, add_generation_prompt=True)
@@ -212,14 +212,7 @@ class HybridJudge:
                  device: str | None = None, threshold: float | None = None, veto: float | None = None,
                  cache_dir: str | Path | bool | None = None, loaded: Any = None, embed: bool | None = None,
                  voice: float | None = None, pool_mb: float = DEFAULT_POOL_MB):
-        from mechprobe.judges.llm import JudgeCache, default_cache_dir
-        from mechprobe.judges.offline import OfflineJudge
-
-        if loaded is None:
-            from mechprobe.lm.models import default_device, load_model
-
-            dev = torch.device(device) if device else default_device()
-            loaded = load_model(model, device=dev, dtype=dtype or torch.bfloat16)
+        loaded = load_judge_model(model, dtype, device, loaded)
         self.lm = loaded
         self.model_name = loaded.name
         self.offline = OfflineJudge(embed=embed)
@@ -316,7 +309,6 @@ class HybridJudge:
 
     def label_many(self, inputs: Sequence[JudgeInput]) -> Iterator[LabelRecord]:
         """Offline verdicts first (fast), then candidates grouped by conversation, yielded as judged."""
-        from mechprobe.judges.offline import split_roles
 
         offline = {r.record_id: r for r in self.offline.label_many(list(inputs))}
         order: dict[str, list[JudgeInput]] = {}

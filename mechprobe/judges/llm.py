@@ -285,7 +285,6 @@ class LLMJudge:
 
     def public_config(self) -> dict[str, Any]:
         """What manifests may record (no key; the base URL without credentials)."""
-        from mechprobe.judges.llm import _safe_base_url
 
         return {"model": self.model, "prompt_version": PROMPT_VERSION, "taxonomy": TAXONOMY_VERSION,
                 "base_url": _safe_base_url(self.base_url), "concurrency": self.concurrency,

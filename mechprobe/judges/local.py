@@ -14,7 +14,7 @@ a ``.gguf`` file). Same system prompt, taxonomy and user message as ``openai:MOD
   generated turn and the label continuations are run, the eight labels as one batch. Which prefix
   to reuse is decided on token ids (longest common prefix), so the scored token sequence is exactly
   the tokenisation of the whole prompt: the same as an unshared run, and as the server path
-  (``python -m mechprobe.lm.server`` answers a ``response_format`` with a label enum by the same
+  (``mechprobe serve`` answers a ``response_format`` with a label enum by the same
   choice), up to float rounding;
 * **calibration.** An optional additive log-bias per label (fitted on the *dev* split of the hand
   labels, never test) corrects a small model's label priors; it is part of the judge's name;
@@ -34,7 +34,16 @@ from typing import Any
 
 import torch
 
-from mechprobe.judges.base import JudgeInput
+from mechprobe.io import read_jsonl
+from mechprobe.judges.base import JudgeInput, inputs_from_rows, load_judge_model
+from mechprobe.judges.llm import (
+    PROMPT_VERSION,
+    JudgeCache,
+    build_messages,
+    default_cache_dir,
+    render_user_message_parts,
+)
+from mechprobe.lm import chat
 from mechprobe.lm.choice import ANSWER_PREFIX, ChoiceScorer, normalise, prompt_ids
 from mechprobe.records import LabelRecord
 from mechprobe.taxonomy import LABELS, TAXONOMY_VERSION, is_genuine
@@ -70,7 +79,6 @@ def few_shot_rows(k: int, path: str | Path = FIXTURE) -> list[dict[str, Any]]:
     """
     if k <= 0:
         return []
-    from mechprobe.io import read_jsonl
 
     rows = [r for r in read_jsonl(path) if r.get("split") == "dev"]
     by_label: dict[str, list[dict[str, Any]]] = {}
@@ -98,15 +106,7 @@ class LocalJudge:
     def __init__(self, model: str = DEFAULT_LOCAL_MODEL, *, dtype: str | torch.dtype | None = None,
                  device: str | None = None, few_shot: int = 0, bias: dict[str, float] | None = None,
                  cache_dir: str | Path | bool | None = None, loaded: Any = None):
-        from mechprobe.judges.llm import PROMPT_VERSION, JudgeCache, default_cache_dir
-
-        if loaded is None:
-            from mechprobe.lm.models import default_device, load_model
-
-            dev = torch.device(device) if device else default_device()
-            # bf16 on CPU: the judge only prefills (compute-bound), and with AVX512-BF16 a bf16 1.5B
-            # model prefilled 1.8x faster than fp32 here (docs/judge_agreement.md), at half the memory.
-            loaded = load_model(model, device=dev, dtype=dtype or torch.bfloat16)
+        loaded = load_judge_model(model, dtype, device, loaded)
         self.lm = loaded
         self.model_name = loaded.name
         unknown = sorted(set(bias or {}) - set(LABELS))
@@ -131,8 +131,6 @@ class LocalJudge:
 
     def messages(self, inp: JudgeInput) -> list[dict[str, str]]:
         """The ``openai:`` judge's messages, with few-shot turns between system and user when asked."""
-        from mechprobe.judges.base import inputs_from_rows
-        from mechprobe.judges.llm import build_messages
 
         msgs = build_messages(inp, structured=True)
         shots: list[dict[str, str]] = []
@@ -142,7 +140,6 @@ class LocalJudge:
         return msgs[:1] + shots + msgs[1:]
 
     def public_config(self) -> dict[str, Any]:
-        from mechprobe.judges.llm import PROMPT_VERSION
 
         return {"model": self.model_name, "weight_hash": self.lm.weight_hash, "dtype": str(self.lm.dtype),
                 "prompt_version": PROMPT_VERSION, "choice_version": CHOICE_VERSION,
@@ -168,13 +165,11 @@ class LocalJudge:
 
     def scores(self, inp: JudgeInput) -> list[float]:
         """Raw summed log-probabilities per label (no bias), reusing the system and item prefixes."""
-        from mechprobe.judges.llm import render_user_message_parts
 
         msgs = self.messages(inp)
         text, ids = prompt_ids(self.lm.tokenizer, msgs)
         conv_part, turn_part = render_user_message_parts(inp)
         tok = self.lm.tokenizer
-        from mechprobe.lm import chat
 
         # Character cuts of the full prompt; the scorer then reuses them by token-id prefix, so a
         # cut that falls inside a token only costs a token or two of recomputation, never a change.

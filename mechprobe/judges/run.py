@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mechprobe.errors import UserError
 from mechprobe.io import JsonlStore, dumps_row, read_json, read_jsonl, versions, write_json, writer_lock
 from mechprobe.judges.base import Judge, JudgeInput, JudgeMismatch, inputs_from_run
 from mechprobe.judges.factory import make_judge
@@ -205,7 +206,6 @@ def _check_counts(limit: int | None, opts: dict[str, Any]) -> None:
     if opts.get("timeout") is not None and not opts["timeout"] > 0:
         bad.append(f"timeout must be > 0 seconds, got {opts['timeout']}")
     if bad:
-        from mechprobe.errors import UserError
 
         raise UserError("invalid judge options: " + "; ".join(bad))
 

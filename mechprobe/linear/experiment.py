@@ -17,10 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from mechprobe.io import write_json
 from mechprobe.linear.fit import InsufficientPositives, to_jsonable
 from mechprobe.linear.propensity import (
     InsufficientItems,
     _run_datasets,
+    choose_target,
     load_item_states,
     modal_layer,
     propensity_controls,
@@ -43,7 +45,9 @@ from mechprobe.linear.turn import (
     transfer_matrix,
     transfer_table,
 )
-from mechprobe.turns.pipeline import ProbeConfig
+from mechprobe.plots import plot_layer_auroc, plot_propensity
+from mechprobe.stages import PASSTHROUGH, ensure_stages, finding_preset, finding_presets, resolve_run
+from mechprobe.turns.pipeline import ProbeConfig, default_run_dir
 
 
 @dataclass
@@ -91,8 +95,6 @@ def _transfer(a: argparse.Namespace, run: Path, cfg: ProbeConfig, data: ProbeDat
     ``--transfer-datasets`` runs use this run's probe config with only the dataset changed, and live
     beside it (``<parent>/<model>-<dataset>``), so their labels mean the same thing.
     """
-    from mechprobe.stages import ensure_stages, resolve_run
-    from mechprobe.turns.pipeline import default_run_dir
 
     runs = [Path(r) for r in a.transfer_runs]
     for r in runs:  # existing runs: judge and cache what they lack, like the main run
@@ -121,7 +123,6 @@ def _transfer(a: argparse.Namespace, run: Path, cfg: ProbeConfig, data: ProbeDat
 
 def run_linear_probe(a: LinearProbeConfig) -> int:
     """probe -> judge -> cache (reused when complete), then the probes; 3 when positives are too few."""
-    from mechprobe.stages import PASSTHROUGH, ensure_stages, finding_preset, finding_presets, resolve_run
 
     t0 = time.time()
 
@@ -137,7 +138,6 @@ def run_linear_probe(a: LinearProbeConfig) -> int:
               f"{' + '.join(str(p['limit']) for p in presets)}; existing runs keep their own, options override")
     resolved = [resolve_run(a.run, a.model, ds, preset=pr, **over)
                 for ds, pr in zip(datasets or [a.dataset], presets, strict=True)]
-    from mechprobe.linear.propensity import choose_target
 
     picks = [choose_target(getattr(a, "target", "turn"), c.samples, c.temperatures,
                            getattr(a, "propensity_temperature", 1.0)) for _, c in resolved]
@@ -170,9 +170,6 @@ def _propensity(a: argparse.Namespace, resolved: list[tuple[Path, ProbeConfig]],
     """
     from threadpoolctl import threadpool_limits
 
-    from mechprobe.linear.propensity import run_propensity
-    from mechprobe.stages import ensure_stages, resolve_run
-    from mechprobe.turns.pipeline import default_run_dir
 
     timings: dict[str, Any] = {}
     judges = []
@@ -203,8 +200,6 @@ def _propensity(a: argparse.Namespace, resolved: list[tuple[Path, ProbeConfig]],
 def _analyse(a: argparse.Namespace, run: Path, cfg: ProbeConfig, timings: dict[str, float], judge_name: str,
             t0: float, t_an: float) -> int:
     """Everything after the stages: probes, controls, extras, files, figure."""
-    from mechprobe.io import write_json
-    from mechprobe.plots import plot_layer_auroc
 
     data = load_probe_data(run, a.layers)
     y, groups = data.y, data.groups
@@ -278,8 +273,6 @@ def run_propensity(a: Any, runs: Sequence[Path], model: str, why: str, timings: 
     import sys
     import time
 
-    from mechprobe.io import write_json
-    from mechprobe.plots import plot_propensity
 
     t_an = time.time()
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy.stats import spearmanr
+from sklearn.metrics import roc_auc_score
 
 from mechprobe.errors import UserError
 
@@ -183,8 +185,11 @@ def random_direction_band(x: np.ndarray, y: np.ndarray, folds: Folds, n_dirs: in
 
 
 def auroc(y: np.ndarray, s: np.ndarray) -> float:
-    """Plain AUROC (ties count half); equals ``sklearn.metrics.roc_auc_score``."""
-    return float(weighted_auroc(np.asarray(y).astype(int), np.asarray(s, float), np.ones((1, len(y))))[0])
+    """Plain AUROC (ties count half): ``sklearn.metrics.roc_auc_score``; NaN when ``y`` has one class."""
+    y = np.asarray(y).astype(int)
+    if len(np.unique(y)) < 2:
+        return float("nan")
+    return float(roc_auc_score(y, np.asarray(s, float)))
 
 
 def weighted_auroc(y: np.ndarray, s: np.ndarray, w: np.ndarray, per_row_scores: bool = False) -> np.ndarray:
@@ -316,8 +321,11 @@ def spearman_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def spearman(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> float:
-    """Spearman rho (equals ``scipy.stats.spearmanr``), NaN when either side is constant."""
-    return float(spearman_rows(np.asarray(a, float), np.asarray(b, float))[0])
+    """Spearman rho (``scipy.stats.spearmanr``), NaN when either side is constant."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    if len(a) < 2 or np.all(a == a[0]) or np.all(b == b[0]):
+        return float("nan")
+    return float(spearmanr(a, b).statistic)
 
 
 def score_rho_rows(y: np.ndarray, s: np.ndarray) -> np.ndarray:

@@ -39,7 +39,9 @@ from typing import Any
 
 import numpy as np
 
+from mechprobe.activations.cache import ActivationCache, parse_layers
 from mechprobe.errors import UsageError, UserError
+from mechprobe.io import read_json, read_jsonl
 from mechprobe.linear.fit import (
     Folds,
     Metric,
@@ -850,8 +852,6 @@ def concat_targets(ts: Sequence[ItemTargets]) -> ItemTargets:
 def load_item_states(runs: Sequence[Path], layers_arg: Any, temperature: float = 1.0, min_samples: int = 2
                      ) -> ItemStates:
     """Boundary states, propensity targets and texts of every item of ``runs`` (one model), pooled."""
-    from mechprobe.activations.cache import ActivationCache, parse_layers
-    from mechprobe.io import read_jsonl
 
     parts, stacks, texts, toks = [], [], [], []
     layers: list[int] | None = None
@@ -891,7 +891,6 @@ def load_item_states(runs: Sequence[Path], layers_arg: Any, temperature: float =
 
 def run_cost(run: Path, k: float) -> dict[str, Any]:
     """:func:`cost_summary` from the timings the run's stages recorded."""
-    from mechprobe.io import read_json
 
     def get(p: Path) -> dict[str, Any] | None:
         return read_json(p).get("timing") if p.exists() else None
@@ -909,7 +908,6 @@ def modal_layer(fold_layers: Sequence[int]) -> int:
 
 
 def _run_datasets(runs: Sequence[Path]) -> list[str]:
-    from mechprobe.io import read_jsonl
 
     out = []
     for r in runs:

@@ -37,7 +37,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mechprobe.activations.cache import ActivationCache, parse_layers
 from mechprobe.errors import UsageError
+from mechprobe.io import read_jsonl
 from mechprobe.linear.fit import (
     CS,
     Folds,
@@ -510,8 +512,6 @@ class ProbeData:
 
 def load_probe_data(run: Path, layers_arg: str) -> ProbeData:
     """Labelled rows of a run (judge errors and unlabelled rows dropped), residual index 0 always included."""
-    from mechprobe.activations.cache import ActivationCache, parse_layers
-    from mechprobe.io import read_jsonl
 
     cache = ActivationCache.load(run)
     layers = parse_layers(layers_arg, cache.meta["n_layers_model"])

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from mechprobe.lm import chat
 from mechprobe.lm.models import kv_kw, logits_kept, out_cache
 
 ANSWER_PREFIX = '{"label": "'
@@ -167,7 +168,6 @@ def normalise(scores: Sequence[float], bias: Sequence[float] | None = None) -> l
 
 def prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str, list[int]]:
     """The scored prompt: the chat template with the assistant header, then :data:`ANSWER_PREFIX`."""
-    from mechprobe.lm import chat
 
     text = chat.render(tokenizer, messages, add_generation_prompt=True) + ANSWER_PREFIX
     ids, _ = chat.tokenize_rendered(tokenizer, text)

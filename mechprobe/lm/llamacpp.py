@@ -50,7 +50,14 @@ import torch
 from mechprobe.errors import UserError
 from mechprobe.io import sha256_file
 from mechprobe.lm.generation import Generation
-from mechprobe.lm.models import cpu_threads
+from mechprobe.lm.models import (
+    EMBEDDED,
+    LoadedModel,
+    cache_dir,
+    cpu_threads,
+    embedded_gguf_path,
+    snapshot_dir,
+)
 
 INSTALL = "pip install llama-cpp-python==0.3.36"
 # A build that crashes in decode on CPUs whose AMX tiles the (virtual) machine does not grant: rebuild without AMX.
@@ -85,7 +92,6 @@ def smoke_check(gguf: str | Path, token_id: int = 1, timeout: float = 300.0) -> 
 
     import llama_cpp  # type: ignore[import-not-found]
 
-    from mechprobe.lm.models import cache_dir
 
     lib = Path(llama_cpp.__file__).parent
     libs = sorted(str(p) + str(p.stat().st_size) + str(p.stat().st_mtime_ns) for p in lib.rglob("*.so*"))
@@ -110,7 +116,6 @@ def resolve_gguf(model: str) -> tuple[Path, str, str]:
     The name and hash are exactly what :func:`mechprobe.lm.models.load_model` records, so a run probed with
     this engine is cached later by the HF path without an identity mismatch.
     """
-    from mechprobe.lm.models import EMBEDDED, embedded_gguf_path
 
     if model in EMBEDDED:
         return embedded_gguf_path(model), EMBEDDED[model].name, EMBEDDED[model].sha256
@@ -131,7 +136,6 @@ def load_tokenizer(gguf: Path, weight_hash: str, snapshot_name: str) -> tuple[An
     """
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    from mechprobe.lm.models import snapshot_dir
 
     snap = snapshot_dir(snapshot_name, weight_hash)
     if (snap / "mechprobe_snapshot.json").exists():
@@ -437,7 +441,6 @@ def _pick(logits: np.ndarray, temp: float, top_p: float, rng: np.random.Generato
 def load_engine(model: str, chat_template: str | None = None, n_ctx: int = 16384,
                 n_threads: int | None = None, max_rows: int = 32) -> tuple[Any, LlamaCppEngine]:
     """(LoadedModel with tokenizer and no weights, engine) for ``--engine llamacpp``."""
-    from mechprobe.lm.models import EMBEDDED, LoadedModel
 
     gguf, name, weight_hash = resolve_gguf(model)
     snapshot_name = EMBEDDED[model].name if model in EMBEDDED else gguf.stem

@@ -34,6 +34,7 @@ from torch import nn
 
 from mechprobe.errors import UserError
 from mechprobe.io import sha256_file, sha256_text
+from mechprobe.lm.chat import template_hash, tokenizer_hash
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -72,14 +73,14 @@ EMBEDDED: dict[str, EmbeddedModel] = {
         name="qwen2.5-coder-0.5b-instruct",
         gguf_name="qwen2.5-coder-0.5b-instruct.gguf",
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        install="python -m mechprobe.lm.models fetch qwen2.5-coder-0.5b-instruct",
+        install="mechprobe models fetch qwen2.5-coder-0.5b-instruct",
         description="Qwen2.5-Coder-0.5B-Instruct (qwen2, 24 layers, d=896), Qwen ChatML template",
     ),
     "qwen2.5-coder-1.5b-instruct": EmbeddedModel(
         name="qwen2.5-coder-1.5b-instruct",
         gguf_name="qwen2.5-coder-1.5b-instruct.gguf",
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        install="python -m mechprobe.lm.models fetch qwen2.5-coder-1.5b-instruct",
+        install="mechprobe models fetch qwen2.5-coder-1.5b-instruct",
         description="Qwen2.5-Coder-1.5B-Instruct (qwen2, 28 layers, d=1536), Qwen ChatML template; "
                     "the local judge's model",
     ),
@@ -117,7 +118,6 @@ class LoadedModel:
         return int(self.model.config.hidden_size)
 
     def identity(self) -> dict[str, Any]:
-        from mechprobe.lm.chat import template_hash, tokenizer_hash
 
         return {
             "model": self.name,

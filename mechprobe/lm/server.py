@@ -3,7 +3,7 @@
 Two uses:
 
 * chat with a local (possibly steered) model through any OpenAI client:
-  ``python -m mechprobe.lm.server --model smollm2-135m-instruct --port 8000`` then point the client at
+  ``mechprobe serve --model smollm2-135m-instruct --port 8000`` then point the client at
   ``http://127.0.0.1:8000/v1``. The model runs greedy through the tokenizer's chat template; hooks
   registered on the model (steering) apply to every request. A request whose ``response_format``
   json_schema has a ``label`` enum (the ``openai:`` judge's) is answered by constrained choice, the
@@ -30,6 +30,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from mechprobe.errors import UsageError
+from mechprobe.lm import chat
+from mechprobe.lm.choice import ChoiceScorer, normalise, prompt_ids
+from mechprobe.lm.generation import decode, generate
 
 LOOPBACK = ("127.0.0.1", "localhost")
 
@@ -171,8 +174,6 @@ class HFResponder:
             pool.shutdown(wait=True, cancel_futures=True)
 
     def __call__(self, body: dict[str, Any]) -> str | Reply:
-        from mechprobe.lm import chat
-        from mechprobe.lm.generation import decode, generate
 
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
@@ -207,8 +208,6 @@ class HFResponder:
         probable one is returned as ``{"label": ..., "rationale": ""}`` (the per-choice probabilities
         ride along in ``choice_probs``). No free text is generated, so the reply always validates.
         """
-        from mechprobe.lm import chat
-        from mechprobe.lm.choice import ChoiceScorer, normalise, prompt_ids
 
         try:
             _, ids = prompt_ids(self.tokenizer, messages)

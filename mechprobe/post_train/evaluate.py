@@ -24,8 +24,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from mechprobe.activations.cache import ActivationCache
+from mechprobe.errors import MissingInput, UsageError
 from mechprobe.io import read_json, read_jsonl, write_json
+from mechprobe.judges.factory import default_judge
+from mechprobe.lm.models import load_model, weight_identity
+from mechprobe.post_train import train as pt
+from mechprobe.post_train.train import batch_loss, collate, save_merged
+from mechprobe.stages import ensure_stages, probe_config
 from mechprobe.stats import Rate, mcnemar_exact
+from mechprobe.steering.evaluate import split_of
+from mechprobe.steering.experiment import DEFAULT_ALPHAS, SteerConfig, run_steer
+from mechprobe.steering.vector import SteeringVector, bake
+from mechprobe.turns.pipeline import default_run_dir
 
 
 @dataclass
@@ -113,7 +124,7 @@ class Paired:
         return self.__dict__.copy()
 
 
-def paired_test(run_a: Path, run_b: Path, keep: Callable[[str], bool] | None = None) -> list[Paired]:
+def paired_arm_test(run_a: Path, run_b: Path, keep: Callable[[str], bool] | None = None) -> list[Paired]:
     """McNemar exact per decoding over the record ids judged (without error) in both runs.
 
     ``keep(item_id)`` restricts the pairs to some items (the baked-steering arm on the items its vector was
@@ -152,7 +163,6 @@ def base_directions(base_run: Path, layers: Sequence[int]) -> tuple[dict[int, np
         got = {la: d[f"diff_means_{la}"] for la in layers if f"diff_means_{la}" in d}
         if got:
             return got, str(p)
-    from mechprobe.activations.cache import ActivationCache
 
     cache = ActivationCache.load(base_run / "activations")
     out: dict[int, np.ndarray] = {}
@@ -167,7 +177,6 @@ def base_directions(base_run: Path, layers: Sequence[int]) -> tuple[dict[int, np
 
 
 def _item_means(run: Path, layer: int, unit: np.ndarray) -> dict[str, float]:
-    from mechprobe.activations.cache import ActivationCache
 
     cache = ActivationCache.load(run / "activations")
     proj = cache.resid(layer).to(torch.float64).numpy() @ unit.astype(np.float64)
@@ -379,7 +388,6 @@ def _heldout_loss(pm: Any, examples: Sequence[Any], pad_id: int, adapter: bool) 
     """Mean user-turn cross-entropy on held-out conversations, with the adapter on or off."""
     import contextlib
 
-    from mechprobe.post_train.train import batch_loss, collate
 
     tot, n = 0.0, 0
     ctx = contextlib.nullcontext() if adapter else pm.disable_adapter()
@@ -400,7 +408,6 @@ def build_steering(model: str, run: Path, judge: str) -> None:
     """Build the base model's steering result at ``run`` as ``experiments/steer.py`` would (layer and alpha chosen
     on train items, difference-of-means only), so its artifacts (``steering/select.md``, ``results.md``, the
     figure) and its resume behaviour are the ordinary ones."""
-    from mechprobe.steering.experiment import DEFAULT_ALPHAS, SteerConfig, run_steer
 
     cfg = SteerConfig(model=model, dataset=STEER_DATASET, run=str(run), select_on_train=True, kinds="diff_means",
                       acc_kinds="diff_means", judge=judge, alpha=list(DEFAULT_ALPHAS["resid"]))
@@ -412,8 +419,6 @@ def build_steering(model: str, run: Path, judge: str) -> None:
 def _steer_result(a: Any, out: Path, judge: str, notes: list[str]) -> Path | None:
     """``<steer run>/steering/results.json`` for the baked arm: ``--steer-run``, else the base model's ordinary
     GSM8K run when it has one, else ``<out>/steer-gsm8k`` (built here unless ``--no-steer``)."""
-    from mechprobe.stages import probe_config
-    from mechprobe.turns.pipeline import default_run_dir
 
     if a.steer_run:
         return Path(a.steer_run) / "steering" / "results.json"
@@ -431,8 +436,6 @@ def _steer_result(a: Any, out: Path, judge: str, notes: list[str]) -> Path | Non
 def _bake_arm(a: Any, out: Path, base_weight_hash: str, notes: list[str], judge: str = "offline"
               ) -> tuple[str, dict[str, Any]] | None:
     """(model dir with the base model's steering vector baked in, what was baked), or None with a note saying why."""
-    from mechprobe.lm.models import load_model
-    from mechprobe.steering.vector import SteeringVector, bake
 
     res_p = _steer_result(a, out, judge, notes)
     if res_p is None:
@@ -461,7 +464,6 @@ def _bake_arm(a: Any, out: Path, base_weight_hash: str, notes: list[str], judge:
         except NotImplementedError as e:
             notes.append(f"baked steering arm skipped: {e}")
             return None
-        from mechprobe.post_train.train import save_merged
 
         save_merged(lm.model, lm.tokenizer, dest, {"baked_from": str(res_p), "alpha": best["alpha"]})
     sel = res.get("selection") or {}
@@ -484,10 +486,6 @@ def run_post_train(a: PostTrainConfig) -> int:
     """Train (or reuse) the adapter, merge it, evaluate base vs post-trained (vs baked steering), report."""
     import time
 
-    from mechprobe.errors import MissingInput, UsageError
-    from mechprobe.lm.models import load_model
-    from mechprobe.post_train import train as pt
-    from mechprobe.stages import ensure_stages, probe_config
 
     name = Path(a.model).name.replace(".gguf", "")
     out = Path(a.out) if a.out else Path("runs") / "post_train" / name
@@ -557,10 +555,9 @@ def run_post_train(a: PostTrainConfig) -> int:
     if a.no_eval:
         return 0
 
-    from mechprobe.judges.factory import best_judge
 
     notes: list[str] = []
-    judge_spec = a.judge or best_judge()
+    judge_spec = default_judge(a.model) if a.judge in (None, "auto") else a.judge
     arms: dict[str, str] = {"base": a.model, "post": str(merged_dir)}
     t0 = time.time()
     baked = _bake_arm(a, out, base_hash, notes, judge_spec)
@@ -585,16 +582,14 @@ def run_post_train(a: PostTrainConfig) -> int:
     for arm in arms:
         if arm == "base":
             continue
-        summary["paired"][f"base vs {arm}"] = {ds: [p.to_dict() for p in paired_test(runs["base"][ds], runs[arm][ds])]
+        summary["paired"][f"base vs {arm}"] = {ds: [p.to_dict() for p in paired_arm_test(runs["base"][ds], runs[arm][ds])]
                                                for ds in a.eval_datasets}
         if arm == "baked_steering" and STEER_DATASET in a.eval_datasets:
-            from mechprobe.steering.evaluate import split_of
 
             summary["paired"][f"base vs {arm} (steering held-out items)"] = {STEER_DATASET: [
-                p.to_dict() for p in paired_test(runs["base"][STEER_DATASET], runs[arm][STEER_DATASET],
+                p.to_dict() for p in paired_arm_test(runs["base"][STEER_DATASET], runs[arm][STEER_DATASET],
                                                  keep=lambda i: split_of(i) == "heldout")]}
         for ds in a.eval_datasets:
-            from mechprobe.activations.cache import ActivationCache
 
             layers = ActivationCache.load(runs["base"][ds] / "activations").layers
             dirs, src = base_directions(runs["base"][ds], layers)
@@ -622,6 +617,5 @@ def asdict_safe(cfg: Any) -> dict[str, Any]:
 
 
 def load_base_hash(model: str) -> str:
-    from mechprobe.lm.models import weight_identity
 
     return weight_identity(model)[1]

@@ -39,6 +39,8 @@ from tqdm.auto import tqdm
 from mechprobe.errors import MissingInput, UsageError, UserError
 from mechprobe.io import read_json, read_jsonl, write_json
 from mechprobe.lm import chat
+from mechprobe.splits import split_of
+from mechprobe.turns.datasets import load_dataset
 
 IGNORE = -100
 TRAIN_LOG = "train_log.jsonl"
@@ -95,7 +97,6 @@ def conversations_from_items(items: Sequence[Any], source: str) -> list[Conversa
 def load_conversations(sources: Sequence[str] = SOURCES, data_path: str | Path | None = None,
                        limit: int | None = None) -> list[Conversation]:
     """Conversations from the local conversation datasets (``../shared/data`` or ``$MECHPROBE_DATA_DIR``)."""
-    from mechprobe.turns.datasets import load_dataset
 
     bad = [s for s in sources if s not in SOURCES]
     if bad:
@@ -112,10 +113,6 @@ def load_conversations(sources: Sequence[str] = SOURCES, data_path: str | Path |
     return out
 
 
-def split_of(conv_id: str, held_out_fraction: float) -> str:
-    """Deterministic split by conversation id (sha256), stable across machines and runs."""
-    h = int(hashlib.sha256(conv_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-    return "heldout" if h < held_out_fraction else "train"
 
 
 def split_conversations(convs: Sequence[Conversation], held_out_fraction: float = 0.1

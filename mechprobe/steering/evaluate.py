@@ -21,7 +21,6 @@ With ``--select-on-train`` the (layer, alpha) is chosen by :func:`select_on_trai
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,20 +28,15 @@ from typing import Any
 
 import torch
 
+from mechprobe.linear.turn import directions
 from mechprobe.lm import chat
 from mechprobe.lm.generation import decode, generate, input_device, left_pad
-from mechprobe.lm.models import LoadedModel, kv_kw
+from mechprobe.lm.models import LoadedModel, kv_kw, logits_kept
 from mechprobe.records import AssistantRecord
+from mechprobe.splits import split_of
 from mechprobe.stats import mcnemar_exact, wilson
 from mechprobe.steering.vector import SteeringVector, steer
-
-
-def split_of(item_id: str, held_out_fraction: float = 0.5) -> str:
-    """Deterministic item split: the same item is always train or held-out, across runs and machines."""
-    h = int(hashlib.sha256(item_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-    return "heldout" if h < held_out_fraction else "train"
-
-
+from mechprobe.turns.scoring import score
 
 
 @dataclass
@@ -125,7 +119,6 @@ def turn_nll(lm: LoadedModel, prompts: Sequence[Sequence[int]], continuations: S
 
 def _last_logits(model: Any, keep: int, **inputs: Any) -> torch.Tensor:
     """Logits of the last ``keep`` positions only (transformers' ``logits_to_keep``: the LM head skips the rest)."""
-    from mechprobe.lm.models import logits_kept
 
     return logits_kept(model, keep, **inputs).logits[:, -keep:]
 
@@ -416,7 +409,6 @@ def assistant_accuracy(lm: LoadedModel, items: Sequence[AssistantRecord], vector
                        system: str | None = None, engine: Any = None) -> float | None:
     """Task accuracy of the assistant turn with the vector on at every position (leak check).
     ``system`` must be the run's system prompt, so the unsteered accuracy is the run's own."""
-    from mechprobe.turns.scoring import score
 
     scored = [a for a in items if a.gold is not None]
     if not scored:
@@ -449,7 +441,6 @@ def train_probe_direction(cache: Any, layer: int, train_rows: torch.Tensor, seed
     Why not ``probes/directions.safetensors``: the probes stage fits those on *all* rows (held-out items
     included), so a vector read from there would have seen the held-out labels it is evaluated on.
     """
-    from mechprobe.linear.turn import directions
 
     rows = train_rows.nonzero().flatten()
     x = cache.resid(layer)[rows].float().numpy()

@@ -34,6 +34,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from mechprobe.lm.llamacpp import load_engine
+
 # A fresh clone runs without `pip install -e .` too: the package sits next to this folder.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -356,7 +358,6 @@ def run_steer(a: SteerConfig) -> int:
                                                            else "steering")
     out_dir.mkdir(parents=True, exist_ok=True)
     if a.steer_engine == "llamacpp":  # steered generation on llama.cpp (rows together, control vectors)
-        from mechprobe.lm.llamacpp import load_engine
 
         engine["engine"] = load_engine(cfg.model, chat_template=cfg.chat_template)[1]
         # The HF model only scores NLLs here, so it need not match the run's dtype: bf16 where native.

@@ -49,7 +49,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from mechprobe.activations.backends import _blocks_path
 from mechprobe.errors import MissingInput, UsageError
+from mechprobe.lm.generation import input_device, left_pad
 from mechprobe.lm.models import get_blocks
 
 STEER_POSITIONS = ("boundary", "generated", "boundary+generated", "all")
@@ -552,8 +554,6 @@ def generate_nnsight(model: Any, prompts: Sequence[Sequence[int]], vector: Steer
     :func:`mechprobe.lm.generation.generate`. ``tokenizer`` defaults to a placeholder (ids are passed
     directly); the caller's tokenizer is left as it was (nnsight sets left padding and a pad token).
     """
-    from mechprobe.activations.backends import _blocks_path
-    from mechprobe.lm.generation import input_device, left_pad
 
     mod, blocks = _check(model, vector, alpha, positions)
     stops = sorted(stop_ids) if stop_ids else []

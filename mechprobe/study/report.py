@@ -218,7 +218,7 @@ class PairedResult:
     n_items: int
 
 
-def paired_test(full: list[tuple[str, Turn]], var: list[tuple[str, Turn]], variant: str,
+def paired_variant_test(full: list[tuple[str, Turn]], var: list[tuple[str, Turn]], variant: str,
                 seed: int = 0) -> PairedResult:
     gf = {k: t.label == GENUINE for k, t in full if t.decoding == "greedy" and t.label is not None}
     gv = {k: t.label == GENUINE for k, t in var if t.decoding == "greedy" and t.label is not None}
@@ -303,7 +303,7 @@ def aggregate_model(data: StudyData, model: str) -> ModelAggregate:
     paired = []
     for v in sorted({v for m, _, v in data.variants if m == model}):
         var = [kt for (m, d, vv), rd in sorted(data.variants.items()) if m == model and vv == v for kt in keyed(rd)]
-        paired.append(paired_test(full, var, v))
+        paired.append(paired_variant_test(full, var, v))
     correct, wrong = [], []
     for rd in runs:
         for iid, sc in sorted(rd.scores.items()):

@@ -32,16 +32,20 @@ import torch
 
 from mechprobe.errors import UsageError, UserError
 from mechprobe.io import JsonlStore, read_json, read_jsonl, write_json
-from mechprobe.judges.factory import BEST_JUDGE, model_unavailable  # noqa: F401  (BEST_JUDGE: re-exported
+from mechprobe.judges.factory import BEST_JUDGE, make_judge, model_unavailable  # noqa: F401  (BEST_JUDGE: re-exported
+from mechprobe.judges.run import judge_run
 from mechprobe.lm.models import native_bf16_dtype  # noqa: F401  (re-exported: was defined here)
 from mechprobe.records import AssistantRecord, UserTurnRecord
+from mechprobe.stages import probe_complete
 from mechprobe.study.report import HUMAN_DIR, PLAN, STAGES, T_REF, labels_file_for, write_report
+from mechprobe.turns.datasets import NAMES, load_dataset
 from mechprobe.turns.perturb import VARIANTS, check_variants
 from mechprobe.turns.pipeline import (
     ASSISTANT,
     USER_TURNS,
     ProbeConfig,
     decoding_plan,
+    load_generator,
     run_probe,
     run_variant,
     variant_dir,
@@ -140,7 +144,6 @@ class StudyConfig:
     def validate(self) -> None:
         if self.profile not in PROFILES:
             raise UsageError(f"unknown profile {self.profile!r}: use {', '.join(PROFILES)}")
-        from mechprobe.turns.datasets import NAMES
 
         bad = sorted(set(self.datasets) - set(NAMES))
         if bad:
@@ -189,7 +192,6 @@ class _Generator:
 
     def get(self) -> tuple[Any, Any]:
         if self.lm is None:
-            from mechprobe.turns.pipeline import load_generator
 
             t = time.time()
             self.lm, self.engine = load_generator(self.cfg)
@@ -201,7 +203,6 @@ class _Generator:
 
 
 def _probe_done(run: Path, cfg: ProbeConfig) -> bool:
-    from mechprobe.stages import probe_complete
 
     return probe_complete(run, cfg)
 
@@ -241,7 +242,6 @@ def run_model_dataset(sc: StudyConfig, model: str, dataset: str, gen: _Generator
 
 
 def _judge_dirs(sc: StudyConfig, dirs: list[Path], judge: Any, stage_run: Path) -> None:
-    from mechprobe.judges.run import judge_run
 
     labels = labels_file_for(sc.judge)
     t, c, n = time.time(), time.process_time(), 0
@@ -260,7 +260,6 @@ class _LazyJudge:
 
     def get(self) -> Any:
         if self.j is None:
-            from mechprobe.judges.factory import make_judge
 
             self.j = make_judge(self.spec)
         return self.j
@@ -272,7 +271,6 @@ def human_reference_run(sc: StudyConfig, dataset: str, judge: _LazyJudge) -> Pat
     Written as ordinary run files (assistant.jsonl holds the original conversation, user_turns.jsonl the
     human's turn with ``decoding == "human"``) so the judge stage labels it unchanged.
     """
-    from mechprobe.turns.datasets import load_dataset
 
     limit = max(sc.probe_config(m, dataset).limit or 0 for m in sc.models) or None
     items = load_dataset(dataset, path=sc.data_path, limit=limit).items

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from mechprobe.errors import MissingInput, UsageError, UserError
+from mechprobe.io import sha256_file
 from mechprobe.records import Item
 
 log = logging.getLogger(__name__)
@@ -401,7 +402,6 @@ def _load_file(name: str, path: Path, limit: int | None) -> DatasetLoad:
     mapper = _builtin if name == "builtin" else SPECS[name].mapper
     rows = _json_object_rows(path) if path.suffix == ".json" else _jsonl_rows(path)
     items, skipped = _collect(rows, mapper, str(path), limit)
-    from mechprobe.io import sha256_file
 
     return DatasetLoad(items, skipped, str(path), f"sha256:{sha256_file(path)}")
 

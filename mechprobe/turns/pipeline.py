@@ -38,8 +38,13 @@ from mechprobe.io import (
 )
 from mechprobe.lm import chat
 from mechprobe.lm.generation import auto_batch_size, batches_by_length, decode, generate
-from mechprobe.lm.models import DEFAULT_MODEL, LoadedModel, load_model
+from mechprobe.lm.llamacpp import load_engine
+from mechprobe.lm.models import DEFAULT_MODEL, LoadedModel, load_model, load_tokenizer, weight_identity
+from mechprobe.lm.vllm import generate_vllm, load_vllm
 from mechprobe.records import AssistantRecord, Item, UserTurnRecord, make_record_id
+from mechprobe.turns.datasets import load_dataset
+from mechprobe.turns.perturb import check_variants, variant_prompt, variant_records
+from mechprobe.turns.scoring import score
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +141,6 @@ def decoding_plan(temperatures: list[float], samples: int) -> list[tuple[str, fl
 
 
 def load_items(cfg: ProbeConfig) -> tuple[list[Item], dict[str, Any]]:
-    from mechprobe.turns.datasets import load_dataset
 
     res = load_dataset(cfg.dataset, path=cfg.data_path, limit=cfg.limit)
     info = {
@@ -150,7 +154,6 @@ def load_items(cfg: ProbeConfig) -> tuple[list[Item], dict[str, Any]]:
 
 
 def _score(item: Item, response: str) -> tuple[float | None, str | None]:
-    from mechprobe.turns.scoring import score
 
     return score(item.dataset, response, item.gold, item.meta)
 
@@ -265,7 +268,6 @@ def load_generator(cfg: ProbeConfig) -> tuple[LoadedModel, Any]:
     if cfg.engine == "vllm":
         return _load_vllm_engine(cfg)
     if cfg.engine == "llamacpp":
-        from mechprobe.lm.llamacpp import load_engine
 
         return load_engine(cfg.model, chat_template=cfg.chat_template)
     return load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, chat_template=cfg.chat_template), None
@@ -279,8 +281,6 @@ def _load_vllm_engine(cfg: ProbeConfig) -> tuple[LoadedModel, Any]:
     """
     import torch
 
-    from mechprobe.lm.models import load_tokenizer, weight_identity
-    from mechprobe.lm.vllm import load_vllm
 
     tok = load_tokenizer(cfg.model, cfg.chat_template)
     engine = load_vllm(cfg.model)
@@ -309,7 +309,6 @@ def _decode_batch(lm: LoadedModel, engine: Any, prompts: list[list[int]], **kw: 
     if hasattr(engine, "decode_batch"):  # llamacpp_backend.LlamaCppEngine
         return engine.decode_batch(prompts, **kw)
     if engine is not None:
-        from mechprobe.lm.vllm import generate_vllm
 
         kw.pop("pad_id", None)
         return generate_vllm(engine, prompts, **kw)
@@ -441,7 +440,6 @@ def run_variant(cfg: ProbeConfig, run: str | Path, variant: str, plan: list[tupl
     what the model saw. A conversation already written that differs from the one computed now (a swap
     partner changes when the item set grows) is refused rather than mixed.
     """
-    from mechprobe.turns.perturb import check_variants, variant_prompt, variant_records
 
     check_variants([variant])
     run = Path(run)

@@ -16,7 +16,7 @@ PKG = Path(__file__).resolve().parents[2] / "mechprobe"
 
 # Lowest first. A module may import its own layer and any layer before it; inside a layer, no cycles.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("errors", "io", "records", "taxonomy", "stats", "redact", "plots")),
+    ("foundation", ("errors", "io", "records", "taxonomy", "stats", "redact", "plots", "splits")),
     ("lm", ("lm",)),
     ("turns", ("turns",)),
     ("judges", ("judges",)),
@@ -167,3 +167,10 @@ def test_the_checker_catches_an_upward_import(tmp_path):
     deps = imports_of("mechprobe.stats", fake, set(modules()))
     assert deps == [("mechprobe.judges.factory", 2, True)]
     assert layer_of("mechprobe.judges.factory") > layer_of("mechprobe.stats")
+
+
+def test_no_package_import_hides_inside_a_function():
+    """Imports of mechprobe modules sit at module level, where a reader (and this test) sees them; a function-level
+    import is how cycles used to hide. Lazy imports stay only for optional heavy third-party packages."""
+    hidden = [f"{src}:{line} imports {dst}" for src, deps in graph().items() for dst, line, in_func in deps if in_func]
+    assert not hidden, "function-level imports of the package:\n" + "\n".join(hidden)

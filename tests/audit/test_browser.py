@@ -14,7 +14,7 @@ import time
 import pytest
 
 from mechprobe.audit import load_run_table, load_sample
-from mechprobe.audit.command import add_args, run
+from mechprobe.cli.audit import add_args, run
 from mechprobe.io import read_json
 from mechprobe.taxonomy import LABELS
 

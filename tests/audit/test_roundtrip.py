@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mechprobe.audit import load_labellers, load_run_table, load_sample
-from mechprobe.audit.command import add_args, run
+from mechprobe.cli.audit import add_args, run
 from mechprobe.io import read_json
 
 from .run_fixture import build_run
@@ -111,14 +111,14 @@ def test_import_and_report(drawn, tmp_path, capsys):
 
 def test_python_c_wrapper(tmp_path):
     build_run(tmp_path / "run", n_steer_items=6, n_probe_items=2)
-    code = ("import argparse, sys; from mechprobe.audit.command import add_args, run; p = argparse.ArgumentParser(); "
+    code = ("import argparse, sys; from mechprobe.cli.audit import add_args, run; p = argparse.ArgumentParser(); "
             "add_args(p); sys.exit(run(p.parse_args(sys.argv[1:])))")
     res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run"), "--n", "8", "--by", "decoding"],
-                         capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
                          timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip().splitlines()[-1].endswith("sheet.csv")
-    res = subprocess.run([sys.executable, "-m", "mechprobe.audit.command", str(tmp_path / "run"), "--n", "9"],
-                         capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    res = subprocess.run([sys.executable, "-m", "mechprobe", "audit", str(tmp_path / "run"), "--n", "9"],
+                         capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
                          timeout=120)
-    assert res.returncode == 2 and "--redraw" in res.stdout and "Traceback" not in res.stderr
+    assert res.returncode == 2 and "--redraw" in res.stderr and "Traceback" not in res.stderr

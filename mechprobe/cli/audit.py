@@ -12,11 +12,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .labels import KINDS, import_labels, load_labellers
-from .report import build_report, report_markdown, write_report
-from .sample import load_or_draw, load_sample
-from .sheet import write_sheet
-from .table import STRATA, load_run_table
+from mechprobe.audit.labels import LABELLER_KINDS, import_labels, load_labellers
+from mechprobe.audit.report import build_report, report_markdown, write_report
+from mechprobe.audit.sample import load_or_draw, load_sample
+from mechprobe.audit.sheet import write_sheet
+from mechprobe.audit.table import STRATA, load_run_table
+from mechprobe.cli import common
 
 __all__ = ["add_args", "run"]
 
@@ -26,12 +27,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", help="the run directory (assistant.jsonl, user_turns.jsonl, labels.jsonl, steering*/)")
     p.add_argument("--n", type=int, default=80, help="turns to audit in total, spread evenly over strata (default 80)")
     p.add_argument("--by", choices=STRATA, default="condition", help="stratum field (default condition)")
-    p.add_argument("--seed", type=int, default=0, help="sampling and shuffling seed (default 0)")
+    common.add_seed(p)
     p.add_argument("--redraw", action="store_true", help="replace a sample drawn with other --n/--by/--seed")
     p.add_argument("--labels", nargs="+", metavar="FILE",
                    help="import these labels files (one per labeller: the sheet's JSON export or a filled "
                         "sheet.csv), then write and print the report")
-    p.add_argument("--labeller-kind", choices=KINDS, default=None,
+    p.add_argument("--labeller-kind", choices=LABELLER_KINDS, default=None,
                    help="person or model, for files that do not say (CSV)")
     p.add_argument("--alpha", type=float, default=0.05, help="1 - confidence level (default 0.05)")
     p.add_argument("--n-boot", type=int, default=500, help="bootstrap draws for kappa intervals (default 500)")
@@ -66,20 +67,3 @@ def run(a: argparse.Namespace) -> int:
     print(html_p)
     print(csv_p)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry point (``python -m mechprobe.audit.command RUN ...``) until the CLI wires it in."""
-    from mechprobe.errors import UserError
-
-    p = argparse.ArgumentParser(prog="mechprobe audit", description=__doc__.split("\n\n")[0])
-    add_args(p)
-    try:
-        return run(p.parse_args(argv))
-    except UserError as e:
-        print(f"error: {e}")
-        return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
