@@ -131,7 +131,7 @@ def test_judge_run_with_local_judge_writes_probs(smol, tmp_path):
 @pytest.mark.slow
 @requires_smollm2
 def test_local_and_served_judge_agree(smol):
-    """In-process ``local:`` and ``python -m mechprobe.lm.server`` + ``openai:`` give the same verdicts.
+    """In-process ``local:`` and ``mechprobe serve`` + ``openai:`` give the same verdicts.
 
     Labels must be equal; probabilities within 1e-4 (the server scores the whole prompt in one
     pass, the local judge with shared prefixes: fp32 rounding only, see the test above).
@@ -161,5 +161,5 @@ def test_judge_cli_with_a_missing_local_model_names_the_fetch_command(tmp_path, 
     rc = main_judge([str(run), "--judge", "local:qwen2.5-coder-1.5b-instruct", "--no-progress"])
     assert rc == 2
     err = capsys.readouterr().err
-    assert "python -m mechprobe.lm.models fetch qwen2.5-coder-1.5b-instruct" in err
+    assert "mechprobe models fetch qwen2.5-coder-1.5b-instruct" in err
     assert not (run / "labels.jsonl").exists()

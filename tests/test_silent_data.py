@@ -299,11 +299,11 @@ def test_mismatch_names_only_the_differing_nested_key(tmp_path):
 def _probes_args(*argv):
     import argparse
 
-    from mechprobe.cli.linear_probe import add_probes_args
+    from mechprobe.cli.linear_probe import add_probes_args, config_from_args
 
     p = argparse.ArgumentParser()
     add_probes_args(p)
-    return p.parse_args(list(argv))
+    return config_from_args(p.parse_args(list(argv)))
 
 
 @pytest.mark.parametrize("flags, needle", [(["--n-boot", "0"], "--n-boot"), (["--folds", "1"], "--folds"),

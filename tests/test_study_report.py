@@ -135,6 +135,7 @@ def test_variant_samples_profile_and_legacy_roots(tmp_path):
     recorded keeps its 2 samples per variant, so resuming it neither mixes plans nor regenerates."""
     import json
 
+    from mechprobe.cli import study as study_cli
     from mechprobe.study import run as study
     from mechprobe.turns.pipeline import ProbeConfig
 
@@ -146,12 +147,12 @@ def test_variant_samples_profile_and_legacy_roots(tmp_path):
     assert len(StudyConfig(profile="quick").variant_plan(cfg)) == 3
     assert len(StudyConfig(variant_samples=0).variant_plan(cfg)) == 1
 
-    fresh = study.config_from_args(study.build_parser().parse_args(["--root", str(tmp_path / "new"), "--judge", "x"]))
+    fresh = study_cli.config_from_args(study_cli.build_parser().parse_args(["--root", str(tmp_path / "new"), "--judge", "x"]))
     assert fresh.variant_k() == 1
     old = tmp_path / "old"
     old.mkdir()
     (old / "plan.json").write_text(json.dumps({"profile": "full", "judge": "x"}))
-    legacy = study.config_from_args(study.build_parser().parse_args(["--root", str(old)]))
+    legacy = study_cli.config_from_args(study_cli.build_parser().parse_args(["--root", str(old)]))
     assert legacy.variant_k() == 2
-    forced = study.config_from_args(study.build_parser().parse_args(["--root", str(old), "--variant-samples", "1"]))
+    forced = study_cli.config_from_args(study_cli.build_parser().parse_args(["--root", str(old), "--variant-samples", "1"]))
     assert forced.variant_k() == 1
