@@ -227,6 +227,26 @@ def make_judge(spec: str | None = "offline", **opts: Any) -> Judge:
                      "'hybrid:MODEL' or 'hybrid2:MODEL'")
 
 
+def check_judge_spec(spec: str | None, flag: str = "--judge") -> str:
+    """Parse a judge spec without building the judge (nothing is loaded): the resolved spec, or a
+    :class:`UsageError`. The model of ``local:``/``hybrid:``/``hybrid2:`` must be a known model source
+    (:func:`mechprobe.models.check_model_source`). Lets a long command refuse a typo before its first model loads."""
+    from .models import check_model_source
+
+    spec = resolve_judge_spec(spec)
+    if spec in ("offline", "offline-lexical", "offline-embed"):
+        return spec
+    kind, _, model = spec.partition(":")
+    if kind not in ("openai", "local", "hybrid", "hybrid2") or not _:
+        raise UsageError(f"unknown judge {spec!r} ({flag}): use 'offline', 'offline-lexical', 'openai:MODEL', "
+                         "'local:MODEL', 'hybrid:MODEL' or 'hybrid2:MODEL'")
+    if not model:
+        raise UsageError(f"{flag} {kind}:MODEL needs a model name, e.g. {kind}:qwen2.5-coder-1.5b-instruct")
+    if kind != "openai":
+        check_model_source(model, f"{flag} {kind}:")
+    return spec
+
+
 # --------------------------------------------------------------------------- summary
 
 
