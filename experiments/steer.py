@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="default: the run's model, else the embedded default model")
     p.add_argument("--dataset", default=None, help="default: the run's dataset, else the main job's")
     p.add_argument("--run", default=None, help="run directory (default runs/<model>-<dataset>)")
+    p.add_argument("--new", action="store_true",
+                   help="--run names a run to build (from nothing): without it a --run that is not a run yet is "
+                        "refused, so a mistyped path does not start a full build; the default run is always built")
     p.add_argument("--judge", default="auto",
                    help="auto (default: the judge of the run's labels; else offline for the embedded default model, "
                         "hybrid2:qwen2.5-coder-1.5b-instruct for other models) | offline | hybrid2:MODEL | openai:MODEL")
@@ -409,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.alpha_unit == "resid" and any(abs(x) >= 2 for x in alphas):
         print(f"note: alpha {max(alphas, key=abs):g} x resid norm adds a vector that many times as long as the "
               "residual itself, which usually breaks the text (a sweep's end, not a working setting)")
-    run, cfg = resolve_run(a.run, a.model, a.dataset, preset=finding_preset(a.model), engine=a.engine, dtype=a.dtype)
+    run, cfg = resolve_run(a.run, a.model, a.dataset, preset=finding_preset(a.model), new=a.new or a.run is None,
+                           engine=a.engine, dtype=a.dtype)
     if a.judge == "auto":  # resolved here, not in ensure_stages: the steered turns need the same judge
         a.judge = auto_judge(run, cfg.model)
         print(f"judge: {a.judge} (--judge auto; pass --judge to choose)")
@@ -456,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"only {int(pos_rows.sum())} genuine follow-ups among train rows of {run}: a difference of "
                         f"means needs at least 2. Add items to the run first, e.g. `python experiments/linear_probe.py "
                         f"--run {run} --limit {2 * len(set(cache.item_ids))}` (more samples per item need a new run: "
-                        f"`python experiments/linear_probe.py --run NEW_DIR --samples {2 * cfg.samples}`), then re-run "
+                        f"`python experiments/linear_probe.py --run NEW_DIR --new --samples {2 * cfg.samples}`), then re-run "
                         f"this script with that --run")
 
     assistants = [AssistantRecord.from_dict(r) for r in read_jsonl(run / "assistant.jsonl", key="item_id")]

@@ -710,6 +710,9 @@ def add_probes_args(p: Any, figures: str | None = None) -> None:
     p.add_argument("--min-samples", type=int, default=2,
                    help="propensity target: drop items with fewer judged samples than this (judge errors skipped)")
     p.add_argument("--run", default=None, help="run directory (default runs/<model>-<dataset>)")
+    p.add_argument("--new", action="store_true",
+                   help="--run names a run to build (from nothing): without it a --run that is not a run yet is "
+                        "refused, so a mistyped path does not start a full build; the default run is always built")
     p.add_argument("--judge", default="auto",
                    help="auto (default: the judge of the run's labels; else offline for the embedded default model, "
                         "hybrid2:qwen2.5-coder-1.5b-instruct for other models) | offline | hybrid2:MODEL | openai:MODEL")
@@ -806,7 +809,7 @@ def _transfer(a: argparse.Namespace, run: Path, cfg: ProbeConfig, data: ProbeDat
 
     runs = [Path(r) for r in a.transfer_runs]
     for r in runs:  # existing runs: judge and cache what they lack, like the main run
-        run_t, cfg_t = resolve_run(r)
+        run_t, cfg_t = resolve_run(r, new=False)  # existing runs only
         ensure_stages(run_t, cfg_t, a.judge, a.backend, a.relabel)
     for ds in a.transfer_datasets:
         cfg_b = dataclasses.replace(cfg, dataset=ds, data_path=None)
@@ -847,6 +850,9 @@ def validate_probes_args(a: argparse.Namespace) -> None:
     unknown = [d for d in a.transfer_datasets if d not in NAMES]
     if unknown:
         bad.append(f"--transfer-datasets {unknown} unknown; choose from {', '.join(NAMES)}")
+    not_runs = [r for r in getattr(a, "transfer_runs", None) or [] if not (Path(r) / "manifest.json").exists()]
+    if not_runs:
+        bad.append(f"--transfer-runs {not_runs} are not runs (no manifest.json): pass existing run directories")
     datasets = list(getattr(a, "datasets", None) or [])
     unknown = [d for d in datasets if d not in NAMES]
     if unknown:
@@ -883,7 +889,8 @@ def run_probes_cli(a: Any) -> int:
               f"{preset['samples']} samples at T=1, caps {preset['max_assistant_tokens']}/{preset['max_user_tokens']} "
               f"tokens, engine {preset['engine']}{', ' + preset['dtype'] if preset.get('dtype') else ''}, items "
               f"{' + '.join(str(p['limit']) for p in presets)}; existing runs keep their own, options override")
-    resolved = [resolve_run(a.run, a.model, ds, preset=pr, **over)
+    new = bool(getattr(a, "new", False)) or a.run is None
+    resolved = [resolve_run(a.run, a.model, ds, preset=pr, new=new, **over)
                 for ds, pr in zip(datasets or [a.dataset], presets, strict=True)]
     from .propensity import choose_target
 
@@ -931,7 +938,7 @@ def _propensity(a: argparse.Namespace, resolved: list[tuple[Path, ProbeConfig]],
     run0, cfg0 = resolved[0]
     extra = [Path(r) for r in a.transfer_runs]
     for r in extra:  # existing runs: judge and cache what they lack, like the main runs (was: KeyError)
-        run_t, cfg_t = resolve_run(r)
+        run_t, cfg_t = resolve_run(r, new=False)  # existing runs only
         ensure_stages(run_t, cfg_t, a.judge, a.backend, a.relabel)
     for ds in a.transfer_datasets:
         cfg_b = dataclasses.replace(cfg0, dataset=ds, data_path=None)
