@@ -482,12 +482,54 @@ def _bake_arm(a: Any, out: Path, base_weight_hash: str, notes: list[str], judge:
     return str(dest), info
 
 
+def validate_args(a: Any) -> None:
+    """Every option checked before the first model loads: a bad judge or dataset must not surface only after
+    training. (``--target-modules`` is checked against the model's modules right after it loads.)"""
+    import math
+
+    from . import post_train as pt
+    from .datasets import NAMES
+    from .errors import UsageError
+    from .judge import check_judge_spec
+    from .models import check_model_source
+
+    check_model_source(a.model, "--model")
+    if a.judge is not None and not a.no_eval:
+        check_judge_spec(a.judge)
+    bad = []
+    unknown = [s for s in a.sources if s not in pt.SOURCES]
+    if unknown:
+        bad.append(f"--sources {unknown} unknown; choose from {', '.join(pt.SOURCES)}")
+    unknown = [d for d in a.eval_datasets if d not in NAMES]
+    if unknown:
+        bad.append(f"--eval-datasets {unknown} unknown; choose from {', '.join(NAMES)}")
+    if a.data_path is not None and not Path(a.data_path).exists():
+        bad.append(f"--data-path {a.data_path} does not exist")
+    if a.steer_run is not None and not Path(a.steer_run).exists():
+        bad.append(f"--steer-run {a.steer_run} does not exist")
+    if a.data_limit is not None and a.data_limit < 1:
+        bad.append(f"--data-limit must be >= 1, got {a.data_limit}")
+    if not 0.0 <= a.held_out_fraction < 1.0:
+        bad.append(f"--held-out-fraction must be in [0, 1), got {a.held_out_fraction}")
+    for flag in ("max_len", "eval_limit", "samples", "max_assistant_tokens", "max_user_tokens"):
+        if getattr(a, flag) < 1:
+            bad.append(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(a, flag)}")
+    if not (math.isfinite(a.temperature) and a.temperature > 0):
+        bad.append(f"--temperature must be a finite number > 0 (the sampled turns), got {a.temperature}")
+    try:
+        torch.device(a.device)
+    except RuntimeError:
+        bad.append(f"--device {a.device!r} is not a torch device (cpu, cuda, cuda:0, mps)")
+    if bad:
+        raise UsageError("; ".join(bad))
+
+
 def run_cli(a: Any) -> int:
     """Train (or reuse) the adapter, merge it, evaluate base vs post-trained (vs baked steering), report."""
     import time
 
     from . import post_train as pt
-    from .errors import MissingInput, UsageError
+    from .errors import MissingInput
     from .models import load_model
     from .stages import ensure_stages, probe_config
 
@@ -497,12 +539,12 @@ def run_cli(a: Any) -> int:
                          lora_r=a.lora_r, lora_alpha=a.lora_alpha, lora_dropout=a.lora_dropout,
                          target_modules=a.target_modules, seed=a.seed, checkpoint_every=a.checkpoint_every)
     cfg.validate()
-    if a.eval_limit < 1 or a.samples < 1:
-        raise UsageError("--eval-limit and --samples must be >= 1")
+    validate_args(a)
     if a.eval_only and not (out / pt.ADAPTER_DIR / "adapter_config.json").exists():
         raise MissingInput(f"--eval-only needs a trained adapter at {out / pt.ADAPTER_DIR}: train first")
     out.mkdir(parents=True, exist_ok=True)
     lm = load_model(a.model, device=a.device, dtype=torch.float32)
+    pt.check_target_modules(lm.model, cfg)
     tok = lm.tokenizer
     convs = pt.load_conversations(a.sources, a.data_path, a.data_limit)
     train, held = pt.split_conversations(convs, a.held_out_fraction)
