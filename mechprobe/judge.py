@@ -400,12 +400,23 @@ def _check_counts(limit: int | None, opts: dict[str, Any]) -> None:
         raise UserError("invalid judge options: " + "; ".join(bad))
 
 
+def _check_labels_file(run_dir: str | Path, labels_file: str) -> None:
+    """The labels file (and its summary and manifest beside it) must live inside the run directory: a
+    ``--labels ../x.jsonl`` would write outside it, where no later stage looks."""
+    run = Path(run_dir).resolve()
+    target = (run / labels_file).resolve()
+    if Path(labels_file).is_absolute() or target.parent != run and run not in target.parents:
+        raise UsageError(f"--labels {labels_file} points outside the run directory {run_dir}: pass a file name "
+                         f"inside it (e.g. labels_other.jsonl)")
+
+
 def judge_run(run_dir: str | Path, judge: str | Judge | None = "offline", *, labels_file: str = LABELS_FILE,
               retry_errors: bool = True, limit: int | None = None, progress: bool = True,
               **opts: Any) -> JudgeSummary:
     """Label the user turns of ``run_dir`` (see :func:`_judge_run`) holding the labels file's writer lock:
     a second judge process on the same file is refused instead of appending duplicate rows."""
     _check_counts(limit, opts)
+    _check_labels_file(run_dir, labels_file)
     kw = dict(labels_file=labels_file, retry_errors=retry_errors, limit=limit, progress=progress, **opts)
     if not Path(run_dir).is_dir():
         return _judge_run(run_dir, judge, **kw)  # raises the stage's own "no such run" error
@@ -521,7 +532,7 @@ def run_judge_cli(a: argparse.Namespace) -> int:
         print(f"mechprobe judge: error: every judged turn ({s.n_errors}) is a judge error "
               f"({'; '.join(f'{r} x{c}' for r, c in s.errors.items())}); nothing usable was labelled. Check the "
               f"endpoint, key and model; re-running retries the error rows", file=sys.stderr)
-        return 1
+        return 2  # a problem the user fixes (endpoint, key, model), like every UserError
     return 0
 
 
