@@ -363,7 +363,10 @@ class ChatServer:
 
     def start(self) -> ChatServer:
         self._stop.clear()
-        self._httpd = _Server((self.host, self.port), _Handler)
+        try:
+            self._httpd = _Server((self.host, self.port), _Handler)
+        except OSError as e:
+            raise UsageError(_port_message(self.port, e)) from None
         self._httpd.owner = self
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
@@ -409,10 +412,30 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None)
 
 
+def _port_message(port: int, e: OSError) -> str:
+    return (f"cannot listen on 127.0.0.1:{port} ({e.strerror or e}): another server probably uses that port; stop it "
+            f"or pass another --port")
+
+
+def check_port_free(port: int) -> None:
+    """Refuse a port that cannot be bound, before the model loads (:class:`UsageError`, one line)."""
+    import socket
+
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port must be in 0..65535, got {port}")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server itself binds
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as e:
+            raise UsageError(_port_message(port, e)) from None
+
+
 def run_serve_cli(a: argparse.Namespace) -> int:
     """Load the model and serve it on loopback until interrupted."""
     from .models import DEFAULT_MODEL, load_model
 
+    check_port_free(a.port)
     lm = load_model(a.model or DEFAULT_MODEL, device=a.device)
     srv = ChatServer(HFResponder(lm.model, lm.tokenizer, max_new_tokens=a.max_new_tokens), port=a.port,
                      model_name=lm.name)
