@@ -20,7 +20,7 @@ from pathlib import Path
 # A fresh clone runs without `pip install -e .` too: the package sits next to this folder.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mechprobe.cli import friendly  # noqa: E402
+from mechprobe.cli import accept_negative_numbers, friendly  # noqa: E402
 from mechprobe.probes import add_probes_args, run_probes_cli  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_probes_args(p)
-    return p
+    return accept_negative_numbers(p)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,14 +21,14 @@ from pathlib import Path
 # A fresh clone runs without `pip install -e .` too: the package sits next to this folder.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mechprobe.cli import friendly  # noqa: E402
+from mechprobe.cli import accept_negative_numbers, friendly  # noqa: E402
 from mechprobe.post_train_eval import add_args, run_cli  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_args(p)
-    return p
+    return accept_negative_numbers(p)
 
 
 def main(argv: list[str] | None = None) -> int:

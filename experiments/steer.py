@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mechprobe import chat  # noqa: E402
 from mechprobe.activations import ActivationCache  # noqa: E402
-from mechprobe.cli import friendly  # noqa: E402
+from mechprobe.cli import accept_negative_numbers, friendly  # noqa: E402
 from mechprobe.errors import UserError  # noqa: E402
 from mechprobe.io import JsonlStore, read_json, read_jsonl, write_json  # noqa: E402
 from mechprobe.judge import JudgeInput, make_judge  # noqa: E402
@@ -151,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where steered turns and results go (default <run>/steering, or steering_llamacpp)")
     p.add_argument("--figures", default=None,
                    help="folder for the figure (default: <run>/figures; --figures figures publishes into the repo)")
-    return p
+    return accept_negative_numbers(p)
 
 
 def judge_turns(judge, turns: list[SteeredTurn], by_item: dict[str, AssistantRecord], key: str) -> dict[str, str]:

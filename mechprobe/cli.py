@@ -23,12 +23,27 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 from .errors import UsageError, UserError
+
+# Any decimal or scientific number (-1, -.5, -1e308, -2.5E-3): argparse before Python 3.12 takes only -1 and -0.5
+# for numbers, so `--alpha 0 -1e308` read -1e308 as an unknown flag.
+_NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
+def accept_negative_numbers(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Let numeric list flags take negative numbers in any notation; also for ``p``'s subcommands."""
+    p._negative_number_matcher = _NEGATIVE_NUMBER  # noqa: SLF001 - argparse has no public hook for this
+    for action in p._actions:  # noqa: SLF001
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            for sp in action.choices.values():
+                accept_negative_numbers(sp)
+    return p
 
 
 def friendly(fn: Callable[[], int | None]) -> int:
@@ -145,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     md = sub.add_parser("models", help="list embedded models, or fetch one's weights")
     add_models_args(md)
     md.set_defaults(func=run_models_cli)
-    return p
+    return accept_negative_numbers(p)
 
 
 def main(argv: list[str] | None = None) -> int:

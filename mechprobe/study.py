@@ -406,7 +406,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report-dir", default="reports/study")
     p.add_argument("--figures-dir", default="figures")
     p.add_argument("--no-progress", action="store_true")
-    return p
+    from .cli import accept_negative_numbers
+
+    return accept_negative_numbers(p)
 
 
 def config_from_args(a: argparse.Namespace) -> StudyConfig:
