@@ -249,3 +249,130 @@ def test_target_modules_are_checked_against_the_model_before_training():
     check_target_modules(model, TrainConfig())  # all-linear
     with pytest.raises(UsageError, match=r"\['nosuch'\].*q_proj"):
         check_target_modules(model, TrainConfig(target_modules="q_proj,nosuch"))
+
+
+# --------------------------------------------------------------------------- lesser items
+
+
+def _judge_run_dir(tmp_path: Path) -> Path:
+    from tests.test_judge_run import make_run
+
+    return make_run(tmp_path)
+
+
+def _one_line(capsys) -> str:
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if ln.strip()]
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_read_only_run_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    import errno
+
+    import mechprobe.io as mio
+    from mechprobe.cli import main
+
+    run = _judge_run_dir(tmp_path)
+    real_open = os.open
+
+    def ro_open(path, flags, *a):
+        if str(path).endswith(".lock"):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, flags, *a)
+
+    monkeypatch.setattr(mio.os, "open", ro_open)
+    assert main(["judge", str(run), "--judge", "offline-lexical", "--no-progress"]) == 2
+    assert "read-only" in _one_line(capsys)
+    with pytest.raises(UserError, match="read-only"):
+        with mio.writer_lock(run / "labels.jsonl"):
+            pass
+
+
+@pytest.mark.parametrize("cmd", [["probes", "{run}"], ["cache", "{run}"], ["probe", "--out", "{run}", "--dataset",
+                                                                              "builtin"]])
+def test_truncated_manifest_is_a_one_line_error(tmp_path, capsys, cmd, monkeypatch):
+    import mechprobe.models as models
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **kw: pytest.fail("model loaded"))
+    from mechprobe.cli import main
+
+    run = _judge_run_dir(tmp_path)  # turns on disk, so each command gets as far as the manifest
+    (run / "manifest.json").write_text('{"config": {"model": "smollm2-135m-instruct", "dataset": "bu')
+    assert main([c.format(run=run) for c in cmd]) == 2
+    line = _one_line(capsys)
+    assert "manifest.json is not valid JSON" in line and "delete it" in line
+
+
+def test_plain_offline_judge_warns_once_about_the_lexical_fallback(monkeypatch, capsys):
+    import mechprobe.judge_offline as jo
+
+    monkeypatch.setattr(jo, "embeddings_available", lambda: False)
+    monkeypatch.setattr(jo, "_LEXICAL_WARNED", False)
+    monkeypatch.delenv("MECHPROBE_NO_EMBED", raising=False)
+    j1, _ = jo.OfflineJudge(), jo.OfflineJudge()
+    assert j1.name.endswith("+lexical") and j1.public_config()["variant"] == "lexical"
+    err = capsys.readouterr().err
+    assert err.count("warning") == 1 and "mechprobe[embed]" in err and "offline-lexical" in err
+    monkeypatch.setattr(jo, "_LEXICAL_WARNED", False)
+    jo.OfflineJudge(embed=False)  # asked for explicitly: quiet
+    assert capsys.readouterr().err == ""
+
+
+def test_all_judge_error_run_exits_2(tmp_path, monkeypatch, capsys):
+    import mechprobe.judge as judge
+    from mechprobe.records import LabelRecord
+    from mechprobe.taxonomy import JUDGE_ERROR
+
+    class Broken:
+        name = "broken"
+
+        def label_many(self, inputs):
+            for i in inputs:
+                yield LabelRecord(record_id=i.record_id, label=JUDGE_ERROR, genuine=None, rationale="",
+                                  judge=self.name, error="http_503")
+
+    monkeypatch.setattr(judge, "make_judge", lambda *a, **kw: Broken())
+    run = _judge_run_dir(tmp_path)
+    assert judge.main_judge([str(run), "--judge", "offline", "--no-progress"]) == 2
+    assert "every judged turn" in capsys.readouterr().err
+
+
+def test_serve_on_a_busy_port_is_one_line_before_loading(monkeypatch, capsys):
+    import socket
+
+    import mechprobe.models as models
+    from mechprobe.cli import main
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **kw: pytest.fail("model loaded"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        t = time.time()
+        assert main(["serve", "--port", str(s.getsockname()[1])]) == 2 and time.time() - t < 5
+    assert "another --port" in _one_line(capsys)
+
+
+def test_numeric_list_flags_take_negative_numbers():
+    import importlib.util
+
+    from mechprobe.cli import build_parser
+    from mechprobe.study import build_parser as study_parser
+    from tests.conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("steer_neg", REPO / "experiments" / "steer.py")
+    steer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(steer)
+    assert steer.build_parser().parse_args(["--alpha", "0", "-1e308"]).alpha == [0.0, -1e308]
+    assert steer.build_parser().parse_args(["--alpha", "-.5", "-2E-3"]).alpha == [-0.5, -0.002]
+    assert build_parser().parse_args(["probes", "r", "--temperatures", "0", "-1e-3"]).temperatures == [0.0, -0.001]
+    assert study_parser().parse_args(["--temperatures", "-1e2"]).temperatures == ["-1e2"]
+
+
+@pytest.mark.parametrize("labels", ["../x.jsonl", "sub/../../x.jsonl", "/tmp/elsewhere.jsonl"])
+def test_judge_labels_outside_the_run_is_refused(tmp_path, capsys, labels):
+    from mechprobe.cli import main
+
+    run = _judge_run_dir(tmp_path)
+    assert main(["judge", str(run), "--judge", "offline-lexical", "--labels", labels, "--no-progress"]) == 2
+    assert "outside the run directory" in _one_line(capsys)
+    assert not (tmp_path / "x.jsonl").exists() and not (tmp_path / "x.jsonl.lock").exists()
