@@ -349,9 +349,13 @@ def run_study(sc: StudyConfig) -> Path:
             errors[f"human/{dataset}"] = str(e)
     _update_plan(root, sc, unavailable, errors)
     ran = [m for m in sc.models if m not in unavailable and any(f"{m}/{d}" not in errors for d in sc.datasets)]
-    if not ran:  # a report would only list the failures; plan.json keeps them for the next report
+    if not ran:
+        try:
+            where = report(sc)  # names why each model was skipped or failed
+        except UserError:  # no runs at all: an existing report is kept, not replaced by a list of failures
+            where = root / PLAN
         raise StudyFailed(f"every model failed or is unavailable ({', '.join(sc.models)}): nothing was run; see the "
-                          f"messages above (also in {root / PLAN}), fix them and re-run (finished steps are reused)")
+                          f"messages above (also in {where}), fix them and re-run (finished steps are reused)")
     return report(sc)
 
 
