@@ -13,6 +13,7 @@ statistic computed from the file, so readers name the file and line and stop.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -25,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from mechprobe.errors import UserError
+from mechprobe.errors import UsageError, UserError
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +203,14 @@ def writer_lock(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     lock = path.with_name(path.name + ".lock")
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        raise UserError(f"{path.parent} is read-only ({e.strerror}: {lock}), and this command writes into it "
+                        f"({path.name}). Copy the run somewhere writable (cp -r) and point the command there, "
+                        "or make it writable (chmod -R u+w)") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -241,7 +249,15 @@ def finite(obj: Any) -> Any:
 
 
 def read_json(path: str | Path) -> Any:
-    return json.loads(Path(path).read_text())
+    """Parse a JSON file; a cut-off or edited one (a manifest truncated by a full disk or a copy) is a
+    :class:`UsageError` (still a ``ValueError``) naming the file and the fix, not a ``JSONDecodeError`` traceback."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path} is not valid JSON ({e}): it was cut off or edited. Restore it from a copy, or "
+                        f"delete it and re-run the stage that writes it (for a run's manifest.json: rebuild the run "
+                        f"in a new directory)") from None
 
 
 def versions() -> dict[str, str]:

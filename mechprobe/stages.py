@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mechprobe.activations.cache import cache_run
-from mechprobe.errors import UserError
+from mechprobe.errors import MissingInput, UserError
 from mechprobe.io import read_json, read_jsonl
 from mechprobe.judges.base import JudgeMismatch
 from mechprobe.judges.factory import default_judge
@@ -203,11 +203,16 @@ def run_config(run: Path) -> ProbeConfig | None:
 
 
 def resolve_run(run: str | Path | None, model: str | None = None, dataset: str | None = None,
-                preset: dict[str, Any] | None = None, **overrides: Any) -> tuple[Path, ProbeConfig]:
+                preset: dict[str, Any] | None = None, new: bool = True, **overrides: Any) -> tuple[Path, ProbeConfig]:
     """Run dir and full config. An existing run keeps its own config; explicit ``overrides`` (keys of
     :data:`PASSTHROUGH`, None = not given) replace single values, and the probe stage then refuses a
     change that would mix configurations. A new run starts from ``preset`` (e.g. :func:`finding_preset`),
     else the main job's settings. Raises :class:`UserError` for invalid values, before any work.
+
+    ``new=False``: an explicitly given ``run`` must already be a run (have a ``manifest.json``), so a mistyped
+    path is refused in one line instead of starting a full build there; the default run (``run`` None) may
+    always be built. A ``limit`` below the items an existing run already holds is refused too: its analysis
+    would use every item while claiming the smaller count.
     """
     over = {k: v for k, v in overrides.items() if v is not None}
     unknown = sorted(set(over) - set(PASSTHROUGH))
@@ -216,7 +221,14 @@ def resolve_run(run: str | Path | None, model: str | None = None, dataset: str |
     cfg = probe_config(model or DEFAULT_MODEL, dataset, preset=preset, **over)
     path = Path(run) if run else default_run_dir(cfg)
     own = run_config(path)
+    if own is None and run is not None and not new:
+        raise MissingInput(f"{path} is not a run (no manifest.json there): check the path, or pass --new to build "
+                           "a new run in it")
     if own is not None:
+        if "limit" in over and (own.limit is None or over["limit"] < own.limit):
+            raise UserError(f"{path} already holds {own.limit or 'every'} items and every stage uses all of them, so "
+                            f"--limit {over['limit']} would not apply: drop --limit, or build a smaller run with "
+                            "another --run and --new")
         if dataset is not None and dataset != own.dataset:
             raise UserError(f"{path} is a run of dataset {own.dataset!r}, not {dataset!r}: drop --dataset, or "
                             f"pass another --run")

@@ -39,7 +39,7 @@ def test_linear_probe_script_builds_a_llamacpp_run(tmp_path):
     import mechprobe.cli.linear_probe as lp
     from mechprobe.io import read_json
     run = tmp_path / "run"
-    code = lp.main(["--run", str(run), "--dataset", "builtin", "--limit", "4", "--samples", "1", "--max-assistant-tokens", "12",
+    code = lp.main(["--run", str(run), "--new", "--dataset", "builtin", "--limit", "4", "--samples", "1", "--max-assistant-tokens", "12",
                     "--max-user-tokens", "8", "--engine", "llamacpp", "--dtype", "bfloat16", "--layers", "0", "3",
                     "--n-boot", "20", "--no-shuffled", "--target", "turn"])
     assert code in (0, 3)  # 3 = too few positives on 4 items: the stages still ran

@@ -105,7 +105,7 @@ def test_llm_judge_run_errors_are_retried_and_key_never_written(tmp_path, monkey
             "--max-retries", "1", "--concurrency", "2", "--no-progress"]
     # 1) endpoint down: every row is a judge_error, counted apart from labels (and the exit code says so)
     with ChatServer(ScriptedResponder(ok, always=Fault.server_error(503))) as srv:
-        assert main_judge(argv + ["--base-url", srv.base_url]) == 1
+        assert main_judge(argv + ["--base-url", srv.base_url]) == 2
         assert srv.n_chat_requests == 16  # 8 rows x (1 try + 1 retry)
     rows = read_jsonl(run / "labels.jsonl")
     assert [r["label"] for r in rows] == [JUDGE_ERROR] * 8 and all(r["genuine"] is None for r in rows)

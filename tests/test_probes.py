@@ -269,7 +269,7 @@ def test_script_builds_every_stage_from_nothing(tmp_path):
     legitimately have too few positives; both outcomes must leave well-formed metrics."""
     run, figs = tmp_path / "tiny", tmp_path / "figs"
     common = ["--run", str(run), "--figures", str(figs), "--layers", "0,15,30", "--folds", "3", "--n-boot", "200"]
-    p = _script(*common, "--dataset", "builtin", "--limit", "10", "--samples", "3", "--temperatures", "0", "1.0",
+    p = _script(*common, "--new", "--dataset", "builtin", "--limit", "10", "--samples", "3", "--temperatures", "0", "1.0",
                 "--max-assistant-tokens", "32", "--max-user-tokens", "16")
     assert p.returncode in (0, 3), p.stdout + p.stderr
     for f in ("assistant.jsonl", "user_turns.jsonl", "labels.jsonl", "activations/manifest.json"):

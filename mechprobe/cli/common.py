@@ -3,11 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from mechprobe.errors import UsageError, UserError
+
+# Any decimal or scientific number (-1, -.5, -1e308, -2.5E-3): argparse before Python 3.12 takes only -1 and -0.5
+# for numbers, so `--alpha 0 -1e308` read -1e308 as an unknown flag.
+_NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
+def accept_negative_numbers(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Let numeric list flags take negative numbers in any notation; also for ``p``'s subcommands."""
+    p._negative_number_matcher = _NEGATIVE_NUMBER  # argparse has no public hook for this
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sp in action.choices.values():
+                accept_negative_numbers(sp)
+    return p
 
 
 def friendly(fn: Callable[[], int | None]) -> int:
@@ -90,3 +105,10 @@ def add_data_path(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
 
 def add_no_progress(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def add_new_run(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--new``: building a run at an explicit ``--run`` must be asked for, so a mistyped path is refused."""
+    p.add_argument("--new", action="store_true",
+                   help="--run names a run to build (from nothing): without it a --run that is not a run yet is "
+                        "refused, so a mistyped path does not start a full build; the default run is always built")

@@ -61,7 +61,7 @@ def run_judge_cli(a: argparse.Namespace) -> int:
         print(f"mechprobe judge: error: every judged turn ({s.n_errors}) is a judge error "
               f"({'; '.join(f'{r} x{c}' for r, c in s.errors.items())}); nothing usable was labelled. Check the "
               f"endpoint, key and model; re-running retries the error rows", file=sys.stderr)
-        return 1
+        return 2  # a problem the user fixes (endpoint, key, model), like every UserError
     return 0
 
 

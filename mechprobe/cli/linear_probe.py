@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from mechprobe.cli import common
@@ -30,6 +31,7 @@ def add_probes_args(p: Any, figures: str | None = None) -> None:
     p.add_argument("--min-samples", type=int, default=2,
                    help="propensity target: drop items with fewer judged samples than this (judge errors skipped)")
     p.add_argument("--run", default=None, help="run directory (default runs/<model>-<dataset>)")
+    common.add_new_run(p)
     common.add_judge(p)
     p.add_argument("--layers", nargs="+", default="all",
                    help="all, or residual indices like 0 6 12 (or 0,6,12; 0 is always added): r = input of block r "
@@ -74,6 +76,9 @@ def validate_probes_args(a: argparse.Namespace) -> None:
     unknown = [d for d in a.transfer_datasets if d not in NAMES]
     if unknown:
         bad.append(f"--transfer-datasets {unknown} unknown; choose from {', '.join(NAMES)}")
+    not_runs = [r for r in getattr(a, "transfer_runs", None) or [] if not (Path(r) / "manifest.json").exists()]
+    if not_runs:
+        bad.append(f"--transfer-runs {not_runs} are not runs (no manifest.json): pass existing run directories")
     datasets = list(getattr(a, "datasets", None) or [])
     unknown = [d for d in datasets if d not in NAMES]
     if unknown:
@@ -108,7 +113,7 @@ def build_parser(figures: str | None = None) -> argparse.ArgumentParser:
     """The flags of ``python experiments/linear_probe.py`` (the same as ``mechprobe probes``)."""
     p = argparse.ArgumentParser(prog="linear_probe.py", description=__doc__)
     add_probes_args(p, figures)
-    return p
+    return common.accept_negative_numbers(p)
 
 
 def main(argv: list[str] | None = None, figures: str | None = None) -> int:

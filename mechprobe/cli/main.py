@@ -25,7 +25,7 @@ import argparse
 import logging
 import sys
 
-from mechprobe.cli import agreement, audit, cache, judge, linear_probe, models, probe, serve, steer
+from mechprobe.cli import agreement, audit, cache, common, judge, linear_probe, models, probe, serve, steer
 from mechprobe.cli.common import friendly, run_positional
 
 
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     md = sub.add_parser("models", help="list embedded models, or fetch one's weights")
     models.add_models_args(md)
     md.set_defaults(func=models.run_models_cli)
-    return p
+    return common.accept_negative_numbers(p)
 
 
 def main(argv: list[str] | None = None) -> int:

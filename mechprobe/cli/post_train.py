@@ -53,4 +53,5 @@ def main(argv: list[str] | None = None) -> int:
     """``python experiments/post_train.py ...``: train, merge, evaluate, report."""
     p = argparse.ArgumentParser(prog="post_train.py", description=__doc__)
     add_args(p)
+    common.accept_negative_numbers(p)
     return run_post_train(PostTrainConfig.from_namespace(p.parse_args(argv)))

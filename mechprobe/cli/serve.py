@@ -6,11 +6,11 @@ import argparse
 
 from mechprobe.cli import common
 from mechprobe.lm.models import DEFAULT_MODEL, load_model
-from mechprobe.lm.server import ChatServer, HFResponder
+from mechprobe.lm.server import ChatServer, HFResponder, check_port_free
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
-    """Arguments of ``mechprobe serve`` (also ``mechprobe serve``)."""
+    """Arguments of ``mechprobe serve`` ."""
     p.add_argument("--model", default=None, help="embedded name, HF id/dir or .gguf (default: the embedded default)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-new-tokens", type=int, default=256)
@@ -18,8 +18,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_serve_cli(a: argparse.Namespace) -> int:
-    """Load the model and serve it on loopback until interrupted."""
-
+    """Check the port, then load the model and serve it on loopback until interrupted."""
+    check_port_free(a.port)
     lm = load_model(a.model or DEFAULT_MODEL, device=a.device)
     srv = ChatServer(HFResponder(lm.model, lm.tokenizer, max_new_tokens=a.max_new_tokens), port=a.port,
                      model_name=lm.name)

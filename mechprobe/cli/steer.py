@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="default: the run's model, else the embedded default model")
     p.add_argument("--dataset", default=None, help="default: the run's dataset, else the main job's")
     p.add_argument("--run", default=None, help="run directory (default runs/<model>-<dataset>)")
+    common.add_new_run(p)
     common.add_judge(p)
     common.add_engine(p, help="engine for the probe stage when the run must be built (default: hf for the embedded "
                                     "default model; for other models llamacpp when installed on a CPU, else hf)")
@@ -62,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steer-dir", default=None,
                    help="where steered turns and results go (default <run>/steering, or steering_llamacpp)")
     common.add_figures(p)
-    return p
+    return common.accept_negative_numbers(p)
 
 
 def validate_args(a: argparse.Namespace) -> None:

@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report-dir", default="reports/study")
     p.add_argument("--figures-dir", default="figures")
     common.add_no_progress(p)
-    return p
+    return common.accept_negative_numbers(p)
 
 
 def config_from_args(a: argparse.Namespace) -> StudyConfig:
@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
         sc = config_from_args(a)
+        sc.validate()
         if a.report_only:
             out = report(sc)
         else:

@@ -89,6 +89,9 @@ class LabelSource:
     labels: dict[str, str]
     n_errors: int = 0
     rows: list[dict[str, Any]] = field(default_factory=list)
+    # The user turn each record_id names (from the row's raw_text, else the run's user_turns.jsonl); empty when
+    # the source cannot tell. Two sources are joined only where these agree (see :func:`check_same_turns`).
+    texts: dict[str, str] = field(default_factory=dict)
 
 
 def _is_judge_spec(spec: str) -> bool:
@@ -124,7 +127,35 @@ def load_labels(path: str | Path, split: str | None = None, name: str | None = N
                              f"({', '.join(LABELS)})")
         labels[str(r["record_id"])] = lab
     default_name = str(p) if p.name == "labels.jsonl" else p.name
-    return LabelSource(name or default_name, labels, n_err, rows)
+    return LabelSource(name or default_name, labels, n_err, rows, _turn_texts(p, rows))
+
+
+def _turn_texts(labels_path: Path, rows: list[dict[str, Any]]) -> dict[str, str]:
+    """record_id -> the user turn's raw text: from the rows themselves (the fixture), else from the
+    ``user_turns.jsonl`` beside the labels file (a run directory)."""
+    texts = {str(r["record_id"]): str(r["raw_text"]) for r in rows if "record_id" in r and "raw_text" in r}
+    turns = labels_path.parent / "user_turns.jsonl"
+    if not texts and turns.exists():
+        texts = {str(r["record_id"]): str(r.get("raw_text", r.get("text", "")))
+                 for r in read_jsonl(turns, key="record_id") if "record_id" in r}
+    return texts
+
+
+def check_same_turns(a: LabelSource, b: LabelSource) -> None:
+    """Refuse to compare labels of different user turns that happen to share a record_id.
+
+    A record_id (``item|decoding|sample``) repeats across runs, so joining two runs of other models, datasets or
+    seeds would report a kappa over unrelated turns. Where both sources know the turn text, every joined pair
+    must match; when either cannot tell (a bare labels file), nothing is checked.
+    """
+    if not a.texts or not b.texts:
+        return
+    shared = sorted(set(a.labels) & set(b.labels))
+    diff = [i for i in shared if i in a.texts and i in b.texts and a.texts[i] != b.texts[i]]
+    if diff:
+        raise UsageError(f"{a.name} and {b.name} label different user turns under the same record_id ({len(diff)} of "
+                         f"{len(shared)} joined, e.g. {diff[0]!r}): they are labels of different runs, so agreement "
+                         f"between them means nothing. Compare two label files of the same run")
 
 
 def judge_source(spec: str, rows: list[dict[str, Any]], *, save: str | Path | None = None, **opts: Any) -> LabelSource:
@@ -172,7 +203,9 @@ class Agreement:
 
 
 def compare(a: LabelSource, b: LabelSource, split: str | None = None) -> Agreement:
-    """Agreement of ``b`` with reference ``a`` on the record_ids both labelled."""
+    """Agreement of ``b`` with reference ``a`` on the record_ids both labelled (the same turns: see
+    :func:`check_same_turns`)."""
+    check_same_turns(a, b)
     ids = sorted(set(a.labels) & set(b.labels))
     ya = [a.labels[i] for i in ids]
     yb = [b.labels[i] for i in ids]

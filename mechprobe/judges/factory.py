@@ -13,7 +13,13 @@ from mechprobe.judges.hybrid import DEFAULT_VOICE, HybridJudge
 from mechprobe.judges.llm import LLMJudge
 from mechprobe.judges.local import LocalJudge
 from mechprobe.judges.offline import OfflineJudge
-from mechprobe.lm.models import DEFAULT_MODEL, EMBEDDED, ModelLoadError, embedded_gguf_path
+from mechprobe.lm.models import (
+    DEFAULT_MODEL,
+    EMBEDDED,
+    ModelLoadError,
+    check_model_source,
+    embedded_gguf_path,
+)
 
 BEST_JUDGE = "hybrid2:qwen2.5-coder-1.5b-instruct"
 
@@ -136,3 +142,23 @@ def make_judge(spec: str | None = "offline", **opts: Any) -> Judge:
         return HybridJudge(model, **kw)
     raise UsageError(f"unknown judge {spec!r}: use 'offline', 'offline-lexical', 'openai:MODEL', 'local:MODEL', "
                      "'hybrid:MODEL' or 'hybrid2:MODEL'")
+
+
+def check_judge_spec(spec: str | None, flag: str = "--judge") -> str:
+    """Parse a judge spec without building the judge (nothing is loaded): the resolved spec, or a
+    :class:`UsageError`. The model of ``local:``/``hybrid:``/``hybrid2:`` must be a known model source
+    (:func:`mechprobe.lm.models.check_model_source`). Lets a long command refuse a typo before its first model loads.
+    ``auto`` (or None) passes: it is resolved to a concrete judge later, from the run."""
+    if spec in (None, "auto"):
+        return "auto"
+    if spec in ("offline", "offline-lexical", "offline-embed"):
+        return spec
+    kind, sep, model = spec.partition(":")
+    if kind not in ("openai", "local", "hybrid", "hybrid2") or not sep:
+        raise UsageError(f"unknown judge {spec!r} ({flag}): use 'offline', 'offline-lexical', 'openai:MODEL', "
+                         "'local:MODEL', 'hybrid:MODEL' or 'hybrid2:MODEL'")
+    if not model:
+        raise UsageError(f"{flag} {kind}:MODEL needs a model name, e.g. {kind}:qwen2.5-coder-1.5b-instruct")
+    if kind != "openai":
+        check_model_source(model, f"{flag} {kind}:")
+    return spec

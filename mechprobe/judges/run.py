@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mechprobe.errors import UserError
+from mechprobe.errors import UsageError, UserError
 from mechprobe.io import JsonlStore, dumps_row, read_json, read_jsonl, versions, write_json, writer_lock
 from mechprobe.judges.base import Judge, JudgeInput, JudgeMismatch, inputs_from_run
 from mechprobe.judges.factory import make_judge
@@ -210,12 +210,23 @@ def _check_counts(limit: int | None, opts: dict[str, Any]) -> None:
         raise UserError("invalid judge options: " + "; ".join(bad))
 
 
+def _check_labels_file(run_dir: str | Path, labels_file: str) -> None:
+    """The labels file (and its summary and manifest beside it) must live inside the run directory: a
+    ``--labels ../x.jsonl`` would write outside it, where no later stage looks."""
+    run = Path(run_dir).resolve()
+    target = (run / labels_file).resolve()
+    if Path(labels_file).is_absolute() or target.parent != run and run not in target.parents:
+        raise UsageError(f"--labels {labels_file} points outside the run directory {run_dir}: pass a file name "
+                         f"inside it (e.g. labels_other.jsonl)")
+
+
 def judge_run(run_dir: str | Path, judge: str | Judge | None = "offline", *, labels_file: str = LABELS_FILE,
               retry_errors: bool = True, limit: int | None = None, progress: bool = True,
               **opts: Any) -> JudgeSummary:
     """Label the user turns of ``run_dir`` (see :func:`_judge_run`) holding the labels file's writer lock:
     a second judge process on the same file is refused instead of appending duplicate rows."""
     _check_counts(limit, opts)
+    _check_labels_file(run_dir, labels_file)
     kw = dict(labels_file=labels_file, retry_errors=retry_errors, limit=limit, progress=progress, **opts)
     if not Path(run_dir).is_dir():
         return _judge_run(run_dir, judge, **kw)  # raises the stage's own "no such run" error

@@ -61,6 +61,7 @@ class LinearProbeConfig:
     propensity_temperature: float = 1.0  # temperature whose samples define the propensity (default 1.0)
     min_samples: int = 2  # propensity target: drop items with fewer judged samples than this (judge errors skipped)
     run: str | None = None  # run directory (default runs/<model>-<dataset>)
+    new: bool = False  # --run names a run to build from nothing
     judge: str = 'auto'  # auto (default: the judge of the run's labels; else offline for the embedded default model,…
     layers: str | list[str] = 'all'  # all, or residual indices like 0 6 12 (or 0,6,12; 0 is always added): r = input of block r …
     relabel: bool = False  # labels.jsonl is from another judge (or judge version): move it aside and relabel
@@ -98,7 +99,7 @@ def _transfer(a: argparse.Namespace, run: Path, cfg: ProbeConfig, data: ProbeDat
 
     runs = [Path(r) for r in a.transfer_runs]
     for r in runs:  # existing runs: judge and cache what they lack, like the main run
-        run_t, cfg_t = resolve_run(r)
+        run_t, cfg_t = resolve_run(r, new=False)  # existing runs only
         ensure_stages(run_t, cfg_t, a.judge, a.backend, a.relabel)
     for ds in a.transfer_datasets:
         cfg_b = dataclasses.replace(cfg, dataset=ds, data_path=None)
@@ -136,7 +137,8 @@ def run_linear_probe(a: LinearProbeConfig) -> int:
               f"{preset['samples']} samples at T=1, caps {preset['max_assistant_tokens']}/{preset['max_user_tokens']} "
               f"tokens, engine {preset['engine']}{', ' + preset['dtype'] if preset.get('dtype') else ''}, items "
               f"{' + '.join(str(p['limit']) for p in presets)}; existing runs keep their own, options override")
-    resolved = [resolve_run(a.run, a.model, ds, preset=pr, **over)
+    new = bool(a.new) or a.run is None
+    resolved = [resolve_run(a.run, a.model, ds, preset=pr, new=new, **over)
                 for ds, pr in zip(datasets or [a.dataset], presets, strict=True)]
 
     picks = [choose_target(getattr(a, "target", "turn"), c.samples, c.temperatures,
@@ -180,7 +182,7 @@ def _propensity(a: argparse.Namespace, resolved: list[tuple[Path, ProbeConfig]],
     run0, cfg0 = resolved[0]
     extra = [Path(r) for r in a.transfer_runs]
     for r in extra:  # existing runs: judge and cache what they lack, like the main runs (was: KeyError)
-        run_t, cfg_t = resolve_run(r)
+        run_t, cfg_t = resolve_run(r, new=False)  # existing runs only
         ensure_stages(run_t, cfg_t, a.judge, a.backend, a.relabel)
     for ds in a.transfer_datasets:
         cfg_b = dataclasses.replace(cfg0, dataset=ds, data_path=None)

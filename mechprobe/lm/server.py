@@ -20,6 +20,7 @@ header is never stored or logged (only whether one was sent).
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import uuid
@@ -360,7 +361,10 @@ class ChatServer:
 
     def start(self) -> ChatServer:
         self._stop.clear()
-        self._httpd = _Server((self.host, self.port), _Handler)
+        try:
+            self._httpd = _Server((self.host, self.port), _Handler)
+        except OSError as e:
+            raise UsageError(_port_message(self.port, e)) from None
         self._httpd.owner = self
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
@@ -396,3 +400,20 @@ class ChatServer:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def _port_message(port: int, e: OSError) -> str:
+    return (f"cannot listen on 127.0.0.1:{port} ({e.strerror or e}): another server probably uses that port; stop it "
+            f"or pass another --port")
+
+
+def check_port_free(port: int) -> None:
+    """Refuse a port that cannot be bound, before the model loads (:class:`UsageError`, one line)."""
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port must be in 0..65535, got {port}")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server itself binds
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as e:
+            raise UsageError(_port_message(port, e)) from None

@@ -15,6 +15,7 @@ per layer with an item-bootstrap CI, in units of the base model's class gap at t
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,8 +28,8 @@ import torch
 from mechprobe.activations.cache import ActivationCache
 from mechprobe.errors import MissingInput, UsageError
 from mechprobe.io import read_json, read_jsonl, write_json
-from mechprobe.judges.factory import default_judge
-from mechprobe.lm.models import load_model, weight_identity
+from mechprobe.judges.factory import check_judge_spec, default_judge
+from mechprobe.lm.models import check_model_source, load_model, weight_identity
 from mechprobe.post_train import train as pt
 from mechprobe.post_train.train import batch_loss, collate, save_merged
 from mechprobe.stages import ensure_stages, probe_config
@@ -36,6 +37,7 @@ from mechprobe.stats import Rate, mcnemar_exact
 from mechprobe.steering.evaluate import split_of
 from mechprobe.steering.experiment import DEFAULT_ALPHAS, SteerConfig, run_steer
 from mechprobe.steering.vector import SteeringVector, bake
+from mechprobe.turns.datasets import NAMES
 from mechprobe.turns.pipeline import default_run_dir
 
 
@@ -482,6 +484,40 @@ def _bake_arm(a: Any, out: Path, base_weight_hash: str, notes: list[str], judge:
     return str(dest), info
 
 
+def validate_args(a: PostTrainConfig) -> None:
+    """Every option checked before the first model loads: a bad judge or dataset must not surface only after
+    training. (``--target-modules`` is checked against the model's modules right after it loads.)"""
+    check_model_source(a.model, "--model")
+    if a.judge is not None and not a.no_eval:
+        check_judge_spec(a.judge)
+    bad = []
+    unknown = [s for s in a.sources if s not in pt.SOURCES]
+    if unknown:
+        bad.append(f"--sources {unknown} unknown; choose from {', '.join(pt.SOURCES)}")
+    unknown = [d for d in a.eval_datasets if d not in NAMES]
+    if unknown:
+        bad.append(f"--eval-datasets {unknown} unknown; choose from {', '.join(NAMES)}")
+    if a.data_path is not None and not Path(a.data_path).exists():
+        bad.append(f"--data-path {a.data_path} does not exist")
+    if a.steer_run is not None and not Path(a.steer_run).exists():
+        bad.append(f"--steer-run {a.steer_run} does not exist")
+    if a.data_limit is not None and a.data_limit < 1:
+        bad.append(f"--data-limit must be >= 1, got {a.data_limit}")
+    if not 0.0 <= a.held_out_fraction < 1.0:
+        bad.append(f"--held-out-fraction must be in [0, 1), got {a.held_out_fraction}")
+    for flag in ("max_len", "eval_limit", "samples", "max_assistant_tokens", "max_user_tokens"):
+        if getattr(a, flag) < 1:
+            bad.append(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(a, flag)}")
+    if not (math.isfinite(a.temperature) and a.temperature > 0):
+        bad.append(f"--temperature must be a finite number > 0 (the sampled turns), got {a.temperature}")
+    try:
+        torch.device(a.device)
+    except RuntimeError:
+        bad.append(f"--device {a.device!r} is not a torch device (cpu, cuda, cuda:0, mps)")
+    if bad:
+        raise UsageError("; ".join(bad))
+
+
 def run_post_train(a: PostTrainConfig) -> int:
     """Train (or reuse) the adapter, merge it, evaluate base vs post-trained (vs baked steering), report."""
     import time
@@ -493,12 +529,12 @@ def run_post_train(a: PostTrainConfig) -> int:
                          lora_r=a.lora_r, lora_alpha=a.lora_alpha, lora_dropout=a.lora_dropout,
                          target_modules=a.target_modules, seed=a.seed, checkpoint_every=a.checkpoint_every)
     cfg.validate()
-    if a.eval_limit < 1 or a.samples < 1:
-        raise UsageError("--eval-limit and --samples must be >= 1")
+    validate_args(a)
     if a.eval_only and not (out / pt.ADAPTER_DIR / "adapter_config.json").exists():
         raise MissingInput(f"--eval-only needs a trained adapter at {out / pt.ADAPTER_DIR}: train first")
     out.mkdir(parents=True, exist_ok=True)
     lm = load_model(a.model, device=a.device, dtype=torch.float32)
+    pt.check_target_modules(lm.model, cfg)
     tok = lm.tokenizer
     convs = pt.load_conversations(a.sources, a.data_path, a.data_limit)
     train, held = pt.split_conversations(convs, a.held_out_fraction)

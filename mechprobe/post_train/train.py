@@ -245,6 +245,13 @@ class TrainConfig:
             bad.append(f"lr must be a positive number, got {self.lr}")
         if not 0.0 <= self.lora_dropout < 1.0:
             bad.append(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.lora_alpha < 1:
+            bad.append(f"lora_alpha must be >= 1, got {self.lora_alpha}")
+        if self.warmup_steps < 0:
+            bad.append(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.target_modules != "all-linear" and not all(self.target_modules.split(",")):
+            bad.append(f"target_modules must be 'all-linear' or comma-separated module names, got "
+                       f"{self.target_modules!r}")
         if bad:
             raise UsageError("invalid training config: " + "; ".join(bad))
 
@@ -308,6 +315,20 @@ def batch_loss(model: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor
     n = int((tg != IGNORE).sum())
     lg = logits.reshape(-1, logits.shape[-1]).float()
     return torch.nn.functional.cross_entropy(lg, tg, ignore_index=IGNORE, reduction="mean"), n
+
+
+def check_target_modules(model: torch.nn.Module, cfg: TrainConfig) -> None:
+    """Refuse ``--target-modules`` names the model does not have, right after it loads and before training
+    (peft's own error is a traceback). A name matches a module whose dotted name ends with it, as in peft."""
+    names = cfg.target()
+    if names == "all-linear":
+        return
+    have = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    leaves = sorted({n.rsplit(".", 1)[-1] for n in have})
+    missing = [t for t in names if not any(n == t or n.endswith("." + t) for n in have)]
+    if missing:
+        raise UsageError(f"--target-modules {missing} are not linear modules of this model; its linear modules are "
+                         f"{', '.join(leaves)} (or pass all-linear)")
 
 
 def lora_model(model: torch.nn.Module, cfg: TrainConfig) -> Any:

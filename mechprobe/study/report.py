@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mechprobe.errors import UsageError
 from mechprobe.io import read_json, read_jsonl
 from mechprobe.stats import Rate, bootstrap_diff, mcnemar_exact, paired_bootstrap
 from mechprobe.taxonomy import GENUINE, JUDGE_ERROR, LABELS
@@ -701,11 +702,19 @@ def write_figures(data: StudyData, out_dir: Path, prefix: str = "study_") -> dic
 
 
 def write_report(root: str | Path, labels_file: str, report_dir: str | Path, figures_dir: str | Path) -> Path:
-    """Collect the runs under ``root`` and write ``report_dir/README.md`` and ``figures_dir/study_*.png``."""
+    """Collect the runs under ``root`` and write ``report_dir/README.md`` and ``figures_dir/study_*.png``.
+
+    With no runs under ``root`` (a fresh clone, a mistyped ``--root``) an existing report is never replaced
+    by an empty one: that is a :class:`~mechprobe.errors.UsageError` naming the root, and nothing is written.
+    """
     import os
 
     data = collect(root, labels_file)
     report_dir, figures_dir = Path(report_dir), Path(figures_dir)
+    if not data.full and (report_dir / "README.md").exists():
+        raise UsageError(f"no runs with labels {labels_file} under {root}, so the report would be empty; refusing "
+                         f"to overwrite {report_dir / 'README.md'}. Check --root (and --quick/--judge), or run the "
+                         "study first")
     paths = write_figures(data, figures_dir) if data.full else {}
     rel = {k: os.path.relpath(p, report_dir) for k, p in paths.items()} or {
         k: "" for k in ("accuracy", "temperature", "perturbations", "profiles", "human")}

@@ -32,9 +32,12 @@ import torch
 
 from mechprobe.errors import UsageError, UserError
 from mechprobe.io import JsonlStore, read_json, read_jsonl, write_json
-from mechprobe.judges.factory import BEST_JUDGE, make_judge, model_unavailable  # noqa: F401  (BEST_JUDGE: re-exported
+from mechprobe.judges.factory import BEST_JUDGE, check_judge_spec, make_judge, model_unavailable  # noqa: F401  (BEST_JUDGE: re-exported
 from mechprobe.judges.run import judge_run
-from mechprobe.lm.models import native_bf16_dtype  # noqa: F401  (re-exported: was defined here)
+from mechprobe.lm.models import (
+    check_model_source,
+    native_bf16_dtype,  # noqa: F401  (re-exported: was defined here)
+)
 from mechprobe.records import AssistantRecord, UserTurnRecord
 from mechprobe.stages import probe_complete
 from mechprobe.study.report import HUMAN_DIR, PLAN, STAGES, T_REF, labels_file_for, write_report
@@ -125,11 +128,15 @@ class StudyConfig:
     def probe_config(self, model: str, dataset: str) -> ProbeConfig:
         prof = PROFILES[self.profile]
         caps = CAPS[self.profile].get(model, DEFAULT_CAPS[self.profile])
-        return ProbeConfig(model=model, dataset=dataset, data_path=self.data_path, limit=self.limit or prof.limit,
-                           temperatures=list(self.temperatures or prof.temperatures),
-                           samples=self.samples if self.samples is not None else prof.samples,
-                           max_assistant_tokens=self.max_assistant_tokens or caps.assistant,
-                           max_user_tokens=self.max_user_tokens or caps.user, batch_size=self.batch_size,
+        # `is None`, not `or`: an explicit 0 must reach ProbeConfig.validate and be refused, not become the default.
+        def given(v: Any, default: Any) -> Any:
+            return default if v is None else v
+
+        return ProbeConfig(model=model, dataset=dataset, data_path=self.data_path, limit=given(self.limit, prof.limit),
+                           temperatures=list(given(self.temperatures, prof.temperatures)),
+                           samples=given(self.samples, prof.samples),
+                           max_assistant_tokens=given(self.max_assistant_tokens, caps.assistant),
+                           max_user_tokens=given(self.max_user_tokens, caps.user), batch_size=self.batch_size,
                            dtype=self.dtype, engine=self.engine)
 
     def variant_plan(self, cfg: ProbeConfig) -> list[tuple[str, float, int]]:
@@ -142,6 +149,8 @@ class StudyConfig:
         return self.variant_samples if self.variant_samples is not None else PROFILES[self.profile].variant_samples
 
     def validate(self) -> None:
+        """Refuse every bad option before anything is loaded or written (plan.json included): a bad value saved
+        into plan.json would be inherited by every resume of the root."""
         if self.profile not in PROFILES:
             raise UsageError(f"unknown profile {self.profile!r}: use {', '.join(PROFILES)}")
 
@@ -151,7 +160,17 @@ class StudyConfig:
         self.variants = check_variants(self.variants)
         if not self.models or not self.datasets:
             raise UsageError("nothing to do: pass at least one --models and one --datasets")
-        self.probe_config(self.models[0], self.datasets[0]).validate()
+        if self.limit is not None and self.limit < 1:
+            raise UsageError(f"--limit must be >= 1 (items per dataset), got {self.limit}")
+        if self.variant_samples is not None and self.variant_samples < 0:
+            raise UsageError(f"--variant-samples must be >= 0 (samples at T=1.0 per variant), got {self.variant_samples}")
+        if self.data_path is not None and not Path(self.data_path).exists():
+            raise UsageError(f"--data-path {self.data_path} does not exist: pass a folder laid out like shared/data")
+        check_judge_spec(self.judge)
+        for m in self.models:
+            check_model_source(m, "--models")
+        for m in self.models:
+            self.probe_config(m, self.datasets[0]).validate()
 
 
 def _record_stage(run: Path, stage: str, seconds: float, new_rows: int, cpu_seconds: float | None = None) -> None:
@@ -325,7 +344,19 @@ def run_study(sc: StudyConfig) -> Path:
         except UserError as e:
             errors[f"human/{dataset}"] = str(e)
     _update_plan(root, sc, unavailable, errors)
+    ran = [m for m in sc.models if m not in unavailable and any(f"{m}/{d}" not in errors for d in sc.datasets)]
+    if not ran:
+        try:
+            where = report(sc)  # names why each model was skipped or failed
+        except UserError:  # no runs at all: an existing report is kept, not replaced by a list of failures
+            where = root / PLAN
+        raise StudyFailed(f"every model failed or is unavailable ({', '.join(sc.models)}): nothing was run; see the "
+                          f"messages above (also in {where}), fix them and re-run (finished steps are reused)")
     return report(sc)
+
+
+class StudyFailed(UserError):
+    """No model of the study produced a run: the command must not exit 0."""
 
 
 def report(sc: StudyConfig) -> Path:

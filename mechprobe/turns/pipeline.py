@@ -213,6 +213,8 @@ def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
         raise UsageError(f"dataset {cfg.dataset!r} gave no items (limit={cfg.limit}); nothing to probe")
     if cfg.engine not in ENGINES:
         raise UsageError(f"unknown engine {cfg.engine!r}: use {', '.join(ENGINES)}")
+    if (out / "manifest.json").exists():
+        read_json(out / "manifest.json")  # a cut-off manifest is refused before the model loads
     if lm is None:
         lm, engine = load_generator(cfg)
     tok = lm.tokenizer
