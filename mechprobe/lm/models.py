@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mechprobe.errors import UserError
+from mechprobe.errors import UsageError, UserError
 from mechprobe.io import sha256_file, sha256_text
 from mechprobe.lm.chat import template_hash, tokenizer_hash
 
@@ -502,7 +502,6 @@ def check_model_source(name: str, flag: str = "--model") -> None:
     """Refuse a model source that cannot name any weights, before anything loads: it must be an embedded name,
     an existing directory or ``.gguf`` file, or a hub id (``org/name``; when ``HF_HUB_OFFLINE`` is set, one in
     the local HF cache). Raises :class:`~mechprobe.errors.UsageError`."""
-    from .errors import UsageError
 
     name = str(name)
     if name in EMBEDDED or Path(name).expanduser().exists():

@@ -174,3 +174,24 @@ def test_no_package_import_hides_inside_a_function():
     import is how cycles used to hide. Lazy imports stay only for optional heavy third-party packages."""
     hidden = [f"{src}:{line} imports {dst}" for src, deps in graph().items() for dst, line, in_func in deps if in_func]
     assert not hidden, "function-level imports of the package:\n" + "\n".join(hidden)
+
+
+def test_every_package_import_names_an_existing_module():
+    """``from .errors import X`` inside a subpackage, or a module path that moved, fails only when that line runs:
+    read every import statement and check its module exists."""
+    known = set(modules())
+    missing = []
+    for name, path in modules().items():
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = name if is_pkg else name.rsplit(".", 1)[0]
+                    for _ in range(node.level - 1):
+                        base = base.rsplit(".", 1)[0]
+                    mod = f"{base}.{node.module}" if node.module else base
+                else:
+                    mod = node.module or ""
+                if (mod == "mechprobe" or mod.startswith("mechprobe.")) and mod not in known:
+                    missing.append(f"{name}:{node.lineno} imports {mod}")
+    assert not missing, "imports of modules that do not exist:\n" + "\n".join(missing)
