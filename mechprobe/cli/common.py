@@ -90,3 +90,10 @@ def add_data_path(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
 
 def add_no_progress(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def add_include_truncated(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--include-truncated``: keep the user turns that follow a truncated assistant answer in the rates."""
+    p.add_argument("--include-truncated", action="store_true",
+                   help="keep user turns after an assistant answer that hit its token cap in the follow-up rates "
+                        "(default: counted and left out; every table says 'k of n answers truncated, excluded')")
