@@ -9,6 +9,7 @@ them.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -141,3 +142,25 @@ class LabelRecord:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LabelRecord:
         return _from_dict(cls, d)
+
+
+TRUNCATED = "max_tokens"  # the stop reason of an assistant answer that hit its token cap
+
+
+def truncated_item_ids(assistants: Iterable[AssistantRecord | dict[str, Any]]) -> set[str]:
+    """Item ids whose assistant answer hit the token cap (``stop_reason == "max_tokens"``).
+
+    Why it matters: the user turn after a cut-off answer reacts to a reply that stops mid-sentence, so it
+    is not a turn about a finished exchange; headline follow-up rates leave such items out by default.
+    """
+    out = set()
+    for a in assistants:
+        d = a.to_dict() if isinstance(a, AssistantRecord) else a
+        if d.get("stop_reason") == TRUNCATED:
+            out.add(str(d["item_id"]))
+    return out
+
+
+def truncation_note(k: int, n: int, included: bool) -> str:
+    """``"2 of 40 answers truncated, excluded"`` (or ``included``), the line every summary prints."""
+    return f"{k} of {n} answers truncated, " + ("included (--include-truncated)" if included else "excluded")

@@ -7,6 +7,13 @@ same side, across runs and machines (sha256, not Python's salted ``hash``).
 from __future__ import annotations
 
 import hashlib
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mechprobe.errors import UsageError
 
 
 def split_of(key: str, held_out_fraction: float = 0.5) -> str:
@@ -25,3 +32,82 @@ def split_of(key: str, held_out_fraction: float = 0.5) -> str:
     """
     h = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
     return "heldout" if h < held_out_fraction else "train"
+
+
+# ------------------------------------------------------------------ fixed split files (committed package data)
+
+SPLIT_FORMAT = "mechprobe-item-split-v1"
+SPLITS_DIR = Path(__file__).resolve().parent / "data" / "splits"
+STEERING_SPLIT = SPLITS_DIR / "gsm8k_steering_v1.json"
+# How gsm8k_steering_v1 was drawn (scripts/make_steering_split.py repeats it bit for bit).
+STEERING_SPLIT_RULE = dict(dataset="gsm8k", source="gsm8k/test.jsonl", seed=20250101, min_index=500,
+                           n_heldout=120, n_train=120)
+
+
+@dataclass(frozen=True)
+class ItemSplit:
+    """A fixed split of item ids: ``heldout`` (final numbers only) and ``train`` (selection, thresholds)."""
+
+    name: str
+    dataset: str
+    heldout: tuple[str, ...]
+    train: tuple[str, ...]
+    path: str = ""
+    sha256: str = ""
+
+    def side(self, item_id: str) -> str | None:
+        """``"heldout"``, ``"train"`` or None (the item is in neither list)."""
+        if item_id in self.heldout:
+            return "heldout"
+        if item_id in self.train:
+            return "train"
+        return None
+
+
+def draw_item_split(data_file: str | Path, dataset: str, source: str, seed: int, min_index: int, n_heldout: int,
+                    n_train: int) -> dict[str, Any]:
+    """Draw disjoint held-out and train id lists from rows ``>= min_index`` of a JSONL data file.
+
+    Ids are ``<dataset>-<row index>`` over the file's non-blank rows (as :mod:`mechprobe.turns.datasets` forms
+    them). ``random.Random(seed).sample`` of ``n_heldout + n_train`` eligible indices: the first ``n_heldout``
+    are held out, the rest train; each list sorted. Returns the JSON-ready split (see :func:`split_text`).
+    """
+    raw = Path(data_file).read_bytes()
+    n_rows = sum(1 for line in raw.decode("utf-8").splitlines() if line.strip())
+    eligible = list(range(min_index, n_rows))
+    if n_heldout + n_train > len(eligible):
+        raise ValueError(f"{data_file}: {len(eligible)} rows >= {min_index}, fewer than {n_heldout + n_train}")
+    drawn = random.Random(seed).sample(eligible, n_heldout + n_train)
+    ids = [f"{dataset}-{i:04d}" for i in drawn]
+    return {"format": SPLIT_FORMAT, "name": f"{dataset}_steering_v1", "dataset": dataset,
+            "source": {"file": source, "sha256": hashlib.sha256(raw).hexdigest(), "n_rows": n_rows},
+            "rule": (f"random.Random({seed}).sample(range({min_index}, {n_rows}), {n_heldout + n_train}) over the "
+                     f"file's non-blank row indices; the first {n_heldout} drawn are held out, the next {n_train} "
+                     f"train; ids '{dataset}-<index:04d>', each list sorted. Rows < {min_index} are left out because "
+                     f"earlier runs (--limit 200) used them for selection, thresholds and judge choices"),
+            "seed": seed, "min_index": min_index,
+            "heldout": sorted(ids[:n_heldout]), "train": sorted(ids[n_heldout:])}
+
+
+def split_text(d: dict[str, Any]) -> str:
+    """The committed file's exact text (so regeneration can be compared byte for byte)."""
+    return json.dumps(d, indent=1, sort_keys=True) + "\n"
+
+
+def load_split(path: str | Path) -> ItemSplit:
+    """Read a split file; refuse one whose lists overlap or that is not a split file."""
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"--split-file {p} not found")
+    raw = p.read_bytes()
+    try:
+        d = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--split-file {p} is not JSON ({e})") from None
+    if not isinstance(d, dict) or d.get("format") != SPLIT_FORMAT:
+        raise UsageError(f"--split-file {p} is not a split file (format {SPLIT_FORMAT!r} expected)")
+    both = set(d["heldout"]) & set(d["train"])
+    if both:
+        raise UsageError(f"--split-file {p}: {len(both)} ids are both held out and train (e.g. {sorted(both)[0]})")
+    return ItemSplit(d["name"], d["dataset"], tuple(d["heldout"]), tuple(d["train"]), str(p),
+                     hashlib.sha256(raw).hexdigest())

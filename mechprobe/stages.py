@@ -23,6 +23,7 @@ from mechprobe.judges.factory import default_judge
 from mechprobe.judges.run import judge_run
 from mechprobe.lm.llamacpp import resolve_gguf
 from mechprobe.lm.models import DEFAULT_MODEL, LoadedModel, load_model, native_bf16_dtype
+from mechprobe.splits import STEERING_SPLIT
 from mechprobe.turns.datasets import find_data_dir, load_dataset
 from mechprobe.turns.pipeline import (
     ASSISTANT,
@@ -137,6 +138,14 @@ def finding_preset(model: str | None) -> dict[str, Any] | None:
     if model is None or model == DEFAULT_MODEL:
         return None
     return {**FINDING, **finding_engine(model)}
+
+
+def finding_split(model: str | None, dataset: str | None) -> str | None:
+    """The committed held-out split (:data:`mechprobe.splits.STEERING_SPLIT`) the steering experiment uses for
+    ``--model`` other than the embedded default on its dataset (GSM8K), else None (the hash split)."""
+    if finding_preset(model) is None or dataset != "gsm8k":
+        return None
+    return str(STEERING_SPLIT)
 
 
 def share_items(total: int, sizes: list[int]) -> list[int]:
@@ -288,10 +297,11 @@ def move_labels_aside(run: Path) -> None:
 
 
 def ensure_stages(run: Path, cfg: ProbeConfig, judge: str, backend: str = "hooks", relabel: bool = False,
-                  stages: Stages | None = None) -> tuple[dict[str, float], str]:
+                  stages: Stages | None = None, include_truncated: bool = False) -> tuple[dict[str, float], str]:
     """probe -> judge -> cache, each reused when already complete. Returns (seconds per stage, judge name).
 
-    Pass ``stages`` to keep its model loaded for later use (it is loaded only if a stage needs it)."""
+    Pass ``stages`` to keep its model loaded for later use (it is loaded only if a stage needs it).
+    ``include_truncated``: the judge summary's rates keep the user turns after truncated answers."""
 
     st = stages if stages is not None else Stages(run, cfg)
     if judge == "auto":
@@ -307,7 +317,7 @@ def ensure_stages(run: Path, cfg: ProbeConfig, judge: str, backend: str = "hooks
     if relabel:
         move_labels_aside(run)
     try:
-        summary = st.labels(judge)
+        summary = st.labels(judge, include_truncated=include_truncated)
     except JudgeMismatch as e:
         raise UserError(f"{e}. Or pass --relabel to move the old labels aside and relabel.") from e
     print(summary.table())

@@ -59,7 +59,8 @@ def test_select_on_train_steers_heldout_only_at_the_chosen_setting(run_dir, tmp_
     mod.steered_user_turns, mod.NllScorer = rec_gen, RecScorer
     argv = ["--run", str(run_dir), "--candidate-layers", "10", "20", "--alpha", "0", "0.1",
             "1.0", "--select-items", "4", "--kinds", "diff_means,random,negative", "--acc-items", "3",
-            "--max-degenerate", "1.0", "--figures", str(tmp_path)]
+            "--max-degenerate", "1.0", "--figures", str(tmp_path),
+            "--include-truncated"]  # 24-token answers all hit the cap; this test counts every held-out item
     assert mod.main(argv) == 0
 
     steering = run_dir / "steering"

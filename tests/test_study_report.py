@@ -68,7 +68,7 @@ def test_report_is_deterministic_and_complete(tmp_path):
 def test_aggregates_from_synthetic_runs(tmp_path):
     root = tmp_path / "runs"
     make_root(root)
-    data = sr.collect(root, "labels_offline.jsonl")
+    data = sr.collect(root, "labels_offline.jsonl", include_truncated=True)  # every synthetic turn counts here
     a = sr.aggregate_model(data, "qwen2.5-coder-0.5b-instruct")
     assert a.greedy == Rate(0, 12)
     assert a.lift[0] == pytest.approx(1.0)  # greedy 0/12 items genuine, every sample genuine
@@ -159,3 +159,20 @@ def test_variant_samples_profile_and_legacy_roots(tmp_path):
     assert legacy.variant_k() == 2
     forced = study_cli.config_from_args(study_cli.build_parser().parse_args(["--root", str(old), "--variant-samples", "1"]))
     assert forced.variant_k() == 1
+
+
+def test_turns_after_truncated_answers_are_counted_and_left_out_unless_included(tmp_path):
+    """Item 0 of every synthetic run has a truncated answer: by default its user turns leave every rate and the
+    report says so; --include-truncated keeps them."""
+    root = tmp_path / "runs"
+    make_root(root)
+    out = sr.collect(root, "labels_offline.jsonl")
+    kept = sr.collect(root, "labels_offline.jsonl", include_truncated=True)
+    m = "qwen2.5-coder-0.5b-instruct"
+    assert sr.aggregate_model(out, m).greedy.n == sr.aggregate_model(kept, m).greedy.n - 2  # one item per dataset
+    assert all(t.item_id.split("-")[-1] != "0000" for rd in out.full.values() for t in rd.turns)
+    assert sum(rd.n_truncated_turns for rd in out.full.values()) > 0
+    text = sr.build_report(out, {k: "" for k in ("accuracy", "temperature", "perturbations", "profiles", "human")})
+    assert "answers truncated, excluded" in text
+    text_in = sr.build_report(kept, {k: "" for k in ("accuracy", "temperature", "perturbations", "profiles", "human")})
+    assert "answers truncated, included" in text_in

@@ -112,3 +112,10 @@ def add_new_run(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument("--new", action="store_true",
                    help="--run names a run to build (from nothing): without it a --run that is not a run yet is "
                         "refused, so a mistyped path does not start a full build; the default run is always built")
+
+
+def add_include_truncated(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--include-truncated``: keep the user turns that follow a truncated assistant answer in the rates."""
+    p.add_argument("--include-truncated", action="store_true",
+                   help="keep user turns after an assistant answer that hit its token cap in the follow-up rates "
+                        "(default: counted and left out; every table says 'k of n answers truncated, excluded')")

@@ -58,6 +58,7 @@ def add_probes_args(p: Any, figures: str | None = None) -> None:
     g.add_argument("--transfer-datasets", nargs="*", default=[],
                    help="also build runs of these datasets with the same config and report a transfer matrix")
     g.add_argument("--transfer-runs", nargs="*", default=[], help="existing runs (same model) for the transfer matrix")
+    common.add_include_truncated(p)
     common.add_figures(p, figures)
 
 

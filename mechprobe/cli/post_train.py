@@ -47,6 +47,7 @@ def add_args(p: Any) -> None:
                         "gsm8k run runs/<model>-gsm8k when it has one, else <out>/steer-gsm8k, built with "
                         "experiments/steer.py --select-on-train)")
     p.add_argument("--no-steer", action="store_true", help="do not build a steering result for the baked arm")
+    common.add_include_truncated(p)
 
 
 def main(argv: list[str] | None = None) -> int:

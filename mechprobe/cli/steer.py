@@ -61,7 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-assistant-check", action="store_true")
     common.add_seed(p)
     p.add_argument("--steer-dir", default=None,
-                   help="where steered turns and results go (default <run>/steering, or steering_llamacpp)")
+                   help="where steered turns and results go (default <run>/steering, or steering_llamacpp); its "
+                        "setting.json freezes the setting, so another setting needs another --steer-dir")
+    p.add_argument("--split-file", default=None,
+                   help="JSON file of fixed held-out and train item ids (default: the hash split of the run's items; "
+                        "for models other than the embedded default on GSM8K the committed "
+                        "mechprobe/data/splits/gsm8k_steering_v1.json)")
+    common.add_include_truncated(p)
     common.add_figures(p)
     return common.accept_negative_numbers(p)
 

@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default=None, help="runs folder (default runs/study/<profile>)")
     p.add_argument("--report-dir", default="reports/study")
     p.add_argument("--figures-dir", default="figures")
+    common.add_include_truncated(p)
     common.add_no_progress(p)
     return common.accept_negative_numbers(p)
 

@@ -32,6 +32,7 @@ from mechprobe.errors import UsageError, UserError
 from mechprobe.io import JsonlStore, dumps_row, read_json, read_jsonl, versions, write_json, writer_lock
 from mechprobe.judges.base import Judge, JudgeInput, JudgeMismatch, inputs_from_run
 from mechprobe.judges.factory import make_judge
+from mechprobe.records import truncated_item_ids, truncation_note
 from mechprobe.stats import wilson
 from mechprobe.taxonomy import GENUINE, JUDGE_ERROR, LABELS, TAXONOMY_VERSION
 
@@ -103,6 +104,10 @@ class JudgeSummary:
     groups: list[GroupStat] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    n_answers: int = 0  # assistant answers of the run
+    n_truncated: int = 0  # of them, answers that hit the token cap
+    n_truncated_turns: int = 0  # user turns after a truncated answer (left out of the rates unless included)
+    include_truncated: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,6 +116,9 @@ class JudgeSummary:
         lines = [f"judge `{self.judge}`: {self.n_labelled} labelled, {self.n_errors} judge errors, "
                  f"{self.n_unlabelled} not labelled, of {self.n_records} user turns "
                  f"({self.n_new} judged now, {self.n_skipped} already labelled)", "",
+                 truncation_note(self.n_truncated, self.n_answers, self.include_truncated)
+                 + ("" if self.include_truncated else f" ({self.n_truncated_turns} user turns after them left out "
+                                                     "of the rates)"), "",
                  "| decoding | T | n | follow-up rate | 95% CI (Wilson) | judge errors |",
                  "|---|---|---|---|---|---|"]
         for g in self.groups:
@@ -138,11 +146,21 @@ def _error_kind(err: str | None) -> str:
 
 def summarize_labels(inputs: Sequence[JudgeInput], label_rows: Iterable[dict[str, Any]], *, run_dir: str = "",
                      judge: str = "", labels_path: str = "", n_new: int = 0, n_skipped: int = 0,
-                     seconds: float = 0.0) -> JudgeSummary:
-    """Follow-up rate with Wilson 95% CI per (decoding, temperature) and the label distribution."""
+                     seconds: float = 0.0, truncated: set[str] | None = None, n_answers: int | None = None,
+                     include_truncated: bool = False) -> JudgeSummary:
+    """Follow-up rate with Wilson 95% CI per (decoding, temperature) and the label distribution.
+
+    ``truncated``: item ids whose assistant answer hit the token cap
+    (:func:`mechprobe.records.truncated_item_ids`); their user turns are left out of every count unless
+    ``include_truncated``. ``n_answers``: the run's number of assistant answers (default: items of ``inputs``).
+    """
     by_id = {r["record_id"]: r for r in label_rows}
     groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
     unlabelled = 0
+    truncated = set(truncated or ())
+    after_cut = [inp for inp in inputs if inp.item_id in truncated]
+    if not include_truncated:
+        inputs = [inp for inp in inputs if inp.item_id not in truncated]
     for inp in inputs:
         row = by_id.get(inp.record_id)
         if row is None:
@@ -166,7 +184,10 @@ def summarize_labels(inputs: Sequence[JudgeInput], label_rows: Iterable[dict[str
     return JudgeSummary(run_dir=str(run_dir), judge=judge, labels_path=str(labels_path), n_records=len(inputs),
                         n_labelled=sum(all_counts.values()), n_errors=sum(errors.values()), n_new=n_new,
                         n_skipped=n_skipped, n_unlabelled=unlabelled, label_counts=dict(all_counts),
-                        groups=stats, errors=dict(errors), seconds=round(seconds, 2))
+                        groups=stats, errors=dict(errors), seconds=round(seconds, 2),
+                        n_answers=len({i.item_id for i in [*inputs, *after_cut]}) if n_answers is None else n_answers,
+                        n_truncated=len(truncated), n_truncated_turns=len(after_cut),
+                        include_truncated=include_truncated)
 
 
 # --------------------------------------------------------------------------- the stage
@@ -222,12 +243,13 @@ def _check_labels_file(run_dir: str | Path, labels_file: str) -> None:
 
 def judge_run(run_dir: str | Path, judge: str | Judge | None = "offline", *, labels_file: str = LABELS_FILE,
               retry_errors: bool = True, limit: int | None = None, progress: bool = True,
-              **opts: Any) -> JudgeSummary:
+              include_truncated: bool = False, **opts: Any) -> JudgeSummary:
     """Label the user turns of ``run_dir`` (see :func:`_judge_run`) holding the labels file's writer lock:
     a second judge process on the same file is refused instead of appending duplicate rows."""
     _check_counts(limit, opts)
     _check_labels_file(run_dir, labels_file)
-    kw = dict(labels_file=labels_file, retry_errors=retry_errors, limit=limit, progress=progress, **opts)
+    kw = dict(labels_file=labels_file, retry_errors=retry_errors, limit=limit, progress=progress,
+              include_truncated=include_truncated, **opts)
     if not Path(run_dir).is_dir():
         return _judge_run(run_dir, judge, **kw)  # raises the stage's own "no such run" error
     with writer_lock(Path(run_dir) / labels_file):
@@ -236,7 +258,7 @@ def judge_run(run_dir: str | Path, judge: str | Judge | None = "offline", *, lab
 
 def _judge_run(run_dir: str | Path, judge: str | Judge | None = "offline", *, labels_file: str = LABELS_FILE,
                retry_errors: bool = True, limit: int | None = None, progress: bool = True,
-               **opts: Any) -> JudgeSummary:
+               include_truncated: bool = False, **opts: Any) -> JudgeSummary:
     """Label the user turns of ``run_dir`` into ``run_dir/labels_file`` and summarise.
 
     ``judge`` is a spec for :func:`make_judge` (``"offline"``, ``"openai:MODEL"``; ``None`` picks by
@@ -276,8 +298,11 @@ def _judge_run(run_dir: str | Path, judge: str | Judge | None = "offline", *, la
                 bar.update(1)
         finally:
             bar.close()
+    answers = read_jsonl(run_dir / "assistant.jsonl", key="item_id")
     summary = summarize_labels(inputs, read_jsonl(path, key="record_id"), run_dir=str(run_dir), judge=j.name,
-                               labels_path=str(path), n_new=n_new, n_skipped=n_skipped, seconds=time.time() - t0)
+                               labels_path=str(path), n_new=n_new, n_skipped=n_skipped, seconds=time.time() - t0,
+                               truncated=truncated_item_ids(answers), n_answers=len(answers),
+                               include_truncated=include_truncated)
     stem = _stem(labels_file)
     (run_dir / f"{stem}_summary.md").write_text(summary.table() + "\n", encoding="utf-8")
     # Cumulative judging time over commands that judged rows (a resumed or reused run adds, not overwrites):

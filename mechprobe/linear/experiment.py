@@ -59,6 +59,7 @@ class LinearProbeConfig:
     datasets: list[str] = field(default_factory=lambda: [])  # several datasets: one run each (runs/<model>-<dataset>), propensity probes on the pooled i…
     target: str = 'auto'  # propensity: one row per item, target = fraction of its samples at --propensity-temperature…
     propensity_temperature: float = 1.0  # temperature whose samples define the propensity (default 1.0)
+    include_truncated: bool = False  # judge summaries keep turns after truncated assistant answers in the rates
     min_samples: int = 2  # propensity target: drop items with fewer judged samples than this (judge errors skipped)
     run: str | None = None  # run directory (default runs/<model>-<dataset>)
     new: bool = False  # --run names a run to build from nothing
@@ -100,11 +101,11 @@ def _transfer(a: argparse.Namespace, run: Path, cfg: ProbeConfig, data: ProbeDat
     runs = [Path(r) for r in a.transfer_runs]
     for r in runs:  # existing runs: judge and cache what they lack, like the main run
         run_t, cfg_t = resolve_run(r, new=False)  # existing runs only
-        ensure_stages(run_t, cfg_t, a.judge, a.backend, a.relabel)
+        ensure_stages(run_t, cfg_t, a.judge, a.backend, a.relabel, include_truncated=a.include_truncated)
     for ds in a.transfer_datasets:
         cfg_b = dataclasses.replace(cfg, dataset=ds, data_path=None)
         run_b = run.parent / default_run_dir(cfg_b).name
-        ensure_stages(run_b, cfg_b, a.judge, a.backend, a.relabel)
+        ensure_stages(run_b, cfg_b, a.judge, a.backend, a.relabel, include_truncated=a.include_truncated)
         runs.append(run_b)
     if not runs:
         return None
@@ -152,7 +153,8 @@ def run_linear_probe(a: LinearProbeConfig) -> int:
         print(f"turn target with several datasets: probing {resolved[0][1].dataset}, transfer to "
               f"{a.transfer_datasets}")
     run, cfg = resolved[0]
-    timings, judge_name = ensure_stages(run, cfg, a.judge, a.backend, a.relabel)
+    timings, judge_name = ensure_stages(run, cfg, a.judge, a.backend, a.relabel,
+                                  include_truncated=a.include_truncated)
 
     t_an = time.time()
     # Small dense problems (hundreds of rows): one BLAS thread is as fast, and multi-threaded BLAS on a
@@ -176,18 +178,19 @@ def _propensity(a: argparse.Namespace, resolved: list[tuple[Path, ProbeConfig]],
     timings: dict[str, Any] = {}
     judges = []
     for run, cfg in resolved:
-        t, j = ensure_stages(run, cfg, a.judge, a.backend, a.relabel)
+        t, j = ensure_stages(run, cfg, a.judge, a.backend, a.relabel,
+                                  include_truncated=a.include_truncated)
         timings[run.name] = t
         judges.append(j)
     run0, cfg0 = resolved[0]
     extra = [Path(r) for r in a.transfer_runs]
     for r in extra:  # existing runs: judge and cache what they lack, like the main runs (was: KeyError)
         run_t, cfg_t = resolve_run(r, new=False)  # existing runs only
-        ensure_stages(run_t, cfg_t, a.judge, a.backend, a.relabel)
+        ensure_stages(run_t, cfg_t, a.judge, a.backend, a.relabel, include_truncated=a.include_truncated)
     for ds in a.transfer_datasets:
         cfg_b = dataclasses.replace(cfg0, dataset=ds, data_path=None)
         run_b = run0.parent / default_run_dir(cfg_b).name
-        ensure_stages(run_b, cfg_b, a.judge, a.backend, a.relabel)
+        ensure_stages(run_b, cfg_b, a.judge, a.backend, a.relabel, include_truncated=a.include_truncated)
         extra.append(run_b)
     if len(resolved) == 1:
         base = run0

@@ -32,6 +32,7 @@ from mechprobe.judges.factory import check_judge_spec, default_judge
 from mechprobe.lm.models import check_model_source, load_model, weight_identity
 from mechprobe.post_train import train as pt
 from mechprobe.post_train.train import batch_loss, collate, save_merged
+from mechprobe.records import truncated_item_ids, truncation_note
 from mechprobe.stages import ensure_stages, probe_config
 from mechprobe.stats import Rate, mcnemar_exact
 from mechprobe.steering.evaluate import split_of
@@ -75,6 +76,7 @@ class PostTrainConfig:
     relabel: bool = False  # eval runs labelled by another judge: move those labels aside and relabel
     steer_run: str | None = None  # run whose steering/results.json gives the baked-vector arm (default: the base model's gsm8…
     no_steer: bool = False  # do not build a steering result for the baked arm
+    include_truncated: bool = False  # keep user turns after truncated assistant answers in rates and paired tests
 
     @classmethod
     def from_namespace(cls, a: Any) -> PostTrainConfig:
@@ -92,13 +94,20 @@ def turns_of(run: Path) -> dict[str, dict[str, Any]]:
     return {r["record_id"]: r for r in read_jsonl(run / "user_turns.jsonl", key="record_id")}
 
 
-def followup_rates(run: Path) -> dict[str, Rate]:
-    """Genuine follow-up rate per decoding (``greedy``, ``sample``) over judged turns."""
+def truncated_of(run: Path) -> set[str]:
+    """Item ids of ``run`` whose assistant answer hit the token cap."""
+    return truncated_item_ids(read_jsonl(run / "assistant.jsonl", key="item_id"))
+
+
+def followup_rates(run: Path, include_truncated: bool = False) -> dict[str, Rate]:
+    """Genuine follow-up rate per decoding (``greedy``, ``sample``) over judged turns; turns after a truncated
+    assistant answer are left out unless ``include_truncated``."""
     labels, turns = labels_of(run), turns_of(run)
+    cut = set() if include_truncated else truncated_of(run)
     out: dict[str, Rate] = {}
     for dec in ("greedy", "sample"):
         g = [labels[r]["genuine"] for r, t in turns.items() if t["decoding"] == dec and r in labels
-             and labels[r]["genuine"] is not None]
+             and labels[r]["genuine"] is not None and t["item_id"] not in cut]
         out[dec] = Rate(sum(bool(x) for x in g), len(g))
     return out
 
@@ -126,17 +135,21 @@ class Paired:
         return self.__dict__.copy()
 
 
-def paired_arm_test(run_a: Path, run_b: Path, keep: Callable[[str], bool] | None = None) -> list[Paired]:
+def paired_arm_test(run_a: Path, run_b: Path, keep: Callable[[str], bool] | None = None,
+                    include_truncated: bool = False) -> list[Paired]:
     """McNemar exact per decoding over the record ids judged (without error) in both runs.
 
     ``keep(item_id)`` restricts the pairs to some items (the baked-steering arm on the items its vector was
-    not built from)."""
+    not built from). Items whose assistant answer was truncated in either arm are left out unless
+    ``include_truncated``."""
     la, lb, ta = labels_of(run_a), labels_of(run_b), turns_of(run_a)
+    cut = set() if include_truncated else truncated_of(run_a) | truncated_of(run_b)
     out = []
     for dec in ("greedy", "sample"):
         ids = [r for r, t in ta.items() if t["decoding"] == dec and r in la and r in lb
                and la[r]["genuine"] is not None and lb[r]["genuine"] is not None
-               and (keep is None or keep(str(t.get("item_id", r.split("|")[0]))))]
+               and (keep is None or keep(str(t.get("item_id", r.split("|")[0]))))
+               and str(t.get("item_id", r.split("|")[0])) not in cut]
         a = [bool(la[r]["genuine"]) for r in ids]
         b = [bool(lb[r]["genuine"]) for r in ids]
         only_a = sum(x and not y for x, y in zip(a, b))
@@ -283,24 +296,28 @@ def plot_eval(summary: dict[str, Any], shifts: dict[str, list[dict[str, Any]]], 
     return out
 
 
-def arm_summary(runs: dict[str, Path]) -> dict[str, Any]:
-    """Per dataset run and pooled: follow-up rates, accuracy, label distribution."""
+def arm_summary(runs: dict[str, Path], include_truncated: bool = False) -> dict[str, Any]:
+    """Per dataset run and pooled: follow-up rates, accuracy, label distribution, truncated answers."""
     per: dict[str, Any] = {}
     pooled_f = {"greedy": Rate(0, 0), "sample": Rate(0, 0)}
     pooled_acc = Rate(0, 0)
     pooled_labels: Counter = Counter()
+    pooled_cut = Rate(0, 0)
     for ds, run in runs.items():
-        f = followup_rates(run)
+        f = followup_rates(run, include_truncated)
         acc = task_accuracy(run)
         lab = label_distribution(run)
+        cut = Rate(len(truncated_of(run)), len(read_jsonl(run / "assistant.jsonl", key="item_id")))
+        pooled_cut = Rate(pooled_cut.k + cut.k, pooled_cut.n + cut.n)
         per[ds] = {"run": str(run), "followup": {k: v.to_dict() for k, v in f.items()}, "accuracy": acc.to_dict(),
-                   "labels": lab}
+                   "labels": lab, "truncated": {"k": cut.k, "n": cut.n, "excluded": not include_truncated}}
         for k, v in f.items():
             pooled_f[k] = Rate(pooled_f[k].k + v.k, pooled_f[k].n + v.n)
         pooled_acc = Rate(pooled_acc.k + acc.k, pooled_acc.n + acc.n)
         pooled_labels.update(lab)
     per["all"] = {"followup": {k: v.to_dict() for k, v in pooled_f.items()}, "accuracy": pooled_acc.to_dict(),
-                  "labels": dict(pooled_labels.most_common())}
+                  "labels": dict(pooled_labels.most_common()),
+                  "truncated": {"k": pooled_cut.k, "n": pooled_cut.n, "excluded": not include_truncated}}
     return per
 
 
@@ -319,13 +336,15 @@ def report_markdown(summary: dict[str, Any], train_info: dict[str, Any], shifts:
                 lines.append(f"- {k}: {train_info[k]}")
         lines.append("")
     lines += ["## Follow-up rates (judge: " + summary.get("judge", "?") + ")", "",
-              "| arm | dataset | greedy follow-up [95% CI] | sampled follow-up [95% CI] | task accuracy [95% CI] |",
-              "|---|---|---|---|---|"]
+              "| arm | dataset | greedy follow-up [95% CI] | sampled follow-up [95% CI] | task accuracy [95% CI] "
+              "| truncated answers |", "|---|---|---|---|---|---|"]
     for arm, per in summary["arms"].items():
         for ds, r in per.items():
             acc = _fmt_rate(r["accuracy"]) if r["accuracy"]["n"] else "unscored"
+            cut = r.get("truncated")
+            cut_s = truncation_note(cut["k"], cut["n"], not cut["excluded"]) if cut else "n/a"
             lines.append(f"| {arm} | {ds} | {_fmt_rate(r['followup']['greedy'])} | "
-                         f"{_fmt_rate(r['followup']['sample'])} | {acc} |")
+                         f"{_fmt_rate(r['followup']['sample'])} | {acc} | {cut_s} |")
     lines += ["", "## Paired tests (McNemar exact, same record ids)", "",
               "| comparison | dataset | decoding | pairs | both | only first | only second | p |",
               "|---|---|---|---|---|---|---|---|"]
@@ -406,13 +425,14 @@ def _heldout_loss(pm: Any, examples: Sequence[Any], pad_id: int, adapter: bool) 
 STEER_DATASET = "gsm8k"
 
 
-def build_steering(model: str, run: Path, judge: str) -> None:
+def build_steering(model: str, run: Path, judge: str, include_truncated: bool = False) -> None:
     """Build the base model's steering result at ``run`` as ``experiments/steer.py`` would (layer and alpha chosen
     on train items, difference-of-means only), so its artifacts (``steering/select.md``, ``results.md``, the
     figure) and its resume behaviour are the ordinary ones."""
 
     cfg = SteerConfig(model=model, dataset=STEER_DATASET, run=str(run), select_on_train=True, kinds="diff_means",
-                      acc_kinds="diff_means", judge=judge, alpha=list(DEFAULT_ALPHAS["resid"]))
+                      acc_kinds="diff_means", judge=judge, alpha=list(DEFAULT_ALPHAS["resid"]),
+                      include_truncated=include_truncated)
     print(f"baked-steering arm: building the base model's steering vector at {run}", flush=True)
     if run_steer(cfg) != 0:
         raise RuntimeError(f"steering the base model at {run} failed")
@@ -431,7 +451,10 @@ def _steer_result(a: Any, out: Path, judge: str, notes: list[str]) -> Path | Non
         notes.append("baked steering arm skipped (--no-steer)")
         return None
     run = out / f"steer-{STEER_DATASET}"
-    build_steering(a.model, run, judge)
+    if getattr(a, "include_truncated", False):
+        build_steering(a.model, run, judge, include_truncated=True)
+    else:
+        build_steering(a.model, run, judge)
     return run / "steering" / "results.json"
 
 
@@ -609,22 +632,27 @@ def run_post_train(a: PostTrainConfig) -> int:
             run = out / "eval" / f"{arm}-{ds}"
             pcfg = probe_config(src, ds, limit=a.eval_limit, samples=a.samples, temperatures=[0.0, a.temperature],
                                 max_assistant_tokens=a.max_assistant_tokens, max_user_tokens=a.max_user_tokens)
-            _, judge_name = ensure_stages(run, pcfg, judge_spec, relabel=a.relabel)
+            _, judge_name = ensure_stages(run, pcfg, judge_spec, relabel=a.relabel,
+                                          include_truncated=a.include_truncated)
             runs[arm][ds] = run
-    summary: dict[str, Any] = {"judge": judge_name, "arms": {arm: arm_summary(r) for arm, r in runs.items()},
+    summary: dict[str, Any] = {"judge": judge_name,
+                               "arms": {arm: arm_summary(r, a.include_truncated) for arm, r in runs.items()},
                                "paired": {}, "eval_seconds": round(time.time() - t0, 1),
                                "steering": baked[1] if baked else None, "steer_seconds": steer_seconds}
     shifts: dict[str, list[dict[str, Any]]] = {}
     for arm in arms:
         if arm == "base":
             continue
-        summary["paired"][f"base vs {arm}"] = {ds: [p.to_dict() for p in paired_arm_test(runs["base"][ds], runs[arm][ds])]
-                                               for ds in a.eval_datasets}
+        summary["paired"][f"base vs {arm}"] = {
+            ds: [p.to_dict() for p in paired_arm_test(runs["base"][ds], runs[arm][ds],
+                                                      include_truncated=a.include_truncated)]
+            for ds in a.eval_datasets}
         if arm == "baked_steering" and STEER_DATASET in a.eval_datasets:
 
             summary["paired"][f"base vs {arm} (steering held-out items)"] = {STEER_DATASET: [
                 p.to_dict() for p in paired_arm_test(runs["base"][STEER_DATASET], runs[arm][STEER_DATASET],
-                                                 keep=lambda i: split_of(i) == "heldout")]}
+                                                 keep=lambda i: split_of(i) == "heldout",
+                                                 include_truncated=a.include_truncated)]}
         for ds in a.eval_datasets:
 
             layers = ActivationCache.load(runs["base"][ds] / "activations").layers

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,8 +154,15 @@ def is_degenerate(text: str) -> bool:
     return bool(grams) and len(words) >= 12 and grams.most_common(1)[0][1] * 3 / len(words) > 0.5
 
 
-def summarize(turns: Sequence[SteeredTurn], labels: dict[str, str], key: str) -> dict[str, Any]:
-    """Follow-up rate with CI, label distribution, degeneration and fluency for one (kind, alpha)."""
+def summarize(turns: Sequence[SteeredTurn], labels: dict[str, str], key: str,
+              truncated: Collection[str] = ()) -> dict[str, Any]:
+    """Follow-up rate with CI, label distribution, degeneration and fluency for one (kind, alpha).
+
+    ``truncated``: item ids to leave out (items whose assistant answer hit the token cap; the caller passes an
+    empty set to keep them). ``n_truncated_excluded`` says how many turns were left out.
+    """
+    n_all = len(turns)
+    turns = [t for t in turns if t.item_id not in truncated]
     n = len(turns)
     genuine = sum(labels.get(f"{key}|{t.item_id}") == "genuine_followup" for t in turns)
     dist = Counter(labels.get(f"{key}|{t.item_id}", "missing") for t in turns)
@@ -164,12 +171,15 @@ def summarize(turns: Sequence[SteeredTurn], labels: dict[str, str], key: str) ->
     return {"n": n, "genuine": genuine, "followup_rate": genuine / n if n else 0.0, "ci": list(wilson(genuine, n)),
             "degenerate": degen, "degenerate_rate": degen / n if n else 0.0,
             "degenerate_ci": list(wilson(degen, n)), "mean_nll": sum(nlls) / len(nlls) if nlls else None,
-            "labels": dict(dist)}
+            "labels": dict(dist), "n_truncated_excluded": n_all - n}
 
 
-def genuine_by_item(turns: Sequence[SteeredTurn], labels: dict[str, str], key: str) -> dict[str, bool]:
-    """Per held-out item: was this condition's greedy turn a genuine follow-up (the pairing for McNemar)."""
-    return {t.item_id: labels.get(f"{key}|{t.item_id}") == "genuine_followup" for t in turns}
+def genuine_by_item(turns: Sequence[SteeredTurn], labels: dict[str, str], key: str,
+                    truncated: Collection[str] = ()) -> dict[str, bool]:
+    """Per held-out item: was this condition's greedy turn a genuine follow-up (the pairing for McNemar).
+    Items in ``truncated`` (their assistant answer hit the token cap) are left out."""
+    return {t.item_id: labels.get(f"{key}|{t.item_id}") == "genuine_followup" for t in turns
+            if t.item_id not in truncated}
 
 
 def paired_vs_base(cond: dict[str, bool], base: dict[str, bool]) -> dict[str, Any]:
@@ -364,7 +374,8 @@ SettingRunner = Callable[[Sequence[AssistantRecord], int, float], dict[str, Any]
 
 
 def select_on_train(run_setting: SettingRunner, items: Sequence[AssistantRecord], layers: Sequence[int],
-                    alphas: Sequence[float], max_degenerate: float, stop_at_break: bool = True) -> dict[str, Any]:
+                    alphas: Sequence[float], max_degenerate: float, stop_at_break: bool = True,
+                    train_ids: Collection[str] | None = None) -> dict[str, Any]:
     """Sweep layers x alphas on *train* items and choose one setting (:func:`choose_setting`).
 
     ``run_setting(items, layer, alpha)`` generates, judges and summarises one setting (see
@@ -376,8 +387,11 @@ def select_on_train(run_setting: SettingRunner, items: Sequence[AssistantRecord]
     ``skipped``). Why: such settings cannot be chosen, and a push that already broke the text breaks it
     more when doubled (the 1.5B sweep: every layer past its first broken alpha stayed broken or worse), so
     they cost a quarter of the sweep's time to show what the first broken row shows.
+
+    ``train_ids``: the train pool of a fixed split file (default: the hash split, :func:`split_of`).
     """
-    bad = [x.item_id for x in items if split_of(x.item_id) != "train"]
+    bad = [x.item_id for x in items
+           if (x.item_id not in train_ids if train_ids is not None else split_of(x.item_id) != "train")]
     if bad:
         raise ValueError(f"selection must use train items only; got held-out items {bad[:5]}")
     if not items:

@@ -25,6 +25,8 @@ so nothing is added to it and alpha 0 reproduces its greedy turns.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -40,6 +42,10 @@ from mechprobe.lm.llamacpp import load_engine
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mechprobe.activations.cache import ActivationCache  # noqa: E402
+from mechprobe.audit.estimate import Estimate  # noqa: E402
+from mechprobe.audit.rates import AuditTruth, audit_truth, difference_columns, rate_columns  # noqa: E402
+from mechprobe.audit.rates import cells as rate_cells  # noqa: E402
+from mechprobe.audit.rates import headers as rate_headers  # noqa: E402
 from mechprobe.errors import UserError  # noqa: E402
 from mechprobe.io import JsonlStore, read_json, read_jsonl, write_json  # noqa: E402
 from mechprobe.judges.base import JudgeInput  # noqa: E402
@@ -48,8 +54,16 @@ from mechprobe.linear.turn import figures_dir  # noqa: E402
 from mechprobe.lm import chat  # noqa: E402
 from mechprobe.lm.models import load_model, native_bf16_dtype  # noqa: E402
 from mechprobe.plots import plot_steering  # noqa: E402
-from mechprobe.records import AssistantRecord  # noqa: E402
-from mechprobe.stages import Stages, auto_judge, ensure_stages, finding_preset, resolve_run  # noqa: E402
+from mechprobe.records import AssistantRecord, truncated_item_ids, truncation_note  # noqa: E402
+from mechprobe.splits import ItemSplit, load_split  # noqa: E402
+from mechprobe.stages import (  # noqa: E402
+    Stages,
+    auto_judge,
+    ensure_stages,
+    finding_preset,
+    finding_split,
+    resolve_run,
+)
 from mechprobe.steering.evaluate import (  # noqa: E402
     NllScorer,
     SteeredTurn,
@@ -63,6 +77,8 @@ from mechprobe.steering.evaluate import (  # noqa: E402
     train_probe_direction,
 )
 from mechprobe.steering.vector import SteeringVector, diff_of_means, from_direction, in_alpha_units  # noqa: E402
+from mechprobe.turns.datasets import load_dataset  # noqa: E402
+from mechprobe.turns.pipeline import assistant_answers  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -96,6 +112,9 @@ class SteerConfig:
     no_assistant_check: bool = False
     seed: int = 0
     steer_dir: str | None = None  # where steered turns and results go (default <run>/steering, or steering_llamacpp)
+    split_file: str | None = None  # fixed held-out/train item ids (default: the hash split; the committed GSM8K split
+    # for models other than the embedded default, :func:`mechprobe.stages.finding_split`)
+    include_truncated: bool = False  # keep turns after truncated assistant answers in the rates
     figures: str | None = None  # folder for the figure (default: <run>/figures; --figures figures publishes into the repo)
 
     @classmethod
@@ -174,10 +193,108 @@ def run_condition(lm, judge, vec, alpha, a, items, by_item, path: Path, system=N
         turns = [fixed.get(t.item_id, t) for t in turns]
     labels = {f"{key}|{r['item_id']}": r["label"] for r in rows if r.get("judge") == judge.name}
     labels.update(other_judge_labels(judge, turns, rows, by_item, key, path))
-    res = summarize(turns, labels, key)
+    cut = set() if getattr(a, "include_truncated", False) else truncated_item_ids(by_item[t.item_id] for t in turns)
+    res = summarize(turns, labels, key, cut)
     nb = [t.nll_base_text for t in turns if t.nll_base_text is not None]
     res["nll_unsteered_text"] = sum(nb) / len(nb) if nb else None
-    return {"kind": kind, "alpha": alpha, **res}, turns, genuine_by_item(turns, labels, key)
+    return {"kind": kind, "alpha": alpha, **res}, turns, genuine_by_item(turns, labels, key, cut)
+
+
+SETTING_FILE = "setting.json"
+
+
+def requested_setting(a: SteerConfig, alphas: list[float], split: ItemSplit | None) -> dict[str, Any]:
+    """What the command asks for, before anything is chosen: the keys a steering directory freezes."""
+    return {"alpha_unit": a.alpha_unit, "requested_alphas": sorted({float(x) for x in alphas}),
+            "requested_layers": [a.layer] if a.layer is not None else a.candidate_layers,
+            "select_on_train": a.select_on_train, "select_items": a.select_items if a.select_on_train else None,
+            "max_degenerate": a.max_degenerate if a.select_on_train else None,
+            "kinds": a.kinds.split(","), "positions": a.positions, "judge": a.judge,
+            "split": ({"name": split.name, "sha256": split.sha256} if split is not None
+                      else "hash split (mechprobe.splits.split_of)")}
+
+
+def _setting_sha(setting: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(setting, sort_keys=True).encode()).hexdigest()
+
+
+def check_setting(out_dir: Path, setting: dict[str, Any]) -> None:
+    """Refuse ``setting`` when ``out_dir/setting.json`` froze another value of one of its keys (one line naming
+    the key and the fix). A directory without the file (new, or from an older version) passes."""
+    p = out_dir / SETTING_FILE
+    if not p.exists():
+        return
+    d = read_json(p)
+    old = d.get("setting", {})
+    if d.get("sha256") != _setting_sha(old):
+        raise UserError(f"{p} was edited by hand (its sha256 no longer matches its setting); restore it, or pass "
+                        f"--steer-dir NEW_DIR for a fresh steering directory")
+    for k, v in setting.items():
+        if k in old and old[k] != v:
+            raise UserError(f"{out_dir} is frozen at {k}={json.dumps(old[k])} ({p}), this run asks for {k}="
+                            f"{json.dumps(v)}: held-out items are steered at one setting per directory; pass "
+                            f"--steer-dir NEW_DIR to run another setting")
+
+
+def freeze_setting(out_dir: Path, setting: dict[str, Any]) -> str:
+    """Write ``out_dir/setting.json`` (setting + sha256) on first use, else check it; returns the sha256.
+
+    Why: (layer, alpha unit, alphas, kinds, positions, judge) are chosen on train items; held-out numbers mean
+    something only if no held-out result ever fed back into that choice. Freezing the choice before the held-out
+    stage, and refusing a second setting in the same directory, makes a re-run with a tweaked setting visible.
+    """
+    p = out_dir / SETTING_FILE
+    check_setting(out_dir, setting)
+    if p.exists():
+        old = read_json(p)["setting"]
+        missing = sorted(set(setting) - set(old))
+        if missing:
+            raise UserError(f"{p} lacks {missing[0]} (written by an older version); pass --steer-dir NEW_DIR")
+        return _setting_sha(old)
+    write_json(p, {"setting": setting, "sha256": _setting_sha(setting)})
+    return _setting_sha(setting)
+
+
+def split_answers(split: ItemSplit, run: Path, cfg: Any, lm: Any, have: set[str], out_dir: Path
+                  ) -> dict[str, AssistantRecord]:
+    """Assistant answers of the split's items the run does not hold, generated greedily with the run's settings
+    into ``<steer dir>/split_answers/assistant.jsonl`` (resumable)."""
+    need = [i for i in (*split.heldout, *split.train) if i not in have]
+    if not need:
+        return {}
+    items = {it.item_id: it for it in load_dataset(cfg.dataset, path=cfg.data_path).items}
+    missing = [i for i in need if i not in items]
+    if missing:
+        raise UserError(f"--split-file {split.path} names {len(missing)} items the {cfg.dataset} data lacks (e.g. "
+                        f"{missing[0]}): the data file differs from the split's source; pass the data the split "
+                        f"was drawn from (--data-path) or another split")
+    print(f"{len(need)} items of split {split.name} are not in {run}: greedy assistant answers go to "
+          f"{out_dir / 'split_answers'}")
+    recs = assistant_answers(cfg, lm, [items[i] for i in need], out_dir / "split_answers")
+    return {r.item_id: r for r in recs}
+
+
+def audited_columns(run: Path, audit: AuditTruth | None, path: Path, g: dict[str, bool], base_path: Path,
+                    base_g: dict[str, bool], seed: int) -> dict[str, Any]:
+    """Judge-only and (with audit labels) corrected follow-up rate and paired difference vs alpha 0 of one
+    condition, by :mod:`mechprobe.audit` (turns are named as the audit names them: ``<file>#<item>``)."""
+
+    def ids(p: Path) -> str:
+        return p.resolve().relative_to(run.resolve()).as_posix() if audit is not None else p.name
+
+    rel, base_rel = ids(path), ids(base_path)
+    j, c = rate_columns({f"{rel}#{i}": v for i, v in g.items()}, audit)
+    out: dict[str, Any] = {"followup_judge_only": j.to_dict(), "followup_corrected": c.to_dict() if c else None,
+                           "diff_vs_alpha0_judge_only": None, "diff_vs_alpha0_corrected": None}
+    if path.resolve() == base_path.resolve():
+        return out
+    ta = tb = None
+    if audit is not None:
+        ta = {i: audit.truth[f"{base_rel}#{i}"] for i in base_g if f"{base_rel}#{i}" in audit.truth}
+        tb = {i: audit.truth[f"{rel}#{i}"] for i in g if f"{rel}#{i}" in audit.truth}
+    dj, dc = difference_columns(base_g, g, ta, tb, seed=seed)
+    out.update(diff_vs_alpha0_judge_only=dj.to_dict(), diff_vs_alpha0_corrected=dc.to_dict() if dc else None)
+    return out
 
 
 def pin_vector(base: Path, vec: SteeringVector, turns_dir: Path | None = None) -> None:
@@ -309,12 +426,26 @@ def fmt(x, spec: str = ".2f") -> str:
     return "n/a" if x is None else format(x, spec)
 
 
-def results_md(rows: list[dict], header: str, unit: str) -> str:
+def _est_cells(r: dict, name: str, audited: bool) -> list[str]:
+    """Judge-only (and, audited, corrected) cells of ``r[name + "_judge_only"]`` / ``_corrected``; n/a if absent."""
+    j, c = r.get(f"{name}_judge_only"), r.get(f"{name}_corrected")
+    if j is None:
+        return ["—"] * (2 if audited else 1)
+    return rate_cells(_estimate(j), _estimate(c) if c is not None else None) + (["n/a"] if audited and c is None else [])
+
+
+def _estimate(d: dict) -> Estimate:
+    return Estimate(**{k: (float("nan") if v is None and k in ("point", "lo", "hi") else v) for k, v in d.items()})
+
+
+def results_md(rows: list[dict], header: str, unit: str, audited: bool = False) -> str:
     u = "x resid norm" if unit == "resid" else "x raw diff-of-means"
+    heads = (rate_headers("genuine follow-up", audited) + rate_headers("difference vs alpha 0 (same items)", audited))
     lines = [header, "",
              f"| vector | alpha ({u}) | \\|delta\\| (x resid) | genuine follow-up [95% CI] | vs alpha 0: +/- items, "
              "McNemar p | degenerate [95% CI] | NLL unsteered text, steered model | NLL steered text, unsteered "
-             "model | task accuracy (vector on) | labels |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "model | task accuracy (vector on) | labels | " + " | ".join(heads) + " |",
+             "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(heads)]
     for r in rows:
         labs = ", ".join(f"{k} {c}" for k, c in sorted(r["labels"].items(), key=lambda kv: -kv[1]))
         m = r["mcnemar"]
@@ -323,7 +454,8 @@ def results_md(rows: list[dict], header: str, unit: str) -> str:
             f"| {r['followup_rate']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] "
             f"| +{m['b']} / -{m['c']}, p={m['p']:.3g} "
             f"| {r['degenerate_rate']:.3f} [{r['degenerate_ci'][0]:.3f}, {r['degenerate_ci'][1]:.3f}] "
-            f"| {fmt(r['nll_unsteered_text'])} | {fmt(r['mean_nll'])} | {fmt(r['task_accuracy'], '.3f')} | {labs} |")
+            f"| {fmt(r['nll_unsteered_text'])} | {fmt(r['mean_nll'])} | {fmt(r['task_accuracy'], '.3f')} | {labs} | "
+            + " | ".join(_est_cells(r, "followup", audited) + _est_cells(r, "diff_vs_alpha0", audited)) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -348,16 +480,29 @@ def run_steer(a: SteerConfig) -> int:
     if a.steer_engine == "auto":
         a.steer_engine = "llamacpp" if cfg.engine == "llamacpp" else "hf"
         print(f"steer engine: {a.steer_engine} (the run's probe engine is {cfg.engine}; --steer-engine to choose)")
+    # Turns steered on llama.cpp are kept apart from HF-steered ones (other arithmetic, other tokens).
+    out_dir = Path(a.steer_dir) if a.steer_dir else run / ("steering_llamacpp" if a.steer_engine == "llamacpp"
+                                                           else "steering")
+    if a.split_file is None:
+        a.split_file = finding_split(cfg.model, cfg.dataset)
+        if a.split_file:
+            print(f"held-out items: {a.split_file} (the committed split for models other than the embedded default; "
+                  "--split-file to choose another)")
+    split = load_split(a.split_file) if a.split_file else None
+    if split is not None and split.dataset != cfg.dataset:
+        raise UserError(f"--split-file {split.path} lists {split.dataset} items but the run's dataset is "
+                        f"{cfg.dataset}; pass a split of {cfg.dataset} items or --run a {split.dataset} run")
+    if a.select_items is None:
+        a.select_items = 16 if finding_preset(cfg.model) is None else 32
+    request = requested_setting(a, alphas, split)
+    check_setting(out_dir, request)  # refuse another setting in this steering directory before anything is generated
     st = Stages(run, cfg)
-    ensure_stages(run, cfg, a.judge, stages=st)
+    ensure_stages(run, cfg, a.judge, stages=st, include_truncated=a.include_truncated)
     if a.max_user_tokens is None:
         a.max_user_tokens = cfg.max_user_tokens
     elif a.max_user_tokens != cfg.max_user_tokens:
         print(f"note: --max-user-tokens {a.max_user_tokens} differs from the run's {cfg.max_user_tokens}: alpha 0 "
               "will not reproduce the run's own turns")
-    # Turns steered on llama.cpp are kept apart from HF-steered ones (other arithmetic, other tokens).
-    out_dir = Path(a.steer_dir) if a.steer_dir else run / ("steering_llamacpp" if a.steer_engine == "llamacpp"
-                                                           else "steering")
     out_dir.mkdir(parents=True, exist_ok=True)
     if a.steer_engine == "llamacpp":  # steered generation on llama.cpp (rows together, control vectors)
 
@@ -374,13 +519,13 @@ def run_steer(a: SteerConfig) -> int:
     scorer = NllScorer(lm)
     print(f"NLLs: HF model in {scorer.dtype}")
     judge = make_judge(a.judge)
-    if a.select_items is None:
-        a.select_items = 16 if finding_preset(cfg.model) is None else 32
 
     cache = ActivationCache.load(run)
     mask = cache.labeled_mask()
     y = cache.labels("genuine")
-    train_rows = torch.tensor([split_of(i) == "train" for i in cache.item_ids]) & mask
+    # Vectors: the run's train rows (hash split), or with a split file every run row not held out by it.
+    train_rows = torch.tensor([(i not in split.heldout) if split is not None else split_of(i) == "train"
+                               for i in cache.item_ids]) & mask
     pos_rows, neg_rows = train_rows & (y == 1), train_rows & (y == 0)
     print(f"train rows: {int(pos_rows.sum())} genuine / {int(neg_rows.sum())} not (vectors are built from these)")
     if int(pos_rows.sum()) < 2:
@@ -392,8 +537,15 @@ def run_steer(a: SteerConfig) -> int:
 
     assistants = [AssistantRecord.from_dict(r) for r in read_jsonl(run / "assistant.jsonl", key="item_id")]
     by_item = {x.item_id: x for x in assistants}
-    train_items = [x for x in assistants if split_of(x.item_id) == "train"]
-    heldout = [x for x in assistants if split_of(x.item_id) == "heldout"][: a.max_heldout]
+    if split is None:
+        train_items = [x for x in assistants if split_of(x.item_id) == "train"]
+        heldout = [x for x in assistants if split_of(x.item_id) == "heldout"][: a.max_heldout]
+    else:
+        by_item.update(split_answers(split, run, cfg, lm, set(by_item), out_dir))
+        train_items = [by_item[i] for i in split.train if i in by_item]
+        heldout = [by_item[i] for i in split.heldout if i in by_item][: a.max_heldout]
+        print(f"split {split.name}: {len(train_items)} train items (selection), {len(heldout)} held-out items")
+    cut = truncated_item_ids(by_item[x.item_id] for x in heldout)
     unit = a.alpha_unit
 
     def vec_at(layer: int) -> SteeringVector:
@@ -431,7 +583,8 @@ def run_steer(a: SteerConfig) -> int:
                                          "degenerate_ci", "mean_nll", "labels")}}
 
         selection = select_on_train(run_setting, sel_items, layers, alphas, a.max_degenerate,
-                                    stop_at_break=not a.sweep_past_break)
+                                    stop_at_break=not a.sweep_past_break,
+                                    train_ids=set(split.train) if split is not None else None)
         base_tr, _, _ = run_condition(lm, judge, None, 0.0, a, sel_items, by_item, sel_dir / "alpha_0_none.jsonl",
                                       cfg.system, scorer=scorer, engine=engine.get("engine"))
         selection.update(train_alpha0={k: base_tr[k] for k in ("n", "followup_rate", "ci", "degenerate_rate")},
@@ -452,7 +605,8 @@ def run_steer(a: SteerConfig) -> int:
             turns = steered_user_turns(lm, train_items, v, alpha_sel, a.positions, a.max_user_tokens,
                                        system=cfg.system, engine=engine.get("engine"), nll=scorer)
             key = f"sweep|L{cand}"
-            s = summarize(turns, judge_turns(judge, turns, by_item, key), key)
+            s = summarize(turns, judge_turns(judge, turns, by_item, key), key,
+                          set() if a.include_truncated else truncated_item_ids(by_item[t.item_id] for t in turns))
             sweep.append({"layer": cand, "alpha": alpha_sel, **s})
             print(f"  train sweep layer {cand} alpha {alpha_sel:g}: follow-up {s['followup_rate']:.3f} "
                   f"degenerate {s['degenerate_rate']:.3f}")
@@ -475,7 +629,12 @@ def run_steer(a: SteerConfig) -> int:
         vectors.append(in_alpha_units(from_direction(train_probe_direction(cache, layer, train_rows, a.seed), raw,
                                                      kind="probe"), unit))
 
-    base, base_turns, base_g = run_condition(lm, judge, None, 0.0, a, heldout, by_item, out_dir / "alpha_0_none.jsonl",
+    # The setting is frozen before any held-out item is steered: setting.json is written on the first run and
+    # checked on every later one, so held-out numbers in this directory come from one setting only.
+    frozen = freeze_setting(out_dir, {**request, "layer": layer, "alphas": sorted({float(x) for x in alphas})})
+    print(f"setting frozen in {out_dir / SETTING_FILE} (sha256 {frozen[:12]})")
+    base_path = out_dir / "alpha_0_none.jsonl"
+    base, base_turns, base_g = run_condition(lm, judge, None, 0.0, a, heldout, by_item, base_path,
                                              cfg.system, scorer=scorer, engine=engine.get("engine"))
     base_by_item = {t.item_id: t for t in base_turns}
     acc_store = JsonlStore(out_dir / "accuracy.jsonl", key="cond")
@@ -494,29 +653,38 @@ def run_steer(a: SteerConfig) -> int:
             acc_store.append({"cond": cond, "accuracy": acc_done[cond], "n_items": n_acc})
         return acc_done[cond]
 
-    def annotate(r: dict, vec: SteeringVector, alpha: float, g: dict[str, bool]) -> dict:
+    audit = audit_truth(run) if out_dir.resolve().parent == run.resolve() else None
+
+    def annotate(r: dict, vec: SteeringVector, alpha: float, g: dict[str, bool], path: Path) -> dict:
         dn = abs(alpha) * vec.norm
         return {**r, "kind": vec.kind, "layer": layer, "alpha_unit": unit, "resid_norm": resid_norm,
                 "delta_norm": dn, "delta_over_resid": dn / resid_norm if resid_norm else None,
                 "raw_alpha_equiv": dn / raw.norm if raw.norm else None,
-                "mcnemar": paired_vs_base(g, base_g), "task_accuracy": accuracy(vec, alpha)}
+                "mcnemar": paired_vs_base(g, base_g), "task_accuracy": accuracy(vec, alpha),
+                **audited_columns(run, audit, path, g, base_path, base_g, a.seed)}
 
     rows = []
     for vec in vectors:
-        rows.append(annotate(base, vec, 0.0, base_g))
+        rows.append(annotate(base, vec, 0.0, base_g, base_path))
         for alpha in sorted(set(alphas) - {0.0}):
-            r, _, g = run_condition(lm, judge, vec, alpha, a, heldout, by_item,
-                                    setting_dir(out_dir, layer) / f"alpha_{alpha:g}_{vec.kind}.jsonl", cfg.system,
+            path = setting_dir(out_dir, layer) / f"alpha_{alpha:g}_{vec.kind}.jsonl"
+            r, _, g = run_condition(lm, judge, vec, alpha, a, heldout, by_item, path, cfg.system,
                                     base=base_by_item, scorer=scorer, engine=engine.get("engine"))
-            rows.append(annotate(r, vec, alpha, g))
+            rows.append(annotate(r, vec, alpha, g, path))
     header = (f"layer {layer}, positions {a.positions}, {len(heldout)} held-out items, judge {judge.name}, alpha unit "
               f"{unit} (mean boundary residual norm {resid_norm:.4g} on train rows); {raw.describe()}"
               + (f"; (layer, alpha) chosen on {len(selection['items'])} train items (select.md)" if selection else "")
+              + (f"; items of split {split.name} ({split.path})" if split is not None else "; hash split of the run's items")
+              + f"\n\n{truncation_note(len(cut), len(heldout), a.include_truncated)}"
+              + ("" if a.include_truncated else " (their user turns are left out of every rate and paired test)")
+              + (f"; corrected = audit {audit.sample_id} ({len(audit)} audited turns, labellers "
+                 f"{', '.join(audit.labellers)}), PPI++ via mechprobe.audit" if audit is not None
+                 else "; no audit labels for this steering directory: judge only")
               + f"; NLLs by the HF model in {scorer.dtype}"
               + f"\n\ntask accuracy: assistant turn with the vector on at every position, first {n_acc} held-out "
                 "items; McNemar: paired exact test vs alpha 0 on the same items (+ genuine only when steered, "
                 "- genuine only unsteered)")
-    table = results_md(rows, header, unit)
+    table = results_md(rows, header, unit, audited=audit is not None)
     (out_dir / "results.md").write_text(table)
     write_json(out_dir / "results.json", {"layer": layer, "positions": a.positions, "alpha_unit": unit,
                                           "resid_norm": resid_norm, "alphas": sorted(set(alphas)),
@@ -524,6 +692,12 @@ def run_steer(a: SteerConfig) -> int:
                                           "selection": selection, "heldout": rows,
                                           "assistant_accuracy_items": None if a.no_assistant_check else n_acc,
                                           "judge": judge.name, "nll_dtype": scorer.dtype,
+                                          "split": {"file": split.path, "sha256": split.sha256} if split else None,
+                                          "setting_sha256": frozen,
+                                          "truncated": {"n": len(cut), "of": len(heldout),
+                                                        "excluded": not a.include_truncated},
+                                          "audit": {"sample_id": audit.sample_id, "n_audited": len(audit),
+                                                    "labellers": list(audit.labellers)} if audit else None,
                                           "seconds": round(time.time() - t0, 1)})
     xlabel = ("alpha (x mean residual norm at the layer; equal |delta| for every kind)" if unit == "resid"
               else "alpha (multiplies the raw difference-of-means vector)")

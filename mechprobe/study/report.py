@@ -20,6 +20,7 @@ from typing import Any
 
 from mechprobe.errors import UsageError
 from mechprobe.io import read_json, read_jsonl
+from mechprobe.records import truncated_item_ids, truncation_note
 from mechprobe.stats import Rate, bootstrap_diff, mcnemar_exact, paired_bootstrap
 from mechprobe.taxonomy import GENUINE, JUDGE_ERROR, LABELS
 
@@ -65,6 +66,7 @@ class RunData:
     turns: list[Turn]
     judges: list[str]
     config: dict[str, Any] = field(default_factory=dict)
+    n_truncated_turns: int = 0  # user turns after a truncated answer, left out of ``turns`` (0 when included)
 
 
 def labels_file_for(judge: str) -> str:
@@ -74,13 +76,21 @@ def labels_file_for(judge: str) -> str:
     return "labels_" + re.sub(r"[^A-Za-z0-9.]+", "_", judge).strip("_") + ".jsonl"
 
 
-def load_run_data(run: Path, labels_file: str, model: str, dataset: str, variant: str = "full") -> RunData | None:
+def load_run_data(run: Path, labels_file: str, model: str, dataset: str, variant: str = "full",
+                  include_truncated: bool = False) -> RunData | None:
+    """One run's data; user turns after a truncated assistant answer are left out unless ``include_truncated``
+    (counted in ``n_truncated_turns``; the answers themselves stay in ``answer_stops``)."""
     if not (run / "user_turns.jsonl").exists():
         return None
     a = read_jsonl(run / "assistant.jsonl", key="item_id")
+    cut = set() if include_truncated else truncated_item_ids(a)
     labels = {r["record_id"]: r for r in read_jsonl(run / labels_file, key="record_id")}
     turns = []
+    n_cut = 0
     for u in read_jsonl(run / "user_turns.jsonl", key="record_id"):
+        if u["item_id"] in cut:
+            n_cut += 1
+            continue
         lab = labels.get(u["record_id"], {}).get("label")
         turns.append(Turn(u["item_id"], u["decoding"], float(u["temperature"]),
                           None if lab in (None, JUDGE_ERROR) else lab, u["stop_reason"]))
@@ -89,7 +99,7 @@ def load_run_data(run: Path, labels_file: str, model: str, dataset: str, variant
     return RunData(model=model, dataset=dataset, variant=variant, path=str(run),
                    scores={r["item_id"]: r.get("score") for r in a},
                    answer_stops={r["item_id"]: r.get("stop_reason", "") for r in a}, turns=turns,
-                   judges=sorted({r.get("judge", "?") for r in labels.values()}), config=cfg)
+                   judges=sorted({r.get("judge", "?") for r in labels.values()}), config=cfg, n_truncated_turns=n_cut)
 
 
 @dataclass
@@ -101,6 +111,7 @@ class StudyData:
     human: dict[str, RunData]
     plan: dict[str, Any]
     stages: dict[tuple[str, str], dict[str, float]]
+    include_truncated: bool = False
 
     def models(self) -> list[str]:
         return sorted({m for m, _ in self.full})
@@ -113,8 +124,9 @@ class StudyData:
         return sorted({j for r in runs for j in r.judges})
 
 
-def collect(root: str | Path, labels_file: str) -> StudyData:
-    """Read every run under ``root`` (sorted, so the report does not depend on directory order)."""
+def collect(root: str | Path, labels_file: str, include_truncated: bool = False) -> StudyData:
+    """Read every run under ``root`` (sorted, so the report does not depend on directory order); user turns
+    after truncated assistant answers are left out unless ``include_truncated``."""
     root = Path(root)
     full: dict[tuple[str, str], RunData] = {}
     variants: dict[tuple[str, str, str], RunData] = {}
@@ -123,17 +135,17 @@ def collect(root: str | Path, labels_file: str) -> StudyData:
     for mdir in sorted(p for p in root.iterdir() if p.is_dir()) if root.exists() else []:
         for ddir in sorted(p for p in mdir.iterdir() if p.is_dir()):
             if mdir.name == HUMAN_DIR:
-                rd = load_run_data(ddir, labels_file, "human", ddir.name, "human")
+                rd = load_run_data(ddir, labels_file, "human", ddir.name, "human", include_truncated)
                 if rd is not None:
                     human[ddir.name] = rd
                 continue
-            rd = load_run_data(ddir, labels_file, mdir.name, ddir.name)
+            rd = load_run_data(ddir, labels_file, mdir.name, ddir.name, include_truncated=include_truncated)
             if rd is None:
                 continue
             full[(mdir.name, ddir.name)] = rd
             vroot = ddir / "variants"
             for vdir in sorted(p for p in vroot.iterdir() if p.is_dir()) if vroot.exists() else []:
-                vd = load_run_data(vdir, labels_file, mdir.name, ddir.name, vdir.name)
+                vd = load_run_data(vdir, labels_file, mdir.name, ddir.name, vdir.name, include_truncated)
                 if vd is not None:
                     variants[(mdir.name, ddir.name, vdir.name)] = vd
             secs: dict[str, float] = {}
@@ -144,7 +156,7 @@ def collect(root: str | Path, labels_file: str) -> StudyData:
                     secs[k] = round(secs.get(k, 0.0) + float(r["cpu_seconds"]), 1)
             stages[(mdir.name, ddir.name)] = secs
     plan = read_json(root / PLAN) if (root / PLAN).exists() else {}
-    return StudyData(str(root), labels_file, full, variants, human, plan, stages)
+    return StudyData(str(root), labels_file, full, variants, human, plan, stages, include_truncated)
 
 
 # --------------------------------------------------------------------------- small aggregates
@@ -454,6 +466,17 @@ def _temperatures(data: StudyData, model: str) -> list[float]:
     return sorted({t.temperature for d in data.datasets(model) for t in data.full[(model, d)].turns})
 
 
+def truncation_line(data: StudyData) -> str:
+    """``k of n answers truncated, excluded`` over every run of the study, with the user turns left out."""
+    runs = [*data.full.values(), *data.variants.values(), *data.human.values()]
+    cap = answers_at_cap(runs)
+    line = truncation_note(cap.k, cap.n, data.include_truncated)
+    if data.include_truncated:
+        return line + ": their user turns count in every rate."
+    return line + (f": the {sum(r.n_truncated_turns for r in runs)} user turns after them are left out of every "
+                   "rate and test (`--include-truncated` keeps them).")
+
+
 def build_report(data: StudyData, figures: dict[str, str]) -> str:
     """The README markdown (deterministic in ``data``); ``figures`` maps figure key -> relative path."""
     judges = data.judges()
@@ -483,7 +506,7 @@ def build_report(data: StudyData, figures: dict[str, str]) -> str:
         for m in data.models()) + (f"; greedy + {plan['variant_samples']} sample(s) at T={T_REF:g} per perturbation "
                                     "variant" if "variant_samples" in plan else "") + ".", "",
           "An answer that hit its token cap (`stop_reason == max_tokens`) is itself truncated: every table gives "
-          "the share of such answers.", ""]
+          "the share of such answers. " + truncation_line(data), ""]
 
     # 1. accuracy vs awareness
     L += ["## 1. Accuracy vs awareness", "",
@@ -701,7 +724,8 @@ def write_figures(data: StudyData, out_dir: Path, prefix: str = "study_") -> dic
     return paths
 
 
-def write_report(root: str | Path, labels_file: str, report_dir: str | Path, figures_dir: str | Path) -> Path:
+def write_report(root: str | Path, labels_file: str, report_dir: str | Path, figures_dir: str | Path,
+                 include_truncated: bool = False) -> Path:
     """Collect the runs under ``root`` and write ``report_dir/README.md`` and ``figures_dir/study_*.png``.
 
     With no runs under ``root`` (a fresh clone, a mistyped ``--root``) an existing report is never replaced
@@ -709,7 +733,7 @@ def write_report(root: str | Path, labels_file: str, report_dir: str | Path, fig
     """
     import os
 
-    data = collect(root, labels_file)
+    data = collect(root, labels_file, include_truncated)
     report_dir, figures_dir = Path(report_dir), Path(figures_dir)
     if not data.full and (report_dir / "README.md").exists():
         raise UsageError(f"no runs with labels {labels_file} under {root}, so the report would be empty; refusing "

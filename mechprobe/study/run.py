@@ -121,6 +121,7 @@ class StudyConfig:
     report_dir: str = "reports/study"
     figures_dir: str = "figures"
     progress: bool = True
+    include_truncated: bool = False  # the report keeps user turns after truncated assistant answers
 
     def root_dir(self) -> Path:
         return Path(self.root) if self.root else Path("runs") / "study" / self.profile
@@ -360,7 +361,8 @@ class StudyFailed(UserError):
 
 
 def report(sc: StudyConfig) -> Path:
-    return write_report(sc.root_dir(), labels_file_for(sc.judge), sc.report_dir, sc.figures_dir)
+    return write_report(sc.root_dir(), labels_file_for(sc.judge), sc.report_dir, sc.figures_dir,
+                        include_truncated=sc.include_truncated)
 
 
 def _floats(xs: list[str]) -> list[float]:
@@ -389,7 +391,8 @@ def _config_from_args(a: argparse.Namespace) -> StudyConfig:
                        variants=_names(a.variants) if a.variants is not None else list(VARIANTS),
                        max_assistant_tokens=a.max_assistant_tokens, max_user_tokens=a.max_user_tokens,
                        batch_size=a.batch_size, data_path=a.data_path, report_dir=a.report_dir,
-                       figures_dir=a.figures_dir, progress=not a.no_progress)
+                       figures_dir=a.figures_dir, progress=not a.no_progress,
+                       include_truncated=getattr(a, "include_truncated", False))
 
 
 

@@ -27,6 +27,9 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from mechprobe.audit.rates import audit_truth, rate_columns
+from mechprobe.audit.rates import cells as rate_cells
+from mechprobe.audit.rates import headers as rate_headers
 from mechprobe.errors import MissingInput, UsageError, UserError
 from mechprobe.io import (
     JsonlStore,
@@ -41,7 +44,15 @@ from mechprobe.lm.generation import auto_batch_size, batches_by_length, decode, 
 from mechprobe.lm.llamacpp import load_engine
 from mechprobe.lm.models import DEFAULT_MODEL, LoadedModel, load_model, load_tokenizer, weight_identity
 from mechprobe.lm.vllm import generate_vllm, load_vllm
-from mechprobe.records import AssistantRecord, Item, UserTurnRecord, make_record_id
+from mechprobe.records import (
+    AssistantRecord,
+    Item,
+    UserTurnRecord,
+    make_record_id,
+    truncated_item_ids,
+    truncation_note,
+)
+from mechprobe.taxonomy import GENUINE, LABELS
 from mechprobe.turns.datasets import load_dataset
 from mechprobe.turns.perturb import check_variants, variant_prompt, variant_records
 from mechprobe.turns.scoring import score
@@ -374,6 +385,19 @@ def _assistant_stage(cfg: ProbeConfig, lm: LoadedModel, jobs: list[tuple[Item, l
     return len(todo)
 
 
+def assistant_answers(cfg: ProbeConfig, lm: LoadedModel, items: list[Item], out: str | Path,
+                      progress: bool = True, engine: Any = None) -> list[AssistantRecord]:
+    """Greedy assistant answers of ``items`` under ``cfg`` (system prompt, token cap), resumably in
+    ``out/assistant.jsonl``; for items a caller needs outside a run's own (fixed held-out splits)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with writer_lock(out / ASSISTANT):
+        _assistant_stage(cfg, lm, _assistant_jobs(cfg, lm, items, out), out, progress, engine,
+                         JsonlStore(out / SKIPPED, key="item_id"))
+    want = {it.item_id for it in items}
+    return [AssistantRecord.from_dict(r) for r in read_jsonl(out / ASSISTANT, key="item_id") if r["item_id"] in want]
+
+
 def _user_stage(cfg: ProbeConfig, lm: LoadedModel, wanted: set[str], plan: list[tuple[str, float, int]],
                 out: Path, progress: bool, engine: Any, skipped: JsonlStore, *,
                 prompt_for: Callable[[AssistantRecord], chat.ProbePrompt] | None = None,
@@ -495,12 +519,20 @@ def load_run(run_dir: str | Path) -> tuple[list[AssistantRecord], list[UserTurnR
     return a, u
 
 
-def summarize_run(run_dir: str | Path) -> str:
-    """A short markdown table: task accuracy and end-of-turn share per decoding."""
+def summarize_run(run_dir: str | Path, include_truncated: bool = False, labels_file: str = "labels.jsonl") -> str:
+    """A short markdown summary: task accuracy, truncated answers, end-of-turn share per decoding and, once the
+    run is judged, the follow-up rate per decoding (judge only, and corrected where the run has audit labels).
+
+    User turns after a truncated answer (the answer hit ``max_assistant_tokens``) are left out of the
+    follow-up rates unless ``include_truncated``; the line ``k of n answers truncated, excluded`` says so.
+    """
+    run_dir = Path(run_dir)
     a, u = load_run(run_dir)
     scored = [r.score for r in a if r.score is not None]
+    cut = truncated_item_ids(a)
     lines = [f"items: {len(a)}; task accuracy: "
-             + (f"{sum(scored) / len(scored):.1%} of {len(scored)} scored" if scored else "unscored"), "",
+             + (f"{sum(scored) / len(scored):.1%} of {len(scored)} scored" if scored else "unscored")
+             + f"; {truncation_note(len(cut), len(a), include_truncated)}", "",
              "| decoding | T | n | ends with end-of-turn | max tokens |", "|---|---|---|---|---|"]
     groups: dict[tuple[str, float], list[UserTurnRecord]] = {}
     for r in u:
@@ -509,6 +541,22 @@ def summarize_run(run_dir: str | Path) -> str:
         eot = sum(r.stop_reason == "end_of_turn" for r in rs) / len(rs)
         mx = sum(r.stop_reason == "max_tokens" for r in rs) / len(rs)
         lines.append(f"| {d} | {t:g} | {len(rs)} | {eot:.1%} | {mx:.1%} |")
+    labels_p = run_dir / labels_file
+    if not labels_p.exists():
+        return "\n".join(lines)
+    labels = {r["record_id"]: r.get("label") for r in read_jsonl(labels_p, key="record_id")}
+    audit = audit_truth(run_dir) if labels_file == "labels.jsonl" else None
+    note = truncation_note(len(cut), len(a), include_truncated)
+    head = ["decoding", "T", "judged turns", *rate_headers("follow-up", audit is not None)]
+    lines += ["", f"Follow-up rate ({note}"
+              + (f"; corrected by the audit {audit.sample_id}, labellers {', '.join(audit.labellers)}" if audit
+                 else "; no audit labels: judge only") + ")", "",
+              "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for (d, t), rs in sorted(groups.items(), key=lambda kv: kv[0][1]):
+        judged = {r.record_id: int(labels[r.record_id] == GENUINE) for r in rs
+                  if labels.get(r.record_id) in LABELS and (include_truncated or r.item_id not in cut)}
+        lines.append(f"| {d} | {t:g} | {len(judged)} | " + " | ".join(rate_cells(*rate_columns(judged, audit)))
+                     + " |")
     return "\n".join(lines)
 
 

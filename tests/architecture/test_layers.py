@@ -17,6 +17,7 @@ PKG = Path(__file__).resolve().parents[2] / "mechprobe"
 # Lowest first. A module may import its own layer and any layer before it; inside a layer, no cycles.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("errors", "io", "records", "taxonomy", "stats", "redact", "plots", "splits")),
+    ("audit", ("audit",)),
     ("lm", ("lm",)),
     ("turns", ("turns",)),
     ("judges", ("judges",)),
@@ -26,7 +27,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("steering", ("steering",)),
     ("post_train", ("post_train",)),
     ("study", ("study",)),
-    ("audit", ("audit",)),
     ("cli", ("cli", "__main__")),
 ]
 TOP = {"__init__"}  # the public API re-exports from every layer
