@@ -124,7 +124,7 @@ def test_unfetched_model_is_skipped_with_a_line_not_a_crash(tmp_path, monkeypatc
     sc = StudyConfig(models=["qwen2.5-coder-1.5b-instruct"], datasets=["gsm8k"], profile="quick",
                      root=str(tmp_path / "runs"), report_dir=str(tmp_path / "rep"), figures_dir=str(tmp_path / "fig"),
                      progress=False)
-    from mechprobe.study import StudyFailed
+    from mechprobe.study.run import StudyFailed
 
     with pytest.raises(StudyFailed, match="every model failed"):  # exit 2, not 0: nothing ran
         run_study(sc)

@@ -59,7 +59,7 @@ def test_study_refuses_bad_options_before_anything_is_written(tmp_path, capsys, 
 
 
 def test_study_exits_nonzero_when_every_model_failed(tmp_path, monkeypatch, capsys):
-    import mechprobe.study.run.run as study
+    import mechprobe.study.run as study
 
     monkeypatch.setattr(study, "model_unavailable", lambda m: "weights not fetched")
     code = _study(["--judge", "offline", "--models", "smollm2-135m-instruct", "--datasets", "gsm8k", "--root",
@@ -171,7 +171,6 @@ def test_transfer_runs_typo_is_refused_before_any_stage(tmp_path):
 
 
 def test_new_and_default_runs_are_still_built(tmp_path, monkeypatch):
-    import mechprobe.stages as stages
     from mechprobe.linear.experiment import run_linear_probe
 
     built = []
@@ -180,7 +179,9 @@ def test_new_and_default_runs_are_still_built(tmp_path, monkeypatch):
         built.append(run)
         raise KeyboardInterrupt  # stop here: the build was reached
 
-    monkeypatch.setattr(stages, "ensure_stages", fake_ensure)
+    import mechprobe.linear.experiment as experiment
+
+    monkeypatch.setattr(experiment, "ensure_stages", fake_ensure)
     monkeypatch.chdir(tmp_path)
     for argv in (["--dataset", "builtin"], ["--run", str(tmp_path / "fresh"), "--new", "--dataset", "builtin"]):
         with pytest.raises(KeyboardInterrupt):
@@ -333,7 +334,9 @@ def test_all_judge_error_run_exits_2(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(judge, "make_judge", lambda *a, **kw: Broken())
     run = _judge_run_dir(tmp_path)
-    assert judge.main_judge([str(run), "--judge", "offline", "--no-progress"]) == 2
+    from mechprobe.cli.judge import main_judge
+
+    assert main_judge([str(run), "--judge", "offline", "--no-progress"]) == 2
     assert "every judged turn" in capsys.readouterr().err
 
 
@@ -353,15 +356,9 @@ def test_serve_on_a_busy_port_is_one_line_before_loading(monkeypatch, capsys):
 
 
 def test_numeric_list_flags_take_negative_numbers():
-    import importlib.util
-
-    from mechprobe.cli.linear_probe import build_parser
+    import mechprobe.cli.steer as steer
+    from mechprobe.cli import build_parser
     from mechprobe.cli.study import build_parser as study_parser
-    from tests.conftest import REPO
-
-    spec = importlib.util.spec_from_file_location("steer_neg", REPO / "experiments" / "steer.py")
-    steer = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(steer)
     assert steer.build_parser().parse_args(["--alpha", "0", "-1e308"]).alpha == [0.0, -1e308]
     assert steer.build_parser().parse_args(["--alpha", "-.5", "-2E-3"]).alpha == [-0.5, -0.002]
     assert build_parser().parse_args(["probes", "r", "--temperatures", "0", "-1e-3"]).temperatures == [0.0, -0.001]
