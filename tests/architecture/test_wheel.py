@@ -40,10 +40,17 @@ def test_wheel_installs_and_runs_outside_the_clone(tmp_path):
     r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=outside, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert str(env_dir / "wheel-site") in r.stdout and str(REPO) not in r.stdout, r.stdout
-    for cmd in (["steer", "--help"], ["probes", "--help"], ["--help"]):
+    for cmd in (["steer", "--help"], ["probes", "--help"], ["audit", "--help"], ["--help"]):
         r = subprocess.run([str(py), "-m", "mechprobe", *cmd], capture_output=True, text=True, cwd=outside, env=env)
         assert r.returncode == 0 and "usage" in r.stdout, (cmd, r.stderr[-2000:])
-    # package data travels with the wheel
+    # package data travels with the wheel: the builtin prompts, the codebook, the sheet template, the held-out split
+    r = subprocess.run([str(py), "-c", "from mechprobe.audit.codebook import codebook_text; "
+                        "from importlib import resources; import mechprobe; "
+                        "assert 'genuine_followup' in codebook_text(); "
+                        "assert resources.files('mechprobe').joinpath('audit/sheet_template.html').is_file(); "
+                        "assert resources.files('mechprobe').joinpath('data/splits/gsm8k_steering_v1.json').is_file()"],
+                       capture_output=True, text=True, cwd=outside, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
     r = subprocess.run([str(py), "-c", "from mechprobe.turns.datasets import load_dataset; "
                         "print(len(load_dataset('builtin').items))"], capture_output=True, text=True, cwd=outside, env=env)
     assert r.returncode == 0 and int(r.stdout.strip()) > 0, r.stderr[-2000:]
