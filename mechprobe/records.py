@@ -32,6 +32,24 @@ class Item:
     datasets); ``prompt`` is the user query the model answers. ``gold`` is what the task scorer
     compares against (None when the dataset has no verifiable answer). ``reference_next_user`` is
     a real human's next turn, for conversation datasets (HH-RLHF, Topical-Chat).
+
+    Args:
+        item_id: stable id (``<dataset>-<row index>``, or the builtin prompt's own id); every later
+            record keys on it.
+        dataset: dataset name (``gsm8k``, ``builtin``, ...).
+        prompt: the user query the model answers.
+        gold: reference answer for the task scorer; None (default) when there is none.
+        messages: earlier conversation as ``{"role", "content"}`` dicts; empty (default) for single-turn data.
+        reference_next_user: a real human's next user turn, where the dataset has one; None by default.
+        meta: dataset-specific extras (the dataset's own ids, the scorer to use); empty by default.
+
+    Example:
+        >>> from mechprobe import Item
+        >>> it = Item(item_id="demo-0", dataset="builtin", prompt="What is 12 * 7?", gold="84")
+        >>> it.to_dict()["gold"], it.messages
+        ('84', [])
+        >>> Item.from_dict(it.to_dict()) == it
+        True
     """
 
     item_id: str
@@ -52,7 +70,31 @@ class Item:
 
 @dataclass
 class AssistantRecord:
-    """The model's own assistant turn for one item, with its task score."""
+    """The model's own assistant turn for one item, with its task score.
+
+    One row of ``RUN/assistant.jsonl``: the answer the user turn will react to.
+
+    Args:
+        item_id: the :class:`Item` it answers.
+        dataset: dataset name.
+        prompt: the user query.
+        response: the model's answer (decoded text, without the end-of-turn token).
+        stop_reason: ``"end_of_turn"`` or ``"max_tokens"`` (the answer was cut at the token cap; headline
+            rates leave such items out, see :func:`truncated_item_ids`).
+        n_tokens: generated tokens of the answer.
+        score: 1.0/0.0 for exact-match tasks, None (default) when unscored.
+        extracted: what the scorer read out of the response; None by default.
+        gold: the item's reference answer; None by default.
+        messages: the item's earlier conversation; empty by default.
+        reference_next_user: the dataset's human next turn, if any; None by default.
+
+    Example:
+        >>> from mechprobe import AssistantRecord
+        >>> a = AssistantRecord(item_id="demo-0", dataset="builtin", prompt="What is 12 * 7?",
+        ...                     response="12 * 7 = 84.", stop_reason="end_of_turn", n_tokens=9, score=1.0)
+        >>> AssistantRecord.from_dict(a.to_dict()) == a
+        True
+    """
 
     item_id: str
     dataset: str
@@ -84,6 +126,35 @@ class UserTurnRecord:
     assistant response inside ``prompt_ids``. ``raw_text`` keeps special tokens so a model that
     opens an assistant header or a reasoning channel is visible to the judge; ``text`` is the
     cleaned user turn.
+
+    Args:
+        record_id: stable id, ``<item_id>|greedy|s0`` or ``<item_id>|T1|s2`` (plus ``|<variant>`` for
+            perturbation variants); resume, labels and activation rows key on it.
+        item_id: the source :class:`Item`.
+        dataset: dataset name.
+        decoding: ``"greedy"`` or ``"sample"``.
+        temperature: sampling temperature (0.0 for greedy).
+        sample_index: index of the sample at this temperature (0 for greedy).
+        seed: the row's RNG seed (None for greedy).
+        raw_text: the generated user turn with special tokens.
+        text: the cleaned user turn.
+        stop_reason: ``"end_of_turn"``, ``"eos"`` or ``"max_tokens"``.
+        prompt_ids: token ids of the probe prompt (conversation + user-role header).
+        boundary_index: index in ``prompt_ids`` of the last header token (always ``len(prompt_ids) - 1``).
+        assistant_span: ``(start, end)`` token span of the assistant response in ``prompt_ids``.
+        generated_ids: the generated token ids; empty by default.
+        variant: ``"full"`` (default) or the name of a perturbation variant of the study.
+
+    Example:
+        >>> from mechprobe import UserTurnRecord
+        >>> u = UserTurnRecord(record_id="demo-0|greedy|s0", item_id="demo-0", dataset="builtin",
+        ...                    decoding="greedy", temperature=0.0, sample_index=0, seed=None,
+        ...                    raw_text="Why 84?<|im_end|>", text="Why 84?", stop_reason="end_of_turn",
+        ...                    prompt_ids=[1, 2, 3, 4, 5], boundary_index=4, assistant_span=(2, 3))
+        >>> u.to_dict()["assistant_span"]     # a list in JSON, a tuple again after from_dict
+        [2, 3]
+        >>> UserTurnRecord.from_dict(u.to_dict()) == u
+        True
     """
 
     record_id: str
@@ -124,7 +195,26 @@ def make_record_id(item_id: str, decoding: str, temperature: float, sample_index
 
 @dataclass
 class LabelRecord:
-    """A judge's verdict on one user turn. ``label`` is a taxonomy label or ``judge_error``."""
+    """A judge's verdict on one user turn. ``label`` is a taxonomy label or ``judge_error``.
+
+    Args:
+        record_id: the :class:`UserTurnRecord` judged.
+        label: one of :data:`mechprobe.taxonomy.LABELS`, or ``"judge_error"``.
+        genuine: True for ``genuine_followup``, False for the other labels, None for ``judge_error``
+            (such rows count as no label at all).
+        rationale: the judge's reason (a rule id for the offline judge).
+        judge: the judge's name, e.g. ``"offline-v3+lexical"`` or ``"openai:gpt-4o-mini@prompt-v1"``.
+        error: why the judge failed (with ``judge_error``); None by default.
+        probs: per-label probabilities from judges that score every label (``local:``, ``hybrid:``);
+            None (default) for judges that only name one label.
+
+    Example:
+        >>> from mechprobe import LabelRecord
+        >>> r = LabelRecord(record_id="demo-0|greedy|s0", label="genuine_followup", genuine=True,
+        ...                 rationale="asks about the 84 in the answer", judge="hand")
+        >>> r.to_dict()["genuine"], LabelRecord.from_dict(r.to_dict()) == r
+        (True, True)
+    """
 
     record_id: str
     label: str

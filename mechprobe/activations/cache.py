@@ -156,10 +156,27 @@ class LabeledData(NamedTuple):
 class ActivationCache:
     """Cached activations of a run, one row per user turn in ``user_turns.jsonl`` order.
 
-    >>> cache = ActivationCache.load("runs/smol-gsm8k")   # or runs/smol-gsm8k/activations
-    >>> X = cache.resid(12)                              # [n_records, d_model] at the boundary, after 12 blocks
-    >>> y = cache.labels("genuine")                      # 1/0, NaN where unlabelled or judge_error
-    >>> X, y, groups, ids = cache.dataset(12)            # only labelled rows, groups for grouped CV
+    Build it with :func:`cache_run` (or ``mechprobe cache RUN``) and open it with :meth:`load`, which
+    checks every shard; the constructor is internal. Layers are residual indices (TransformerLens
+    ``resid_pre``: ``r`` = input of block ``r``, 0 = embeddings, ``L`` = raw output of the last block, before
+    the final norm). Positions are the cached ones (``boundary``, ``assistant_last``, ``assistant_mean``).
+
+    Attributes:
+        path: the cache directory (``RUN/activations``); its parent is the run directory, where
+            :meth:`labels` reads ``labels.jsonl``.
+        meta: the parsed ``manifest.json`` (identity hashes, ``record_ids``, ``item_ids``, ``layers``,
+            ``positions``, ``d_model``, ``n_layers_model``, ``dtype``, shards).
+        record_ids: row order (``user_turns.jsonl`` order); ``item_ids``: the source item of each row, the
+            groups for grouped cross-validation.
+        layers: cached residual indices; ``positions``: cached positions; ``d_model``; ``n_layers_model``.
+
+    Example:
+        >>> from mechprobe import ActivationCache
+        >>> cache = ActivationCache.load("runs/smol-gsm8k")   # doctest: +SKIP
+        >>> X = cache.resid(12)          # [n_records, d_model] float32, input of block 12  # doctest: +SKIP
+        >>> S = cache.stack("boundary")  # [n_records, len(cache.layers), d_model]          # doctest: +SKIP
+        >>> y = cache.labels("genuine")  # 1/0, NaN where unlabelled or judge_error         # doctest: +SKIP
+        >>> X, y, groups, ids = cache.dataset(12)             # doctest: +SKIP
     """
 
     path: Path
@@ -383,6 +400,38 @@ def cache_run(
     positions before the model is loaded). Shards damaged on disk (missing, truncated, altered: checked
     by size and sha256, see :func:`shard_problem`) are rebuilt in place, exactly their rows, and listed
     in the manifest's ``repaired``.
+
+    Args:
+        run_dir: a probe run directory holding ``user_turns.jsonl`` (and the ``manifest.json`` of the probe).
+        model: the loaded model; None (default) loads the one named in the run's manifest with the run's
+            dtype and chat template. A model whose weight/tokenizer/template hash differs from the run's is
+            refused.
+        backend: how activations are captured: ``"hooks"`` (default, forward hooks), ``"nnsight"`` or
+            ``"transformer-lens"``.
+        positions: which token positions to store, from ``"boundary"`` (last user-header token, default),
+            ``"assistant_last"`` and ``"assistant_mean"``; a sequence or a comma-separated string.
+        dtype: storage dtype of the shards: ``"float16"`` (default), ``"float32"`` or ``"bfloat16"``
+            (``fp16``/``fp32``/``bf16`` accepted).
+        batch_size: prompts per forward pass (default 8, >= 1).
+        layers: residual indices to keep: ``"all"`` (default) or None = ``0..L``, or ints / a comma list
+            (``r`` = input of block ``r``, 0 = embeddings, ``L`` = output of the last block).
+        shard_rows: records per safetensors shard (default 512); peak memory is about one shard.
+        progress: show a tqdm progress bar (default True).
+
+    Returns:
+        The cache directory ``run_dir/activations`` (a :class:`~pathlib.Path`), ready for
+        :meth:`ActivationCache.load`. Each shard holds one ``[rows, len(layers), d_model]`` tensor per position.
+
+    Raises:
+        UsageError: unknown backend/position/dtype, counts < 1, an empty run, NaN/Inf activations.
+        MissingInput: no ``user_turns.jsonl`` (or no manifest naming the model when ``model`` is None).
+        CacheMismatch: an existing cache or the passed model does not match this run or these options.
+
+    Example:
+        >>> from mechprobe import ActivationCache, cache_run
+        >>> path = cache_run("runs/smol-gsm8k", layers=[0, 6, 12])          # doctest: +SKIP
+        >>> ActivationCache.load(path).layers                              # doctest: +SKIP
+        [0, 6, 12]
     """
     run_dir = Path(run_dir)
     if backend not in BACKENDS:

@@ -42,6 +42,26 @@ class JudgeInput:
     ``raw_text`` keeps special tokens (an opened assistant header is evidence); ``text`` is the
     cleaned turn when the probe stage provided one. ``messages`` is any conversation *before*
     ``prompt``. Group fields (dataset, decoding, temperature) are only used by summaries.
+
+    Args:
+        record_id: the :class:`~mechprobe.records.UserTurnRecord` judged (copied into the verdict).
+        prompt: the user query.
+        response: the assistant's answer the user turn follows.
+        raw_text: the generated user turn with special tokens.
+        text: the cleaned user turn; None (default) when the probe stage gave none.
+        messages: earlier conversation as ``(role, content)`` pairs; empty by default.
+        stop_reason: how the user turn ended (``"end_of_turn"``, ``"eos"``, ``"max_tokens"``); None by default.
+        dataset: dataset name, for summaries (default ``""``).
+        decoding: ``"greedy"`` or ``"sample"``, for summaries (default ``""``).
+        temperature: sampling temperature, for summaries (default 0.0).
+        item_id: the source item, for summaries (default ``""``).
+
+    Example:
+        >>> from mechprobe import JudgeInput
+        >>> inp = JudgeInput(record_id="demo-0|greedy|s0", prompt="What is 12 * 7?",
+        ...                  response="12 * 7 = 84.", raw_text="Thanks!<|im_end|>")
+        >>> [m["role"] for m in inp.conversation()]
+        ['user', 'assistant']
     """
 
     record_id: str
@@ -63,7 +83,29 @@ class JudgeInput:
 
 
 class Judge(Protocol):
-    """Anything that turns :class:`JudgeInput` rows into :class:`LabelRecord` rows."""
+    """Anything that turns :class:`JudgeInput` rows into :class:`LabelRecord` rows.
+
+    A structural protocol (not runtime-checkable): any object with a ``name`` and a ``label_many``
+    method can be passed to :func:`~mechprobe.judges.run.judge_run`. Built-in judges: :class:`OfflineJudge`,
+    :class:`LLMJudge`, :class:`LocalJudge`, :class:`HybridJudge` (see :func:`make_judge`). A judge may also
+    offer ``public_config()``, which :func:`judge_run` writes into the labels manifest.
+
+    Attributes:
+        name: the judge's identity, stored in every :class:`LabelRecord` it writes; one labels file holds
+            one judge name.
+
+    Example:
+        >>> from mechprobe import JudgeInput, LabelRecord
+        >>> class AlwaysNewQuery:
+        ...     name = "always-new-query"
+        ...     def label_many(self, inputs):
+        ...         for inp in inputs:
+        ...             yield LabelRecord(record_id=inp.record_id, label="new_query", genuine=False,
+        ...                               rationale="baseline", judge=self.name)
+        >>> inp = JudgeInput(record_id="r1", prompt="What is 12 * 7?", response="84.", raw_text="Thanks!")
+        >>> [r.label for r in AlwaysNewQuery().label_many([inp])]
+        ['new_query']
+    """
 
     name: str
 

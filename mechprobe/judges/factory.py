@@ -101,6 +101,26 @@ def make_judge(spec: str | None = "offline", **opts: Any) -> Judge:
     ``opts`` go to the judge's constructor (``base_url``, ``api_key``, ``concurrency``, ``timeout``,
     ``max_retries``, ``cache_dir`` for the LLM judge; ``embed`` for the offline one). Unused ``None``
     options are ignored, so CLI arguments can be passed through unconditionally.
+
+    Args:
+        spec: ``"offline"`` (default; rules, embedding variant when installed), ``"offline-lexical"``,
+            ``"offline-embed"``, ``"openai:MODEL"`` (:class:`LLMJudge`), ``"local:MODEL"``
+            (:class:`LocalJudge`), ``"hybrid:MODEL"`` or ``"hybrid2:MODEL"`` (:class:`HybridJudge`, the latter
+            with the voice check). None = ``openai:$MECHPROBE_JUDGE_MODEL`` when set, else ``offline``.
+        **opts: constructor options; options the chosen judge does not take, and None values, are dropped.
+
+    Returns:
+        A :class:`~mechprobe.judges.base.Judge` (one of the four judge classes).
+
+    Raises:
+        UsageError: an unknown spec or a spec without its model name.
+
+    Example:
+        >>> from mechprobe import make_judge
+        >>> judge = make_judge("offline-lexical", cache_dir=None, concurrency=4)   # unused options ignored
+        >>> type(judge).__name__, judge.name
+        ('OfflineJudge', 'offline-v3+lexical')
+        >>> make_judge("openai:gpt-4o-mini")        # needs OPENAI_API_KEY or base_url=  # doctest: +SKIP
     """
     spec = resolve_judge_spec(spec)
     opts = {k: v for k, v in opts.items() if v is not None}

@@ -206,7 +206,37 @@ def grounding_pmi(store: ChoiceScorer, tokenizer: Any, inp: JudgeInput, text: st
 
 
 class HybridJudge:
-    """Offline form rules + a local model's grounding PMI (see the module docstring)."""
+    """Offline form rules + a local model's grounding PMI (see the module docstring).
+
+    Args:
+        model: scoring model: an embedded name (default ``"qwen2.5-coder-1.5b-instruct"``), a HF directory or a
+            ``.gguf`` file; ignored when ``loaded`` is given.
+        dtype: load dtype; None (default) = bfloat16.
+        device: load device; None (default) = CUDA when visible, else CPU.
+        threshold: PMI (mean per-token log-ratio, nats) at or above which a candidate is
+            ``genuine_followup``; None (default) = 0.3, chosen on the dev split.
+        veto: PMI below which an offline ``genuine_followup`` becomes ``new_query``; None (default) = 0.0.
+        cache_dir: PMI cache directory; None/True (default) = the shared judge cache, False = none.
+        loaded: an already loaded :class:`~mechprobe.lm.models.LoadedModel`; None (default).
+        embed: the inner :class:`OfflineJudge`'s ``embed`` switch (None: embedding variant when installed).
+        voice: minimum voice score (user-slot minus assistant-slot log-probability of the turn) for a
+            ``genuine_followup``; lower becomes ``assistant_continuation``. None (default) = no voice check
+            (``hybrid2:`` uses 0.1).
+        pool_mb: memory for kept conversation KV prefixes, in MiB (default 1024).
+
+    Attributes:
+        name: ``"hybrid:<model>@hybrid-v1+<offline name>"`` (``hybrid-v2+voice<v>`` with ``voice``), plus
+            ``+t<threshold>`` / ``+v<veto>`` when not the defaults.
+        threshold, veto, voice: the decision numbers above.
+        stats: counters ``judged``, ``model_runs``, ``cache_hits``, ``seconds``.
+
+    Example:
+        >>> from mechprobe import HybridJudge, JudgeInput
+        >>> judge = HybridJudge("qwen2.5-coder-1.5b-instruct", voice=0.1)             # doctest: +SKIP
+        >>> inp = JudgeInput(record_id="r1", prompt="What is 12 * 7?", response="84.", raw_text="Why 84?")
+        >>> rec = judge.label(inp)                                                     # doctest: +SKIP
+        >>> rec.probs["genuine_followup"]                  # sigmoid((PMI - threshold) / 0.1)  # doctest: +SKIP
+    """
 
     def __init__(self, model: str = DEFAULT_LOCAL_MODEL, *, dtype: str | torch.dtype | None = None,
                  device: str | None = None, threshold: float | None = None, veto: float | None = None,

@@ -239,6 +239,38 @@ class LLMJudge:
     ``stats`` counts requests, retries, cache hits, fallbacks and errors (thread-safe). Backoff is
     ``backoff * 2**attempt`` seconds (capped at ``max_backoff``) times a jitter in [0.5, 1), or the
     server's ``Retry-After`` when it sends one.
+
+    A turn the endpoint fails on becomes a ``judge_error`` record (retried by the next
+    :func:`~mechprobe.judges.run.judge_run`); a refused key or an unknown model raises :class:`JudgeFatal`.
+
+    Args:
+        model: the endpoint's model name (``gpt-4o-mini``, or a local server's model).
+        base_url: OpenAI-compatible endpoint; None (default) = environment (see above), else api.openai.com.
+        api_key: API key; None (default) = environment. Without any key a ``base_url`` is required (local
+            servers get a placeholder key).
+        concurrency: requests in flight in :meth:`label_many` (default 4, >= 1).
+        timeout: seconds per request (default 60).
+        max_retries: retries per turn on rate limits, timeouts and server errors (default 5).
+        backoff: base of the exponential backoff in seconds (default 1.0).
+        max_backoff: cap of one backoff wait in seconds (default 60).
+        cache_dir: verdict cache directory; None or True (default) = ``$MECHPROBE_CACHE/judge`` (else
+            ``~/.cache/mechprobe/judge``), False = no cache.
+        structured: ``"auto"`` (default), True (always json_schema) or False (plain JSON in the text).
+        max_tokens: completion token cap per verdict (default 300).
+        client: a ready OpenAI-compatible client; None (default) builds ``openai.OpenAI`` (tests inject a fake).
+        sleep: the function used to wait between retries (default ``time.sleep``; injectable for tests).
+
+    Attributes:
+        name: ``"openai:<model>@<prompt version>"``, stored in every label.
+        stats: counters ``requests``, ``retries``, ``cache_hits``, ``errors``, ``fallbacks``.
+
+    Example:
+        >>> from mechprobe import JudgeInput, LLMJudge
+        >>> judge = LLMJudge("gpt-4o-mini")                   # needs $OPENAI_API_KEY  # doctest: +SKIP
+        >>> local = LLMJudge("qwen2.5-7b-instruct", base_url="http://localhost:8000/v1")  # doctest: +SKIP
+        >>> inp = JudgeInput(record_id="r1", prompt="What is 12 * 7?", response="84.", raw_text="Why 84?")
+        >>> judge.label(inp).label                                                      # doctest: +SKIP
+        'genuine_followup'
     """
 
     def __init__(self, model: str, *, base_url: str | None = None, api_key: str | None = None,

@@ -101,6 +101,30 @@ class LocalJudge:
     number of dev examples put before each turn; ``loaded`` is an already loaded
     :class:`~mechprobe.lm.models.LoadedModel` (tests, the server). ``cache_dir=False`` disables the
     verdict cache.
+
+    Args:
+        model: judge model: an embedded name (default ``"qwen2.5-coder-1.5b-instruct"``), a HF directory or a
+            ``.gguf`` file; ignored when ``loaded`` is given.
+        dtype: load dtype; None (default) = bfloat16.
+        device: load device; None (default) = CUDA when visible, else CPU.
+        few_shot: number of dev-split hand-label examples put before each turn (default 0).
+        bias: label -> additive log-bias (calibration fitted on dev); None (default) = no bias. Unknown
+            labels raise ValueError.
+        cache_dir: verdict cache directory; None/True (default) = the shared judge cache, False = none.
+        loaded: an already loaded :class:`~mechprobe.lm.models.LoadedModel` to score with; None (default).
+
+    Attributes:
+        name: ``"local:<model>@<prompt version>+choice-v1"`` plus ``+fs<k>`` (few-shot) and ``+cal<hash>``
+            (bias) when used.
+        stats: counters ``judged``, ``cache_hits``, ``seconds``.
+
+    Example:
+        >>> from mechprobe import JudgeInput, LocalJudge
+        >>> judge = LocalJudge("qwen2.5-coder-1.5b-instruct", device="cpu")            # doctest: +SKIP
+        >>> inp = JudgeInput(record_id="r1", prompt="What is 12 * 7?", response="84.", raw_text="Why 84?")
+        >>> rec = judge.label(inp)                                                     # doctest: +SKIP
+        >>> rec.label in rec.probs, abs(sum(rec.probs.values()) - 1) < 1e-3            # doctest: +SKIP
+        (True, True)
     """
 
     def __init__(self, model: str = DEFAULT_LOCAL_MODEL, *, dtype: str | torch.dtype | None = None,

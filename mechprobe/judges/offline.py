@@ -741,7 +741,34 @@ def _warn_lexical_once() -> None:
 
 
 class OfflineJudge:
-    """The rule judge. ``embed=None`` uses the embedding model when its package is installed."""
+    """The rule judge. ``embed=None`` uses the embedding model when its package is installed.
+
+    Deterministic, no network: form rules (empty, degenerate, identity, meta, restatement, assistant
+    continuation) first, then grounding rules that compare the turn with the query and the response by
+    embedding similarity (``minilm`` variant) or lexical cosine (``lexical`` variant).
+
+    Args:
+        embed: True = embedding variant (ImportError when ``mechprobe[embed]`` is missing), False = lexical;
+            None (default) = embedding variant when installed and ``$MECHPROBE_NO_EMBED`` is unset, else
+            lexical (with a one-time warning unless ``$MECHPROBE_NO_EMBED`` asked for it).
+        batch_size: turns per embedding batch (default 256).
+
+    Attributes:
+        name: ``"offline-v3+minilm"`` or ``"offline-v3+lexical"`` (the variant is part of the name, since
+            their labels differ).
+        variant: ``"minilm"`` or ``"lexical"``.
+
+    Example:
+        >>> from mechprobe import JudgeInput, OfflineJudge
+        >>> judge = OfflineJudge(embed=False)
+        >>> inp = JudgeInput(record_id="r1", prompt="What is 12 * 7?", response="12 * 7 = 84.", raw_text="Thanks!")
+        >>> rec = judge.label(inp)
+        >>> rec.label, rec.genuine, rec.judge
+        ('generic_followup', False, 'offline-v3+lexical')
+        >>> empty = JudgeInput(record_id="r2", prompt="What is 12 * 7?", response="12 * 7 = 84.", raw_text="")
+        >>> [r.label for r in judge.label_many([inp, empty])]
+        ['generic_followup', 'empty_or_degenerate']
+    """
 
     def __init__(self, embed: bool | None = None, batch_size: int = 256):
         if embed is None:

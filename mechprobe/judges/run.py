@@ -245,7 +245,40 @@ def judge_run(run_dir: str | Path, judge: str | Judge | None = "offline", *, lab
               retry_errors: bool = True, limit: int | None = None, progress: bool = True,
               include_truncated: bool = False, **opts: Any) -> JudgeSummary:
     """Label the user turns of ``run_dir`` (see :func:`_judge_run`) holding the labels file's writer lock:
-    a second judge process on the same file is refused instead of appending duplicate rows."""
+    a second judge process on the same file is refused instead of appending duplicate rows.
+
+    Each verdict is appended to ``run_dir/labels_file`` as soon as it is known; rows already labelled are
+    skipped, so a killed run resumes. Also writes ``<stem>_summary.md`` and ``<stem>_manifest.json`` beside
+    the labels (judge config without API key, cumulative judging time).
+
+    Args:
+        run_dir: a probe run directory (``user_turns.jsonl`` + ``assistant.jsonl``).
+        judge: a :func:`make_judge` spec (default ``"offline"``; None = ``openai:$MECHPROBE_JUDGE_MODEL``
+            when set, else ``offline``) or a ready :class:`~mechprobe.judges.base.Judge`.
+        labels_file: file name inside ``run_dir`` (default ``"labels.jsonl"``); it holds one judge's rows only.
+        retry_errors: drop earlier ``judge_error`` rows first and judge them again (default True).
+        limit: judge at most this many *new* rows (>= 0); None (default) = all.
+        progress: show a tqdm progress bar (default True).
+        include_truncated: count user turns whose assistant answer hit the token cap in the summary's
+            rates (default False: they are labelled but left out of the rates).
+        **opts: options for :func:`make_judge` when ``judge`` is a spec (``concurrency``, ``timeout``,
+            ``base_url``, ...).
+
+    Returns:
+        A :class:`JudgeSummary`: counts (labelled, errors, new, skipped), per (decoding, temperature) group
+        the follow-up rate with a Wilson 95% CI, the label distribution; ``.table()`` renders markdown.
+
+    Raises:
+        JudgeMismatch: ``labels_file`` already holds another judge's rows.
+        MissingInput: ``run_dir`` has no ``user_turns.jsonl``.
+        UsageError / UserError: a labels file outside ``run_dir`` or invalid counts (``limit < 0``, ...).
+
+    Example:
+        >>> from mechprobe import judge_run
+        >>> summary = judge_run("runs/smol-gsm8k", "offline-lexical", progress=False)   # doctest: +SKIP
+        >>> print(summary.table())                                                     # doctest: +SKIP
+        >>> judge_run("runs/smol-gsm8k", "openai:gpt-4o-mini", labels_file="labels_llm.jsonl")  # doctest: +SKIP
+    """
     _check_counts(limit, opts)
     _check_labels_file(run_dir, labels_file)
     kw = dict(labels_file=labels_file, retry_errors=retry_errors, limit=limit, progress=progress,

@@ -36,6 +36,21 @@ class ProbePrompt:
     ``boundary_index`` is the index of the last token of the user-role header (always the last
     token of ``input_ids``); ``assistant_span`` is the [start, end) token span of the assistant's
     response; ``header_text`` is the user-role header as the template writes it.
+
+    Attributes:
+        input_ids: token ids of the conversation followed by the user-role header (one BOS at most).
+        boundary_index: ``len(input_ids) - 1``, the position whose residual is cached and steered.
+        assistant_span: ``(start, end)`` token indices of the response in ``input_ids`` (both clamped to
+            ``boundary_index``; ``(b, b)`` when there is no response to locate).
+        text: ``tokenizer.decode(input_ids)``.
+        header_text: the template's user-role header (:func:`user_header`).
+
+    Example:
+        >>> from mechprobe import ProbePrompt
+        >>> pp = ProbePrompt(input_ids=[1, 7, 8, 9, 2, 5], boundary_index=5, assistant_span=(2, 4),
+        ...                  text="...", header_text="<|im_start|>user\\n")
+        >>> pp.input_ids[pp.boundary_index] == pp.input_ids[-1]
+        True
     """
 
     input_ids: list[int]
@@ -133,6 +148,28 @@ def build_probe_prompt(
 
     ``system=None`` keeps the template's default system prompt (SmolLM2, Qwen write one); pass a
     string to override it. ``history`` is prior turns for multi-turn datasets.
+
+    Args:
+        tokenizer: an HF tokenizer with a chat template (a fast tokenizer gives exact offsets).
+        prompt: the user query.
+        response: the assistant's answer; it must appear verbatim (after ``strip()``) in the rendering.
+        system: system prompt; None (default) keeps the template's own default.
+        history: earlier turns as ``{"role", "content"}`` dicts, before ``prompt``; None (default) = none.
+
+    Returns:
+        A :class:`ProbePrompt` whose ``input_ids`` end with the user-role header, so ``boundary_index`` is
+        the last position, and whose ``assistant_span`` locates the response.
+
+    Raises:
+        ChatTemplateError: no chat template, a template that refuses the conversation, renders the user
+            message twice, or drops/rewrites the response.
+
+    Example:
+        >>> from mechprobe import build_probe_prompt, load_model
+        >>> lm = load_model("smollm2-135m-instruct", device="cpu")                     # doctest: +SKIP
+        >>> pp = build_probe_prompt(lm.tokenizer, "What is 12 * 7?", "12 * 7 = 84.")    # doctest: +SKIP
+        >>> pp.text.endswith("<|im_start|>user\\n"), pp.boundary_index == len(pp.input_ids) - 1  # doctest: +SKIP
+        (True, True)
     """
     msgs = _messages(prompt, response, system, history)
     full = render(tokenizer, msgs + [{"role": "user", "content": SENTINEL}])
@@ -202,6 +239,22 @@ def user_header(tokenizer: Any) -> str:
     Derived by diffing a conversation rendered with and without one more user message. Where the
     template renders the final assistant turn differently from a non-final one (harmony writes
     ``<|return|>`` vs ``<|end|>``), the assistant's end-of-turn token is located and skipped.
+
+    Args:
+        tokenizer: an HF tokenizer with a chat template.
+
+    Returns:
+        The header text (``str``), e.g. ``"<|im_start|>user\\n"`` for ChatML (SmolLM2, Qwen),
+        ``"<start_of_turn>user\\n"`` for Gemma, ``"<|start_header_id|>user<|end_header_id|>\\n\\n"`` for Llama-3.
+
+    Raises:
+        ChatTemplateError: the tokenizer has no chat template (a base model) or the template refuses.
+
+    Example:
+        >>> from mechprobe import load_model, user_header
+        >>> lm = load_model("smollm2-135m-instruct", device="cpu")     # doctest: +SKIP
+        >>> user_header(lm.tokenizer)                                  # doctest: +SKIP
+        '<|im_start|>user\\n'
     """
     a, b = "Hello there.", "General Kenobi."
     base_msgs = [{"role": "user", "content": a}, {"role": "assistant", "content": b}]

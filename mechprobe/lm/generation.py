@@ -91,6 +91,45 @@ def generate(
     ``drop_finished``: a row that has hit its stop token leaves the batch (its KV rows are dropped), so the
     remaining steps compute only the rows still decoding. Every row keeps its own positions, mask and
     RNG, so outputs do not change (tested token for token against ``drop_finished=False``).
+
+    Runs under ``torch.inference_mode``. Hooks (activation capture, :func:`mechprobe.steering.vector.steer`)
+    see one prefill call, whose last position is the boundary in every row, then one call per new token.
+
+    Args:
+        model: an HF causal LM (``nn.Module``, not a ``LoadedModel``); inputs go to its embedding's device.
+        prompts: token-id lists, one per row (non-empty; left-padded with ``pad_id`` here).
+        stop_ids: token id -> stop reason; a row stops after emitting one of them (the token is kept).
+            ``{}`` decodes exactly ``max_new_tokens`` tokens.
+        max_new_tokens: cap on new tokens per row (default 128); a row that hits it gets ``"max_tokens"``.
+        temperatures: one float for all rows or one per row; 0.0 (default) = greedy argmax.
+        seeds: one seed per row (None = no generator); every row with temperature > 0 needs one.
+            None (default) = no seeds, only valid for greedy rows.
+        pad_id: id used for left padding (default 0; masked out, so its value does not matter).
+        top_p: nucleus sampling mass for sampled rows (default 1.0 = off).
+        share_prefill: prefill identical prompts once and copy their KV rows (default True; same outputs).
+        drop_finished: drop finished rows from the batch (default True; same outputs).
+
+    Returns:
+        ``list[Generation]`` in prompt order: ``token_ids`` (new tokens, the stop token included) and
+        ``stop_reason`` (the ``stop_ids`` value of the stop token, or ``"max_tokens"``).
+
+    Raises:
+        ValueError: a temperature count that differs from the prompt count, a sampled row without a seed,
+            or an empty prompt.
+
+    Example:
+        >>> from mechprobe import generate, tiny_model
+        >>> model = tiny_model("llama")
+        >>> gens = generate(model, [[1, 2, 3], [4, 5]], stop_ids={}, max_new_tokens=4)
+        >>> [(len(g.token_ids), g.stop_reason) for g in gens]
+        [(4, 'max_tokens'), (4, 'max_tokens')]
+        >>> again = generate(model, [[4, 5]], stop_ids={}, max_new_tokens=4)   # batch-invariant rows
+        >>> again[0].token_ids == gens[1].token_ids
+        True
+        >>> gens = generate(model, [[1, 2, 3]] * 2, stop_ids={}, max_new_tokens=4,
+        ...                 temperatures=[0.0, 1.0], seeds=[None, 7])
+        >>> [len(g.token_ids) for g in gens]
+        [4, 4]
     """
     from transformers import DynamicCache
 

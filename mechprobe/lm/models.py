@@ -102,7 +102,32 @@ _QWEN_CHUNKS = CHUNKED["qwen2.5-coder-0.5b-instruct"]  # kept for callers of the
 
 @dataclass
 class LoadedModel:
-    """A model ready for probing, with what downstream manifests need to detect mix-ups."""
+    """A model ready for probing, with what downstream manifests need to detect mix-ups.
+
+    Returned by :func:`load_model`; :meth:`identity` (name, weight, tokenizer and template hashes) is
+    written into every run manifest so a run, its cache and its steering vectors never mix models.
+
+    Args:
+        model: the ``transformers`` causal LM (eval mode, no gradients when made by :func:`load_model`).
+        tokenizer: its tokenizer, with the chat template the probe uses.
+        name: the model's name (an embedded name, hub id or path).
+        weight_hash: sha256 identifying the weights; :func:`~mechprobe.steering.vector.steer` compares it
+            with a vector's ``weight_hash``.
+        device: device of the first parameter.
+        dtype: the torch dtype the weights were loaded in.
+
+    Attributes:
+        n_layers: number of decoder blocks (residual indices run ``0..n_layers``).
+        d_model: ``config.hidden_size``, the residual width.
+
+    Example:
+        >>> import torch
+        >>> from mechprobe import LoadedModel, tiny_model
+        >>> lm = LoadedModel(model=tiny_model("llama"), tokenizer=None, name="tiny-llama", weight_hash="0" * 64,
+        ...                  device=torch.device("cpu"), dtype=torch.float32)
+        >>> lm.n_layers, lm.d_model
+        (3, 64)
+    """
 
     model: Any  # transformers.PreTrainedModel
     tokenizer: Any  # transformers.PreTrainedTokenizerBase
@@ -574,6 +599,30 @@ def load_model(
     (a Jinja string or file) overrides or supplies the template, e.g. for base models.
     Attention defaults to ``eager`` on CPU (faster there, and a left-padded row then equals the
     unpadded row exactly) and ``sdpa`` on CUDA.
+
+    Args:
+        name_or_path: an embedded model name (e.g. ``"smollm2-135m-instruct"``, the default model), a local
+            HF model directory, a ``.gguf`` file, or a hub id already in the HF cache.
+        device: ``"cpu"``, ``"cuda"``, ... ; None (default) = CUDA when visible, else CPU.
+        dtype: ``"float32"``/``"bfloat16"``/``"float16"`` (or ``fp32``/``bf16``/``fp16``) or a torch dtype;
+            None (default) = bf16 on CUDA, fp32 on CPU.
+        chat_template: a Jinja template string or file that overrides or supplies the tokenizer's; None
+            (default) keeps the model's own.
+        device_map: passed to ``from_pretrained`` (e.g. ``"auto"``); None (default) places the whole model
+            on ``device``.
+        attn_implementation: attention kernel; None (default) = ``"eager"`` on CPU, ``"sdpa"`` otherwise.
+
+    Returns:
+        A :class:`LoadedModel` in eval mode with gradients off, with its ``weight_hash``.
+
+    Raises:
+        ModelLoadError: an unknown name, a missing ``.gguf`` file, or a model that cannot be loaded.
+
+    Example:
+        >>> from mechprobe import load_model
+        >>> lm = load_model("smollm2-135m-instruct", device="cpu", dtype="float32")  # doctest: +SKIP
+        >>> lm.n_layers, lm.d_model                                                 # doctest: +SKIP
+        (30, 576)
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -707,6 +756,22 @@ def get_blocks(model: nn.Module) -> nn.ModuleList:
 
     Returns the ``nn.ModuleList`` whose length equals ``config.num_hidden_layers`` (Llama/Qwen/Gemma/
     Mistral: ``model.model.layers``; GPT-2: ``transformer.h``; GPT-NeoX: ``gpt_neox.layers``).
+
+    Args:
+        model: an HF causal LM (``nn.Module``); ``config.num_hidden_layers`` (or ``text_config``'s) selects the
+            list; without it, the longest non-empty ``ModuleList`` is taken.
+
+    Returns:
+        The blocks as an ``nn.ModuleList``: block ``i`` reads residual index ``i`` and writes ``i + 1``.
+
+    Raises:
+        ValueError: no candidate ``ModuleList`` was found.
+
+    Example:
+        >>> from mechprobe import get_blocks, tiny_model
+        >>> blocks = get_blocks(tiny_model("llama"))
+        >>> type(blocks).__name__, len(blocks)
+        ('ModuleList', 3)
     """
     n = getattr(getattr(model, "config", None), "num_hidden_layers", None)
     text_cfg = getattr(getattr(model, "config", None), "text_config", None)
@@ -729,6 +794,22 @@ def tiny_model(arch: str = "llama", seed: int = 0, **overrides: Any) -> Any:
 
     ``arch`` is one of llama, qwen2, gemma3, mistral. Weights are random (seeded), so outputs mean
     nothing; the module structure, attention and cache code are the real ones.
+
+    Args:
+        arch: ``"llama"`` (default), ``"qwen2"`` (or ``"qwen"``), ``"gemma3"`` (or ``"gemma"``) or
+            ``"mistral"``.
+        seed: ``torch.manual_seed`` used before initialising the weights (default 0): same seed, same model.
+        **overrides: config fields replacing the small defaults (``vocab_size=128``, ``hidden_size=64``,
+            ``intermediate_size=128``, ``num_hidden_layers=3``, 4 attention heads, 2 KV heads).
+
+    Returns:
+        A ``transformers`` causal LM (no tokenizer) in eval mode, float32, eager attention.
+
+    Example:
+        >>> from mechprobe import tiny_model
+        >>> model = tiny_model("qwen2", num_hidden_layers=2)
+        >>> type(model).__name__, model.config.hidden_size, model.config.num_hidden_layers
+        ('Qwen2ForCausalLM', 64, 2)
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 

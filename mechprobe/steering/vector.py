@@ -68,6 +68,30 @@ class SteeringVector:
     activations came from), ``source_run``, ``position`` (where the activations were read, "boundary"),
     ``n_pos`` / ``n_neg`` (examples per class) and ``resid_norm`` (mean L2 norm of that residual at that
     position: the yardstick for ``|v|``).
+
+    Args:
+        vector: the direction, a finite 1-D tensor ``[d_model]`` (any float dtype; :meth:`scaled` returns
+            float32). Its norm is the raw size that ``alpha`` multiplies in :func:`steer` and :func:`bake`.
+        layer: residual index where the vector is added (TransformerLens ``resid_pre`` convention: ``r`` =
+            input of block ``r``; 0 = embeddings, ``r >= 1`` = output of block ``r - 1``); must be >= 0.
+        kind: one of ``"diff_means"`` (default), ``"probe"``, ``"random"``, ``"negative"``.
+        metadata: provenance (see above); empty by default. :attr:`meta` is an alias.
+
+    Raises:
+        ValueError: ``vector`` is not a 1-D tensor or has NaN/inf entries, ``layer < 0``, unknown ``kind``.
+
+    Example:
+        >>> import torch
+        >>> from mechprobe import SteeringVector
+        >>> v = SteeringVector(torch.ones(4), layer=2)
+        >>> v.d_model, v.norm
+        (4, 2.0)
+        >>> v.describe(alpha=0.5)
+        'diff_means vector at residual index 2 (output of block 1): |v| = 2; alpha 0.5 adds |alpha v| = 1'
+        >>> v.negated().kind, v.negated().vector.tolist()
+        ('negative', [-1.0, -1.0, -1.0, -1.0])
+        >>> v.save("runs/smol-gsm8k/vectors/layer2")                        # doctest: +SKIP
+        >>> SteeringVector.load("runs/smol-gsm8k/vectors/layer2")           # doctest: +SKIP
     """
 
     vector: torch.Tensor
@@ -189,6 +213,38 @@ def diff_of_means(x_pos: torch.Tensor, x_neg: torch.Tensor, layer: int, *, posit
 
     ``resid_norm`` defaults to the mean L2 norm of all rows (both classes): the layer's typical
     residual size at ``position``, which :meth:`SteeringVector.describe` divides by.
+
+    Args:
+        x_pos: ``[n_pos, d_model]`` activations of the genuine follow-ups (label 1); computed in float32.
+        x_neg: ``[n_neg, d_model]`` activations of the other turns (label 0); same ``d_model``.
+        layer: residual index the rows were read at (0 = embeddings, ``r`` = input of block ``r``), which is
+            where the vector will be added.
+        position: where the rows were read (recorded in the metadata; default ``"boundary"``).
+        weight_hash: hash of the model the activations came from; None (default) records nothing. With
+            it, :func:`steer` refuses a :class:`~mechprobe.lm.models.LoadedModel` with other weights.
+        source_run: run directory the activations came from; None records nothing.
+        resid_norm: the yardstick for ``|v|``; None (default) = mean L2 norm of all rows of both classes.
+        **extra: further metadata entries, stored as given (None values are dropped).
+
+    Returns:
+        A :class:`SteeringVector` of kind ``"diff_means"`` with ``vector`` ``[d_model]`` float32 (raw units:
+        ``alpha = 1`` is one class gap) and metadata ``n_pos``, ``n_neg``, ``resid_norm``, ``position``.
+
+    Raises:
+        ValueError: the inputs are not 2-D with one ``d_model``, or a class has no rows.
+
+    Example:
+        >>> import torch
+        >>> from mechprobe import diff_of_means
+        >>> _ = torch.manual_seed(0)
+        >>> x_pos, x_neg = torch.randn(8, 16) + 1.0, torch.randn(8, 16)
+        >>> v = diff_of_means(x_pos, x_neg, layer=3)
+        >>> v.vector.shape, v.kind, v.layer
+        (torch.Size([16]), 'diff_means', 3)
+        >>> torch.allclose(v.vector, x_pos.mean(0) - x_neg.mean(0))
+        True
+        >>> v.metadata["n_pos"], v.metadata["n_neg"], v.metadata["position"]
+        (8, 8, 'boundary')
     """
     x_pos, x_neg = torch.as_tensor(x_pos), torch.as_tensor(x_neg)
     if x_pos.dim() != 2 or x_neg.dim() != 2 or x_pos.shape[1] != x_neg.shape[1]:
@@ -213,6 +269,34 @@ def from_direction(direction: torch.Tensor, ref_norm: float | SteeringVector, *,
     Pass the same layer's diff-of-means vector as ``ref_norm`` to take its norm, layer, ``resid_norm``,
     ``weight_hash`` and ``source_run``, and to record the cosine between the two directions. The sign
     of ``direction`` is kept: a probe trained with genuine = 1 points towards genuine follow-ups.
+
+    Args:
+        direction: any non-zero finite tensor with ``d_model`` entries (flattened, so a ``[1, d_model]``
+            probe weight works); only its direction is used.
+        ref_norm: the norm to give the result: a positive number, or a :class:`SteeringVector` whose norm,
+            layer and provenance (``resid_norm``, ``position``, ``weight_hash``, ``source_run``) are taken;
+            the cosine with it is stored as ``cos_with_reference``.
+        layer: residual index of the result; None (default) takes the reference vector's layer, and is an
+            error when ``ref_norm`` is a number.
+        kind: the result's kind (default ``"probe"``).
+        **metadata: further metadata entries; ``ref_norm`` (the norm used) is always recorded.
+
+    Returns:
+        A :class:`SteeringVector` ``[d_model]`` float32 pointing along ``direction`` with norm ``ref_norm``.
+
+    Raises:
+        ValueError: zero or non-finite direction, dimension mismatch with the reference, no layer, or a
+            non-positive ``ref_norm``.
+
+    Example:
+        >>> import torch
+        >>> from mechprobe import SteeringVector, from_direction
+        >>> from_direction(torch.tensor([3.0, 4.0]), 10.0, layer=1).vector
+        tensor([6., 8.])
+        >>> ref = SteeringVector(torch.tensor([0.0, 5.0]), layer=1, metadata={"resid_norm": 20.0})
+        >>> p = from_direction(torch.tensor([3.0, 4.0]), ref)
+        >>> p.kind, p.layer, p.norm, round(p.metadata["cos_with_reference"], 3)
+        ('probe', 1, 5.0, 0.8)
     """
     d = torch.as_tensor(direction).detach().float().flatten()
     if not torch.isfinite(d).all() or float(d.norm()) == 0.0:
@@ -415,6 +499,46 @@ def steer(model: Any, vector: SteeringVector, alpha: float, positions: str = "bo
     or without its KV cache), plain forwards. Hooks are removed on exit, also after an exception.
     ``alpha == 0`` adds nothing, so outputs are token-identical to no steering. ``model`` may be an
     ``nn.Module`` or a :class:`~mechprobe.lm.models.LoadedModel`.
+
+    Args:
+        model: an HF causal LM (``nn.Module``) or a :class:`~mechprobe.lm.models.LoadedModel`; for the latter,
+            a vector whose ``weight_hash`` names other weights is refused.
+        vector: the :class:`SteeringVector`; added at residual index ``vector.layer`` (``r = 0``: input of
+            block 0 via a forward pre-hook; ``r >= 1``: output of block ``r - 1`` via a forward hook).
+        alpha: multiplier of the *raw* vector: the residual becomes ``h + alpha * v`` (``alpha = 1`` = one
+            class gap for a diff-of-means vector; not a multiple of the residual norm unless the vector was
+            rescaled with :func:`in_alpha_units` ``"resid"``). Must be finite.
+        positions: ``"boundary"`` (last position of the prefill call only), ``"generated"`` (every position of
+            calls on a non-empty KV cache, never the prefill), ``"boundary+generated"`` (default: both) or
+            ``"all"`` (every position of every call, what :func:`bake` does).
+
+    Returns:
+        A context manager (yields None); the hooks are active inside the ``with`` block and removed on exit,
+        also after an exception.
+
+    Raises:
+        UsageError: unknown ``positions``, non-finite ``alpha``, layer outside ``0..n_layers``, or a vector
+            built for another model (``d_model`` or ``weight_hash`` mismatch).
+        TypeError: ``vector`` is not a :class:`SteeringVector`.
+
+    Example:
+        >>> import torch
+        >>> from mechprobe import SteeringVector, steer, tiny_model
+        >>> model = tiny_model("llama")                   # random weights, d_model 64, 3 blocks
+        >>> _ = torch.manual_seed(0)
+        >>> vec = SteeringVector(torch.randn(64), layer=2)
+        >>> ids = torch.tensor([[1, 2, 3, 4]])            # a prompt that ends at the boundary
+        >>> with torch.no_grad():
+        ...     base = model(ids).logits
+        ...     with steer(model, vec, alpha=4.0, positions="boundary"):
+        ...         steered = model(ids).logits
+        ...     after = model(ids).logits
+        >>> torch.equal(base[:, :-1], steered[:, :-1])  # positions before the boundary untouched
+        True
+        >>> torch.equal(base[:, -1], steered[:, -1])    # the boundary position is steered
+        False
+        >>> torch.equal(after, base)                      # hooks are gone after the block
+        True
     """
     mod, blocks = _check(model, vector, alpha, positions)
     tracker = _CallTracker()
@@ -478,6 +602,39 @@ def bake(model: nn.Module, vector: SteeringVector, alpha: float) -> nn.Module:
     adds ``down_proj``'s output straight to the residual (Llama family, SmolLM2 included); others raise
     ``NotImplementedError`` (steer with hooks instead). Modifies the model in place and returns it;
     the provenance is kept in ``config.mechprobe_steering``.
+
+    Args:
+        model: an HF causal LM with a ``mlp_bias`` config switch and ``mlp.gate_proj/up_proj/down_proj``
+            linears (a :class:`~mechprobe.lm.models.LoadedModel` is unwrapped to its ``model``).
+        vector: the :class:`SteeringVector`; its ``layer`` must be >= 1 (residual index 0, the embeddings,
+            has no block output to add a bias to).
+        alpha: multiplier of the raw vector, as in :func:`steer`: the bias is ``alpha * vector``.
+
+    Returns:
+        The same ``nn.Module``, modified in place: every MLP linear now has a bias (zero except block
+        ``layer - 1``'s ``down_proj``), ``config.mlp_bias = True`` and ``config.mechprobe_steering`` records
+        layer, alpha, kind, norm and ``positions="all"``.
+
+    Raises:
+        ValueError: ``vector.layer < 1``.
+        NotImplementedError: the architecture has no ``mlp_bias`` switch or lacks the three MLP linears.
+        UsageError: as in :func:`steer` (layer out of range, vector built for another model).
+
+    Example:
+        >>> import torch
+        >>> from mechprobe import SteeringVector, bake, steer, tiny_model
+        >>> _ = torch.manual_seed(0)
+        >>> vec = SteeringVector(torch.randn(64), layer=2)
+        >>> ids = torch.tensor([[1, 2, 3, 4]])
+        >>> hooked = tiny_model("llama", seed=0)
+        >>> with torch.no_grad(), steer(hooked, vec, alpha=4.0, positions="all"):
+        ...     want = hooked(ids).logits
+        >>> baked = bake(tiny_model("llama", seed=0), vec, alpha=4.0)
+        >>> with torch.no_grad():
+        ...     got = baked(ids).logits
+        >>> torch.allclose(got, want, atol=1e-5), baked.config.mlp_bias
+        (True, True)
+        >>> baked.save_pretrained("steered-model")                          # doctest: +SKIP
     """
     mod, _ = _unwrap(model)
     _check(mod, vector, alpha, "all")

@@ -448,6 +448,32 @@ def load_dataset(name: str, *, path: str | Path | None = None, split: str = "tes
     (local files are the test sets; IFEval and MT-Bench have a single split). ``limit``: at most this
     many items, the first ones of the file. ``source``: ``"local"`` (files only), ``"hf"`` (hub only)
     or ``"auto"`` (a local file when there is one, else the hub when ``datasets`` is installed).
+
+    Args:
+        name: ``"builtin"`` (the bundled prompts), ``"gsm8k"``, ``"math500"``, ``"ifeval"``, ``"mt_bench"``,
+            ``"hh_rlhf"`` or ``"topical_chat"``.
+        path: local file or folder; None (default) = search ``$MECHPROBE_DATA_DIR`` and ``shared/data``.
+        split: hub split (default ``"test"``).
+        limit: at most this many items (>= 0), the first of the file; None (default) = all.
+        source: ``"auto"`` (default), ``"local"`` or ``"hf"``.
+
+    Returns:
+        A :class:`DatasetLoad`: ``items`` (``list[Item]``), ``skipped`` (malformed rows with file and line),
+        ``source`` (file path or ``hf:<id>``) and ``fingerprint`` (``sha256:<hex>`` of the file, or the hub
+        id and split), which the run manifest records.
+
+    Raises:
+        UsageError: unknown name or source, negative limit.
+        MissingInput / HubLoadError: no local file and no usable hub copy.
+
+    Example:
+        >>> from mechprobe import load_dataset
+        >>> data = load_dataset("builtin", limit=2)
+        >>> [it.item_id for it in data.items], data.items[0].gold, data.skipped
+        (['builtin-math-00', 'builtin-math-01'], '159', [])
+        >>> data.fingerprint.startswith("sha256:")
+        True
+        >>> load_dataset("gsm8k", path="shared/data", limit=50)           # doctest: +SKIP
     """
     if name not in NAMES:
         raise UsageError(f"unknown dataset {name!r}; choose one of: {', '.join(NAMES)}")

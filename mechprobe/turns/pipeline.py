@@ -69,7 +69,42 @@ ENGINES = ("hf", "vllm", "llamacpp")
 
 @dataclass
 class ProbeConfig:
-    """Everything that determines a probe run's outputs (and goes into its manifest)."""
+    """Everything that determines a probe run's outputs (and goes into its manifest).
+
+    :meth:`identity` (all fields but ``limit``, ``batch_size``, ``device``, ``data_path``) must match to
+    extend an existing run; :meth:`validate` refuses bad values before anything is loaded.
+
+    Args:
+        model: model to probe (embedded name, HF directory, ``.gguf`` or hub id); default the embedded
+            SmolLM2-135M-Instruct.
+        dataset: dataset name (:func:`~mechprobe.turns.datasets.load_dataset`); default ``"builtin"``.
+        data_path: local file or folder for the dataset; None (default) = the usual search.
+        limit: first this many items (>= 1); None = all; default 50.
+        temperatures: user-turn decodings; 0 = one greedy turn, each ``T > 0`` = ``samples`` sampled turns
+            (default ``[0.0, 1.0]``).
+        samples: sampled turns per temperature > 0 (default 3).
+        max_assistant_tokens: token cap of the assistant answer (default 256; capped answers are marked
+            ``max_tokens`` and left out of headline rates).
+        max_user_tokens: token cap of the generated user turn (default 64).
+        seed: base seed; each sampled row's seed is derived from it and the record id (default 0).
+        system: system prompt; None (default) keeps the chat template's default.
+        chat_template: Jinja template string or file replacing the tokenizer's; None (default) = its own.
+        batch_size: rows per decode call; None (default) = automatic (fits half the free memory, <= 64).
+        device: ``"cpu"``/``"cuda"``; None (default) = CUDA when visible.
+        dtype: model dtype name; None (default) = bf16 on CUDA, fp32 on CPU.
+        engine: ``"hf"`` (default: exact and hookable), ``"vllm"`` (GPU) or ``"llamacpp"`` (CPU, GGUF).
+
+    Example:
+        >>> from mechprobe import ProbeConfig
+        >>> cfg = ProbeConfig(dataset="gsm8k", limit=10, temperatures=[0.0])
+        >>> cfg.validate()
+        >>> "limit" in cfg.identity(), cfg.identity()["dataset"]
+        (False, 'gsm8k')
+        >>> ProbeConfig(temperatures=[-1.0]).validate()
+        Traceback (most recent call last):
+        ...
+        mechprobe.errors.UserError: invalid probe configuration: temperature -1.0 must be a finite number >= 0 (0 = greedy)
+    """
 
     model: str = DEFAULT_MODEL
     dataset: str = "builtin"
@@ -210,6 +245,29 @@ def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
     only names them. Nothing is written to ``out`` until the config, the data, the model and its
     template have all been checked. ``lm`` and ``engine`` (from :func:`load_generator`) let a caller
     that probes several datasets load the model once.
+
+    Args:
+        cfg: the :class:`ProbeConfig` (validated first).
+        out: the run directory (created); an existing run with another identity is refused.
+        lm: a loaded :class:`~mechprobe.lm.models.LoadedModel` to reuse; None (default) loads ``cfg.model``.
+        progress: show tqdm progress bars (default True).
+        items: your own :class:`~mechprobe.records.Item` list instead of the dataset loader; None (default).
+        engine: the generation engine from :func:`load_generator` (vLLM/llama.cpp); None (default) with
+            ``lm=None`` loads it, with an ``lm`` given means the HF path.
+
+    Returns:
+        ``out`` as a :class:`~pathlib.Path`, now holding ``assistant.jsonl``, ``user_turns.jsonl``,
+        ``manifest.json`` and ``skipped_rows.jsonl`` (rows too long for the context).
+
+    Raises:
+        UserError: an invalid config, no items, a template that cannot host the probe, or a run in ``out``
+            made with another model, template, config or data.
+
+    Example:
+        >>> from mechprobe import ProbeConfig, load_run, run_probe
+        >>> cfg = ProbeConfig(model="smollm2-135m-instruct", dataset="gsm8k", limit=20)   # doctest: +SKIP
+        >>> run = run_probe(cfg, "runs/smol-gsm8k")                                     # doctest: +SKIP
+        >>> answers, turns = load_run(run)                                              # doctest: +SKIP
     """
     out = Path(out)
     cfg.validate()
@@ -510,7 +568,24 @@ def run_variant(cfg: ProbeConfig, run: str | Path, variant: str, plan: list[tupl
 
 
 def load_run(run_dir: str | Path) -> tuple[list[AssistantRecord], list[UserTurnRecord]]:
-    """Read a probe run's records (for notebooks and later stages)."""
+    """Read a probe run's records (for notebooks and later stages).
+
+    Args:
+        run_dir: a probe run directory.
+
+    Returns:
+        ``(assistants, user_turns)``: ``list[AssistantRecord]`` (one per item, ``assistant.jsonl`` order) and
+        ``list[UserTurnRecord]`` (``user_turns.jsonl`` order, the row order of the activation cache).
+
+    Raises:
+        MissingInput: ``run_dir`` has no ``user_turns.jsonl``.
+
+    Example:
+        >>> from mechprobe import load_run
+        >>> answers, turns = load_run("runs/smol-gsm8k")                  # doctest: +SKIP
+        >>> turns[0].record_id                                           # doctest: +SKIP
+        'gsm8k-0000|greedy|s0'
+    """
     run_dir = Path(run_dir)
     if not (run_dir / USER_TURNS).exists():
         raise MissingInput(f"{run_dir} has no {USER_TURNS}: run `python experiments/probe.py --out {run_dir}`")
