@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from mechprobe.audit.codebook import codebook_text
 from mechprobe.errors import UsageError, UserError
 from mechprobe.judges.base import JudgeInput
 from mechprobe.records import LabelRecord
@@ -46,18 +45,18 @@ from mechprobe.taxonomy import (
     JUDGE_ERROR,
     LABELS,
     TAXONOMY_VERSION,
+    definitions_markdown,
     is_genuine,
 )
 
-PROMPT_VERSION = "prompt-v2-codebook"  # v2: the codebook (mechprobe/audit/labeling_guide.md) verbatim
+PROMPT_VERSION = "prompt-v1"
 
 SYSTEM_PROMPT = f"""You are an expert annotator for research on chat language models.
 A chat model was shown a conversation (a user query and its own assistant answer) followed by the
 header of a new *user* turn, and it wrote that next user turn itself. You label what it wrote.
 
-The codebook (labels, decision order, worked examples; choose exactly one label):
-
-{codebook_text()}
+Taxonomy (choose exactly one label):
+{definitions_markdown()}
 
 Rules:
 - Judge only the generated user turn, given the conversation; do not judge the assistant answer.
