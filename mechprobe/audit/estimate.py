@@ -85,12 +85,13 @@ def _ppi(y: np.ndarray, yhat: np.ndarray, yhat_u: np.ndarray, alpha: float, lo_c
     from ppi_py import ppi_mean_ci, ppi_mean_pointestimate
 
     if yhat_u.size == 0:
-        # Every turn audited: nothing to impute, the audit mean is the estimate (CLT interval).
-        from scipy.stats import norm
+        # Every turn audited: nothing to impute, the audit mean is the estimate. Wilson, not CLT: with no audited
+        # follow-up a CLT interval has zero width, yet 0 of 60 is compatible with a rate of several percent.
+        from statsmodels.stats.proportion import proportion_confint
 
         point = float(y.mean())
-        half = float(norm.ppf(1 - alpha / 2)) * float(y.std()) / math.sqrt(y.size)
-        return point, max(lo_clip, point - half), min(hi_clip, point + half), "audit only (every turn audited)"
+        lo, hi = proportion_confint(float(y.sum()), y.size, alpha=alpha, method="wilson")
+        return point, max(lo_clip, float(lo)), min(hi_clip, float(hi)), "audit only (every turn audited; Wilson)"
     method, lam = "ppi++ (ppi_py, power-tuned)", None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # 0/0 power tuning: handled just below

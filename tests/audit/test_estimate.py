@@ -60,3 +60,13 @@ def test_planted_judge_bias_coverage():
         cover_ppi += c.lo <= truth <= c.hi
     assert cover_judge / draws < 0.2
     assert cover_ppi / draws > 0.85
+
+
+def test_fully_audited_stratum_without_follow_ups_keeps_an_interval():
+    """0 of 60 audited and nothing left to impute: the rate is 0, but its interval is Wilson's, not a zero-width one."""
+    import numpy as np
+
+    from mechprobe.audit import corrected_rate
+
+    est = corrected_rate(np.array([], float), np.zeros(60), np.zeros(60))
+    assert est.point == 0.0 and est.lo == 0.0 and 0.05 < est.hi < 0.07
