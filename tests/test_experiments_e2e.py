@@ -178,8 +178,9 @@ def test_steer_advice_names_only_flags_that_exist(system_run, tmp_path):
     from mechprobe.cli.linear_probe import add_probes_args
 
     _write_labels(system_run, set())  # no genuine follow-up at all: a difference of means is impossible
+    # its own steering directory: the fixture run's steering/ is frozen at another test's setting
     p = _py("experiments/steer.py", "--run", str(system_run), "--layer", "10", "--alpha", "2",
-            "--no-assistant-check", "--figures", str(tmp_path), check=False)
+            "--no-assistant-check", "--figures", str(tmp_path), "--steer-dir", str(tmp_path / "steer"), check=False)
     assert p.returncode == 2, p.stdout + p.stderr
     err = p.stderr.strip().splitlines()[-1]
     assert "genuine follow-ups" in err
