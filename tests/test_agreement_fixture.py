@@ -1,4 +1,4 @@
-"""The hand-label fixtures are well-formed, and the offline judge does not regress against them.
+"""The model-written label fixtures are well-formed, and the offline judge does not regress against them.
 
 Two independent labellings of the same 216 turns: ``hand_labels.jsonl`` (labeller A, the reference of
 the reports) and ``hand_labels_b.jsonl`` (labeller B, labelled blind to A and to the judge). See

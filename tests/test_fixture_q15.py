@@ -1,4 +1,4 @@
-"""The 1.5B hand-label fixture (``hand_labels_q15_c.jsonl`` / ``_d.jsonl``): well-formed, and the judges'
+"""The 1.5B model-written label fixture (``hand_labels_q15_c.jsonl`` / ``_d.jsonl``): well-formed, and the judges'
 agreement with it does not regress (floors = measured − 0.15; the claims are in docs/judge_agreement.md)."""
 
 from __future__ import annotations

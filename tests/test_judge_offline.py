@@ -1,7 +1,7 @@
 """Unit tests of the offline judge's rules on crafted turns (one or more per label, plus rule order).
 
 These examples were written by hand to exercise each rule; they are not real generated turns and
-are not the evaluation data (that is the hand-label fixture, split dev/test).
+are not the evaluation data (that is the model-written label fixture, split dev/test).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from mechprobe.judges.human_reference import run
 
 def add_agreement_args(p: argparse.ArgumentParser) -> None:
     """Arguments of ``mechprobe agreement A B`` (also ``mechprobe agreement``)."""
-    p.add_argument("a", nargs="?", help="labels.jsonl, run dir, or hand-label fixture (the reference)")
+    p.add_argument("a", nargs="?", help="labels.jsonl, run dir, or model-written label fixture (the reference)")
     p.add_argument("b", nargs="?", help="labels.jsonl, run dir, fixture, or a judge spec (offline, "
                                         "offline-lexical, openai:MODEL, local:MODEL, hybrid:MODEL) to run on A's rows")
     p.add_argument("--human-reference", metavar="JUDGE", default=None,
@@ -67,7 +67,7 @@ def run_agreement_cli(a: argparse.Namespace) -> int:
     if _is_judge_spec(a.b):
         if not src_a.rows or "raw_text" not in src_a.rows[0]:
             raise UsageError(f"B={a.b!r} is a judge, so A must hold self-contained rows (prompt, response, "
-                             "raw_text): pass the hand-label fixture as A")
+                             "raw_text): pass the model-written label fixture as A")
         opts: dict[str, Any] = {}
         if a.b.startswith("openai:"):
             opts = {"base_url": a.base_url, "api_key": os.environ.get(a.api_key_env) or None,

@@ -1,14 +1,14 @@
 """Agreement between two label sources: Cohen's kappa, per-label precision/recall, confusion matrix.
 
 A source is a labels file (``RUN/labels.jsonl``), a run directory (its ``labels.jsonl``), the
-hand-label fixture (``tests/fixtures/hand_labels.jsonl``: rows with record_id, prompt, response,
+model-written label fixture (``tests/fixtures/hand_labels.jsonl``: rows with record_id, prompt, response,
 raw_text, label, rationale, split) or a judge spec (``offline``, ``offline-lexical``,
 ``openai:MODEL``) that is run on the *other* source's self-contained rows. Rows are joined on
 ``record_id``; ``judge_error`` rows are excluded and counted, never treated as a label.
 
 Why kappa and not accuracy alone: the label distribution is very skewed (few genuine follow-ups), so
 a judge that always says "not genuine" has high accuracy and kappa 0. The first source is read as
-the reference for precision/recall (put the hand labels first).
+the reference for precision/recall (put the model-written labels first).
 
     mechprobe agreement tests/fixtures/hand_labels.jsonl offline --split test --out report.md
 """
@@ -99,13 +99,13 @@ def _is_judge_spec(spec: str) -> bool:
 
 
 def load_labels(path: str | Path, split: str | None = None, name: str | None = None) -> LabelSource:
-    """Read a labels.jsonl, a run directory or the hand-label fixture; optionally one split only."""
+    """Read a labels.jsonl, a run directory or the model-written label fixture; optionally one split only."""
     p = Path(path)
     if p.is_dir():
         p = p / "labels.jsonl"
     if not p.exists():
         raise MissingInput(f"{p} does not exist: pass a labels.jsonl, a run directory with one "
-                                "(run `mechprobe judge RUN` first) or the hand-label fixture")
+                                "(run `mechprobe judge RUN` first) or the model-written label fixture")
     rows = read_jsonl(p, key="record_id")  # two verdicts for one record: refused, not one picked
     if split is not None and any("split" in r for r in rows):
         # Sources without a split field (judge labels) are restricted by the join on record_id instead.
@@ -117,7 +117,7 @@ def load_labels(path: str | Path, split: str | None = None, name: str | None = N
     n_err = 0
     for i, r in enumerate(rows):
         if "record_id" not in r or "label" not in r:
-            raise UsageError(f"{p} row {i} lacks record_id/label: not a labels file or hand-label fixture")
+            raise UsageError(f"{p} row {i} lacks record_id/label: not a labels file or model-written label fixture")
         lab = r["label"]
         if lab == JUDGE_ERROR:
             n_err += 1

@@ -150,13 +150,13 @@ def inputs_from_run(run_dir: str | Path) -> list[JudgeInput]:
 
 
 def inputs_from_rows(rows: Iterable[dict[str, Any]]) -> list[JudgeInput]:
-    """Inputs from self-contained rows (the hand-label fixture format: prompt, response, raw_text, ...)."""
+    """Inputs from self-contained rows (the model-written label fixture format: prompt, response, raw_text, ...)."""
     out = []
     for i, r in enumerate(rows):
         need = [k for k in ("record_id", "prompt", "response", "raw_text") if k not in r]
         if need:
             raise UsageError(f"row {i} lacks {need}: a self-contained label row needs record_id, prompt, "
-                             "response and raw_text (the hand-label fixture format)")
+                             "response and raw_text (the model-written label fixture format)")
         out.append(JudgeInput(record_id=str(r["record_id"]), prompt=r["prompt"], response=r["response"],
                               raw_text=r["raw_text"], text=r.get("text"), messages=_msgs(r.get("messages")),
                               stop_reason=r.get("stop_reason"), dataset=r.get("dataset", ""),

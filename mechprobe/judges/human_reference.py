@@ -1,4 +1,4 @@
-"""Check a judge against real people, with no hand labels: real vs swapped next human turns.
+"""Check a judge against real people, with no labels at all: real vs swapped next human turns.
 
 For conversations from HH-RLHF and Topical-Chat we know what the human actually said next. That
 turn, after its own conversation, is (almost always) a grounded reaction; the same kind of turn

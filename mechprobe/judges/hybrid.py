@@ -1,7 +1,7 @@
 """The hybrid judge: the offline rules for form, a local model's likelihood ratio for grounding.
 
 ``--judge hybrid:MODEL`` (an embedded name such as ``qwen2.5-coder-1.5b-instruct``, a HF directory
-or a ``.gguf``). Why this split: measured on the hand labels, the offline rules agree with the
+or a ``.gguf``). Why this split: measured on the model-written labels, the offline rules agree with the
 labellers on the *form* of a turn (empty, word salad, an opened assistant header, a restated
 query) but not on *grounding*, the one property the label is about; and a 1.5B model asked to apply
 the taxonomy (``local:``) or narrow yes/no questions answers at chance or says yes to everything
@@ -20,7 +20,7 @@ the taxonomy (``local:``) or narrow yes/no questions answers at chance or says y
   :attr:`HybridJudge.veto` (the model does not contradict them). An offline ``genuine_followup`` below
   the veto becomes ``new_query`` (a new problem that merely reuses a number of the answer: the offline
   rules' main error on held-out turns); other candidates keep their offline label. Both numbers were
-  chosen on the dev split of the hand labels (a 7 x 7 grid, mean binary κ against both labellers),
+  chosen on the dev split of the model-written labels (a 7 x 7 grid, mean binary κ against both labellers),
   never on test.
 
 Cost: only candidates run the model; per turn two forwards over the turn's tokens, with each item's
@@ -182,7 +182,7 @@ def voice_scores(store: ChoiceScorer, tokenizer: Any, inp: JudgeInput, texts: Se
 
     Why: the grounding PMI cannot tell a user who challenges the answer's numbers from an assistant that
     re-solves the problem with them; both need the answer. Whether the model finds the text likelier in the
-    user's slot than in the assistant's is exactly the voice question (hand labels, docs/judge_agreement.md:
+    user's slot than in the assistant's is exactly the voice question (model-written labels, docs/judge_agreement.md:
     AUROC 0.98 genuine vs assistant_continuation on the 1.5B fixture, 0.82 on steered turns).
     """
     conv = inp.conversation()

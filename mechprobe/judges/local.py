@@ -72,7 +72,7 @@ FIXTURE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "hand_lab
 
 
 def few_shot_rows(k: int, path: str | Path = FIXTURE) -> list[dict[str, Any]]:
-    """``k`` examples from the *dev* split of the hand labels, one label at a time in taxonomy order.
+    """``k`` examples from the *dev* split of the model-written labels, one label at a time in taxonomy order.
 
     Only dev rows, so test-split agreement stays a held-out measurement. Within a label, the first
     dev row whose turn is short (examples lengthen every prompt) is taken.
@@ -107,7 +107,7 @@ class LocalJudge:
             ``.gguf`` file; ignored when ``loaded`` is given.
         dtype: load dtype; None (default) = bfloat16.
         device: load device; None (default) = CUDA when visible, else CPU.
-        few_shot: number of dev-split hand-label examples put before each turn (default 0).
+        few_shot: number of dev-split model-written-label examples put before each turn (default 0).
         bias: label -> additive log-bias (calibration fitted on dev); None (default) = no bias. Unknown
             labels raise ValueError.
         cache_dir: verdict cache directory; None/True (default) = the shared judge cache, False = none.

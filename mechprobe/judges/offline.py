@@ -4,8 +4,8 @@ Why rules and not a trained classifier: the labels feed linear probes and steeri
 fitted to the same model's outputs would bake that model's quirks into the labels; rules are
 readable, deterministic and cheap. The v1 thresholds were fixed *before* looking at any real
 generated turn (priors, not fitted values; see ``docs/judging.md``); v2 and v3 adjusted rules (marked
-"v2"/"v3" below) by reading the errors on the *dev* split of the hand labels only, never the test
-split. Evaluate on held-out hand labels only (``docs/judge_agreement.md``).
+"v2"/"v3" below) by reading the errors on the *dev* split of the model-written labels only, never the test
+split. Evaluate on held-out model-written labels only (``docs/judge_agreement.md``).
 
 The rules run in this order; the first that fires decides the label (its id is in the rationale):
 
@@ -492,7 +492,7 @@ RESTATE_CONTAIN, RESTATE_COVER, RESTATE_SEQ = 0.8, 0.5, 0.6  # R6 lexical
 RESTATE_EMB = 0.9  # R6: embedding cosine to the query
 LONG_ANSWER_WORDS = 45  # R7: declarative text this long reads as an answer
 COPY_CONTAIN, COPY_COVER = 0.8, 0.3  # R7: near-copy of the response
-COPY_SEQ = 0.75  # R7: echo of the response's opening (set on the dev split of the hand labels)
+COPY_SEQ = 0.75  # R7: echo of the response's opening (set on the dev split of the model-written labels)
 GENERIC_MAX_WORDS = 25  # R9
 RESTATE_PART = 0.75  # R6: share of a question's content found in the query (partial restatement, v3)
 ECHO_BIGRAMS = 0.75  # R7: share of a short turn's word pairs found in the response (v3)

@@ -468,7 +468,7 @@ def hand_label_table(rows: Sequence[dict[str, Any]], label_keys: Sequence[str], 
                      ) -> list[dict[str, Any]]:
     """Genuine rate per steering condition and labelling, with the exact McNemar test against ``base``.
 
-    ``rows`` hold ``item_id``, ``condition`` and one label per key in ``label_keys`` (a hand labeller's or a
+    ``rows`` hold ``item_id``, ``condition`` and one label per key in ``label_keys`` (a model-written labeller's or a
     judge's), as in ``tests/fixtures/hand_labels_steer_q15.jsonl``. Why a separate table: the judge that
     chose and scored the steering setting is not an independent witness of what steering did to the turns.
     """

@@ -50,6 +50,16 @@ def modules() -> dict[str, Path]:
     return out
 
 
+def import_from_module(name: str, is_pkg: bool, node: ast.ImportFrom) -> str:
+    """The absolute module an ``ImportFrom`` in module ``name`` names (relative levels resolved)."""
+    if not node.level:
+        return node.module or ""
+    base = name if is_pkg else name.rsplit(".", 1)[0]
+    for _ in range(node.level - 1):
+        base = base.rsplit(".", 1)[0]
+    return f"{base}.{node.module}" if node.module else base
+
+
 def imports_of(name: str, path: Path, known: set[str]) -> list[tuple[str, int, bool]]:
     """(imported module, line, inside a function) for every mechprobe import of a file."""
     tree = ast.parse(path.read_text())
@@ -65,13 +75,7 @@ def imports_of(name: str, path: Path, known: set[str]) -> list[tuple[str, int, b
         for ch in ast.iter_child_nodes(node):
             inner = in_func or isinstance(ch, ast.FunctionDef | ast.AsyncFunctionDef)
             if isinstance(ch, ast.ImportFrom):
-                if ch.level:
-                    base = name if is_pkg else name.rsplit(".", 1)[0]
-                    for _ in range(ch.level - 1):
-                        base = base.rsplit(".", 1)[0]
-                    mod = f"{base}.{ch.module}" if ch.module else base
-                else:
-                    mod = ch.module or ""
+                mod = import_from_module(name, is_pkg, ch)
                 if mod == "mechprobe" or mod.startswith("mechprobe."):
                     for a in ch.names:  # `from mechprobe.lm import chat` imports the module mechprobe.lm.chat
                         sub = f"{mod}.{a.name}"
@@ -185,13 +189,7 @@ def test_every_package_import_names_an_existing_module():
         is_pkg = path.name == "__init__.py"
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = name if is_pkg else name.rsplit(".", 1)[0]
-                    for _ in range(node.level - 1):
-                        base = base.rsplit(".", 1)[0]
-                    mod = f"{base}.{node.module}" if node.module else base
-                else:
-                    mod = node.module or ""
+                mod = import_from_module(name, is_pkg, node)
                 if (mod == "mechprobe" or mod.startswith("mechprobe.")) and mod not in known:
                     missing.append(f"{name}:{node.lineno} imports {mod}")
     assert not missing, "imports of modules that do not exist:\n" + "\n".join(missing)
