@@ -255,11 +255,15 @@ def freeze_setting(out_dir: Path, setting: dict[str, Any]) -> str:
     return _setting_sha(setting)
 
 
-def split_answers(split: ItemSplit, run: Path, cfg: Any, lm: Any, have: set[str], out_dir: Path
-                  ) -> dict[str, AssistantRecord]:
+def split_answers(split: ItemSplit, run: Path, cfg: Any, lm: Any, have: set[str], out_dir: Path,
+                  wanted: list[str] | None = None) -> dict[str, AssistantRecord]:
     """Assistant answers of the split's items the run does not hold, generated greedily with the run's settings
-    into ``<steer dir>/split_answers/assistant.jsonl`` (resumable)."""
-    need = [i for i in (*split.heldout, *split.train) if i not in have]
+    into ``<steer dir>/split_answers/assistant.jsonl`` (resumable).
+
+    ``wanted`` (default: every held-out and train item) names the items this invocation will steer: with a fixed
+    ``--layer`` and no selection the train items are never steered, and ``--max-heldout`` caps the held-out ones,
+    so their answers (minutes each on a CPU for a 1.5B model) are not generated."""
+    need = [i for i in (wanted if wanted is not None else (*split.heldout, *split.train)) if i not in have]
     if not need:
         return {}
     items = {it.item_id: it for it in load_dataset(cfg.dataset, path=cfg.data_path).items}
@@ -541,7 +545,12 @@ def run_steer(a: SteerConfig) -> int:
         train_items = [x for x in assistants if split_of(x.item_id) == "train"]
         heldout = [x for x in assistants if split_of(x.item_id) == "heldout"][: a.max_heldout]
     else:
-        by_item.update(split_answers(split, run, cfg, lm, set(by_item), out_dir))
+        wanted = list(split.heldout[: a.max_heldout])
+        if a.select_on_train:
+            wanted += list(split.train[: a.select_items])
+        elif a.layer is None:  # the layer sweep steers every train item
+            wanted += list(split.train)
+        by_item.update(split_answers(split, run, cfg, lm, set(by_item), out_dir, wanted))
         train_items = [by_item[i] for i in split.train if i in by_item]
         heldout = [by_item[i] for i in split.heldout if i in by_item][: a.max_heldout]
         print(f"split {split.name}: {len(train_items)} train items (selection), {len(heldout)} held-out items")
