@@ -165,7 +165,7 @@ def build_report(table: TurnTable, sample: AuditSample, labellers: list[Labeller
             entry["corrected_by_labeller"].append({"labeller": name, **est.to_dict()})
         rates[s] = entry
     rep["rates"] = rates
-    rep["differences"] = _differences(table, sample, audited, alpha, seed) if sample.by == "condition" else []
+    rep["differences"] = _differences(table, sample, audited, alpha, seed) if sample.by.startswith("condition") else []
     return rep
 
 

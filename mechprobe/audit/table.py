@@ -23,7 +23,9 @@ from mechprobe.taxonomy import DEFINITIONS, GENUINE
 
 __all__ = ["LabelledTurn", "TurnTable", "STRATA", "BASE_CONDITION", "load_run_table", "table_from_rows"]
 
-STRATA: tuple[str, ...] = ("condition", "decoding", "dataset")
+# "condition+decoding" crosses the two: a run with steering directories holds the probe's own greedy and sampled
+# turns under one condition ("probe"), and greedy-vs-sampled needs its own audited strata beside the steered ones.
+STRATA: tuple[str, ...] = ("condition", "decoding", "dataset", "condition+decoding")
 BASE_CONDITION = "probe"  # the condition name of a probe run's own (unsteered) turns
 _ALPHA_FILE = re.compile(r"^alpha_(?P<alpha>[-0-9.eE+]+)_(?P<kind>.+)\.jsonl$")
 
@@ -55,7 +57,7 @@ class LabelledTurn:
         """The value of stratum field ``by`` (one of :data:`STRATA`)."""
         if by not in STRATA:
             raise UsageError(f"unknown stratum {by!r}; use one of {', '.join(STRATA)}")
-        return str(getattr(self, by))
+        return " ".join(str(getattr(self, f)) for f in by.split("+"))
 
 
 @dataclass

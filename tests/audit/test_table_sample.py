@@ -60,3 +60,16 @@ def test_sample_recorded_reused_and_refused(run):
     assert drawn and new.by == "decoding" and new.sample_id != s.sample_id
     with pytest.raises(UsageError, match="stratum"):
         draw_sample(t, 10, "model")
+
+
+def test_condition_by_decoding_separates_greedy_and_sampled_probe_turns(run):
+    """A steering run's probe turns are one condition ("probe"); crossed with decoding, greedy and sampled probe
+    turns get their own strata (so greedy-vs-sampled is audited beside the steered conditions)."""
+    t = load_run_table(run)
+    strata = t.strata("condition+decoding")
+    probe = {k: len(v) for k, v in strata.items() if k.startswith("probe ")}
+    assert probe == {"probe greedy": 4, "probe T1": 8}
+    assert len(strata["none greedy"]) == 16
+    s = draw_sample(t, 24, "condition+decoding", seed=0)
+    assert set(s.per_stratum) == set(strata) and sum(s.per_stratum.values()) == 24
+    assert {t.get(r).stratum("condition+decoding") for r in s.record_ids} == set(strata)
