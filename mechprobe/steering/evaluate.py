@@ -37,6 +37,7 @@ from mechprobe.splits import split_of
 from mechprobe.stats import mcnemar_exact, wilson
 from mechprobe.steering.vector import SteeringVector, steer
 from mechprobe.turns.scoring import score
+from mechprobe.turns.templates import template_kind
 
 
 @dataclass
@@ -168,7 +169,13 @@ def summarize(turns: Sequence[SteeredTurn], labels: dict[str, str], key: str,
     dist = Counter(labels.get(f"{key}|{t.item_id}", "missing") for t in turns)
     degen = sum(is_degenerate(t.text) or labels.get(f"{key}|{t.item_id}") == "empty_or_degenerate" for t in turns)
     nlls = [t.nll for t in turns if t.nll is not None]
-    return {"n": n, "genuine": genuine, "followup_rate": genuine / n if n else 0.0, "ci": list(wilson(genuine, n)),
+    # Stock turns ("I see, I can now calculate ..."; :mod:`mechprobe.turns.templates`): their share, and the
+    # genuine count under the strict reading that does not count them as follow-ups.
+    stock = {t.item_id for t in turns if template_kind(t.text) is not None}
+    genuine_stock = sum(labels.get(f"{key}|{t.item_id}") == "genuine_followup" for t in turns if t.item_id in stock)
+    return {"n": n, "genuine": genuine, "template": len(stock), "template_rate": len(stock) / n if n else 0.0,
+            "genuine_strict": genuine - genuine_stock,
+            "followup_rate_strict": (genuine - genuine_stock) / n if n else 0.0, "followup_rate": genuine / n if n else 0.0, "ci": list(wilson(genuine, n)),
             "degenerate": degen, "degenerate_rate": degen / n if n else 0.0,
             "degenerate_ci": list(wilson(degen, n)), "mean_nll": sum(nlls) / len(nlls) if nlls else None,
             "labels": dict(dist), "n_truncated_excluded": n_all - n}

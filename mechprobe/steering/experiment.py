@@ -448,8 +448,9 @@ def results_md(rows: list[dict], header: str, unit: str, audited: bool = False) 
     lines = [header, "",
              f"| vector | alpha ({u}) | \\|delta\\| (x resid) | genuine follow-up [95% CI] | vs alpha 0: +/- items, "
              "McNemar p | degenerate [95% CI] | NLL unsteered text, steered model | NLL steered text, unsteered "
-             "model | task accuracy (vector on) | labels | " + " | ".join(heads) + " |",
-             "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(heads)]
+             "model | task accuracy (vector on) | stock template turns | genuine, template turns not counted | "
+             "labels | " + " | ".join(heads) + " |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(heads)]
     for r in rows:
         labs = ", ".join(f"{k} {c}" for k, c in sorted(r["labels"].items(), key=lambda kv: -kv[1]))
         m = r["mcnemar"]
@@ -458,7 +459,8 @@ def results_md(rows: list[dict], header: str, unit: str, audited: bool = False) 
             f"| {r['followup_rate']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] "
             f"| +{m['b']} / -{m['c']}, p={m['p']:.3g} "
             f"| {r['degenerate_rate']:.3f} [{r['degenerate_ci'][0]:.3f}, {r['degenerate_ci'][1]:.3f}] "
-            f"| {fmt(r['nll_unsteered_text'])} | {fmt(r['mean_nll'])} | {fmt(r['task_accuracy'], '.3f')} | {labs} | "
+            f"| {fmt(r['nll_unsteered_text'])} | {fmt(r['mean_nll'])} | {fmt(r['task_accuracy'], '.3f')} "
+            f"| {fmt(r.get('template_rate'), '.3f')} | {fmt(r.get('followup_rate_strict'), '.3f')} | {labs} | "
             + " | ".join(_est_cells(r, "followup", audited) + _est_cells(r, "diff_vs_alpha0", audited)) + " |")
     return "\n".join(lines) + "\n"
 
