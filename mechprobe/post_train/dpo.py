@@ -392,7 +392,9 @@ def _train(a: PostTrainConfig, cfg: DPOTrainConfig, d: Path) -> dict[str, Any]:
                             **log_summary(log)}
     plot_loss(log, d / "figures" / "post_train_loss_dpo.png",
               f"{lm.name}: DPO (LoRA r={cfg.lora_r}, beta {cfg.beta:g}) on {len(ps.pairs)} pairs", ylabel="DPO loss")
-    pt.save_merged(pt.merge_adapter(pm), lm.tokenizer, d / pt.MERGED_DIR,
+    merged = pt.merge_adapter(pm)
+    merged.config.use_cache = True  # the Trainer turns the KV cache off for training; generation needs it back
+    pt.save_merged(merged, lm.tokenizer, d / pt.MERGED_DIR,
                    {"base_model": lm.name, "base_weight_hash": lm.weight_hash, "adapter": str(d / pt.ADAPTER_DIR),
                     "method": "dpo", "train_config": asdict(cfg)})
     del pm, lm
