@@ -299,16 +299,32 @@ def test_dpo_command_end_to_end_on_the_embedded_model(tmp_path, monkeypatch):
     if shared_data_dir() is None:
         pytest.skip("../shared/data not found (GSM8K)")
     import mechprobe.cli.post_train as mod
+    from mechprobe.post_train import dpo
 
+    real = dpo.judge_run
+
+    def judge_then_force_one_genuine(run, **kw):
+        """The real judge, then sample 0 of each item relabelled genuine: with 12-token turns the 135M model's
+        sampled turns are rarely judged genuine, and this test is about the steps after the verdicts."""
+        summary = real(run, **kw)
+        path = Path(run) / "labels.jsonl"
+        rows = [json.loads(x) for x in path.read_text().splitlines()]
+        for r in rows:
+            if r["record_id"].endswith("|T1|s0"):
+                r.update(label="genuine_followup", genuine=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return summary
+
+    monkeypatch.setattr(dpo, "judge_run", judge_then_force_one_genuine)
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "pt"
-    args = ["--model", "smollm2-135m-instruct", "--method", "dpo", "--out", str(out), "--pair-items", "6",
-            "--pair-samples", "6", "--max-assistant-tokens", "24", "--max-user-tokens", "12", "--steps", "2",
+    args = ["--model", "smollm2-135m-instruct", "--method", "dpo", "--out", str(out), "--pair-items", "4",
+            "--pair-samples", "3", "--max-assistant-tokens", "24", "--max-user-tokens", "12", "--steps", "2",
             "--batch-size", "2", "--checkpoint-every", "1", "--eval-datasets", "gsm8k", "--eval-limit", "2",
             "--samples", "1", "--judge", "offline", "--no-steer", "--include-truncated"]
     assert mod.main(args) == 0
     man = json.loads((out / "dpo" / "pairs_manifest.json").read_text())
-    assert man["counts"]["pairs_used"] >= 1 and man["judge"] == "offline"
+    assert man["counts"]["pairs_used"] >= 1 and man["judge"].startswith("offline")
     assert not set(man["train_item_ids"]) & set(man["excluded"]["post_train_eval_gsm8k"])
     pairs = [json.loads(x) for x in (out / "dpo" / "pairs.jsonl").read_text().splitlines()]
     assert len(pairs) == man["counts"]["pairs_used"] and {p["item_id"] for p in pairs} <= set(man["train_item_ids"])
