@@ -1,4 +1,5 @@
-"""`experiments/post_train.py`: LoRA SFT on real human next turns, then the before/after evaluation."""
+"""`experiments/post_train.py`: LoRA SFT on real human next turns (``--method sft``) or the DPO preference step
+on the base model's own judged user turns (``--method dpo``), then the before/after evaluation."""
 
 from __future__ import annotations
 
@@ -7,29 +8,41 @@ from typing import Any
 
 from mechprobe.cli import common
 from mechprobe.lm.models import DEFAULT_MODEL
-from mechprobe.post_train.evaluate import DEFAULTS, PostTrainConfig, run_post_train
+from mechprobe.post_train.dpo import run_dpo
+from mechprobe.post_train.evaluate import DEFAULTS, METHODS, PostTrainConfig, run_post_train
 from mechprobe.post_train.train import SOURCES
 
 
 def add_args(p: Any) -> None:
 
     common.add_model(p, DEFAULT_MODEL)
+    p.add_argument("--method", choices=list(METHODS), default="sft",
+                   help="sft: LoRA SFT on real human next turns; dpo: the preference step (trl DPO on LoRA) on pairs "
+                        "of the base model's own sampled user turns, genuine vs failure (docs/post_training.md)")
     p.add_argument("--out", default=None, help="output dir (default runs/post_train/<model>)")
     p.add_argument("--sources", nargs="+", default=list(SOURCES), help="training conversations")
     p.add_argument("--data-path", default=None, help="folder laid out like shared/data")
     p.add_argument("--data-limit", type=int, default=None, help="first N rows of each source (default: all)")
     p.add_argument("--held-out-fraction", type=float, default=0.1)
-    p.add_argument("--max-len", type=int, default=DEFAULTS["max_len"], help="skip longer examples (tokens)")
-    p.add_argument("--steps", type=int, default=DEFAULTS["steps"])
-    p.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"])
-    p.add_argument("--lr", type=float, default=DEFAULTS["lr"])
-    p.add_argument("--warmup-steps", type=int, default=10)
+    p.add_argument("--max-len", type=int, default=None,
+                   help=f"skip longer examples / pairs (tokens); default: sft {DEFAULTS['max_len']}, dpo 512")
+    p.add_argument("--steps", type=int, default=None, help=f"default: sft {DEFAULTS['steps']}, dpo 40")
+    p.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"], help="examples (sft) or pairs (dpo) per step")
+    p.add_argument("--lr", type=float, default=None, help=f"default: sft {DEFAULTS['lr']:g}, dpo 1e-4")
+    p.add_argument("--warmup-steps", type=int, default=None, help="default: sft 10, dpo 4")
     p.add_argument("--lora-r", type=int, default=DEFAULTS["lora_r"])
     p.add_argument("--lora-alpha", type=int, default=DEFAULTS["lora_alpha"])
     p.add_argument("--lora-dropout", type=float, default=0.05)
     p.add_argument("--target-modules", default="all-linear", help="'all-linear' or comma-separated names")
     common.add_seed(p)
-    p.add_argument("--checkpoint-every", type=int, default=DEFAULTS["checkpoint_every"])
+    p.add_argument("--checkpoint-every", type=int, default=None,
+                   help=f"default: sft {DEFAULTS['checkpoint_every']}, dpo 10")
+    p.add_argument("--beta", type=float, default=0.1, help="dpo: how far the policy may move from the base model")
+    p.add_argument("--pair-items", type=int, default=120,
+                   help="dpo: GSM8K training items whose sampled turns make the pairs (never an evaluation item)")
+    p.add_argument("--pair-samples", type=int, default=8,
+                   help="dpo: user turns sampled per training item at --temperature")
+    p.add_argument("--max-pairs", type=int, default=None, help="dpo: use at most this many pairs (default: all)")
     p.add_argument("--device", default="cpu", help="training device (CPU fp32 by default)")
     p.add_argument("--eval-only", action="store_true", help="reuse the trained adapter in --out")
     p.add_argument("--no-eval", action="store_true", help="train and merge only")
@@ -55,4 +68,5 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="post_train.py", description=__doc__)
     add_args(p)
     common.accept_negative_numbers(p)
-    return run_post_train(PostTrainConfig.from_namespace(p.parse_args(argv)))
+    cfg = PostTrainConfig.from_namespace(p.parse_args(argv))
+    return run_dpo(cfg) if cfg.method == "dpo" else run_post_train(cfg)

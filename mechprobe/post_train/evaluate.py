@@ -47,22 +47,27 @@ class PostTrainConfig:
     """Every setting of the command, typed (built from the command line by :mod:`mechprobe.cli`)."""
 
     model: str = 'smollm2-135m-instruct'  # embedded name, HF id/dir, or .gguf file
+    method: str = 'sft'  # sft (LoRA SFT on real human next turns) | dpo (preference step on the base model's turns)
     out: str | None = None  # output dir (default runs/post_train/<model>)
     sources: list[str] = field(default_factory=lambda: ['hh_rlhf', 'topical_chat'])  # training conversations
     data_path: str | None = None  # folder laid out like shared/data
     data_limit: int | None = None  # first N rows of each source (default: all)
     held_out_fraction: float = 0.1
-    max_len: int = 256  # skip longer examples (tokens)
-    steps: int = pt.TrainConfig.steps
+    max_len: int | None = None  # skip longer examples/pairs (tokens); None: the method's default (SFT 256, DPO 512)
+    steps: int | None = None  # None: the method's default (SFT 180, DPO 40)
     batch_size: int = pt.TrainConfig.batch_size
-    lr: float = pt.TrainConfig.lr
-    warmup_steps: int = pt.TrainConfig.warmup_steps
+    lr: float | None = None  # None: the method's default (SFT 3e-4, DPO 1e-4)
+    warmup_steps: int | None = None  # None: the method's default (SFT 10, DPO 4)
     lora_r: int = pt.TrainConfig.lora_r
     lora_alpha: int = pt.TrainConfig.lora_alpha
     lora_dropout: float = pt.TrainConfig.lora_dropout
     target_modules: str = pt.TrainConfig.target_modules  # 'all-linear' or comma-separated names
     seed: int = pt.TrainConfig.seed
-    checkpoint_every: int = pt.TrainConfig.checkpoint_every
+    checkpoint_every: int | None = None  # None: the method's default (SFT 25, DPO 10)
+    beta: float = 0.1  # DPO beta
+    pair_items: int = 120  # DPO: GSM8K training items sampled for pairs (never an evaluation item)
+    pair_samples: int = 8  # DPO: sampled user turns per training item (at --temperature)
+    max_pairs: int | None = None  # DPO: use at most this many pairs (default: all)
     device: str = 'cpu'  # training device (CPU fp32 by default)
     eval_only: bool = False  # reuse the trained adapter in --out
     no_eval: bool = False  # train and merge only
@@ -232,7 +237,8 @@ def boundary_shift(base_run: Path, other_run: Path, directions: dict[int, np.nda
 # Figures
 
 
-def plot_loss(log: list[dict[str, Any]], out: Path, title: str) -> Path:
+def plot_loss(log: list[dict[str, Any]], out: Path, title: str,
+              ylabel: str = "user-turn cross-entropy (nats/token)") -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -247,7 +253,7 @@ def plot_loss(log: list[dict[str, Any]], out: Path, title: str) -> Path:
         w = max(5, len(loss) // 20)
         ax.plot(steps[w - 1:], np.convolve(loss, np.ones(w) / w, mode="valid"), lw=2, label=f"mean of {w}")
     ax.set_xlabel("step")
-    ax.set_ylabel("user-turn cross-entropy (nats/token)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
     ax.legend()
     fig.tight_layout()
@@ -330,8 +336,9 @@ def report_markdown(summary: dict[str, Any], train_info: dict[str, Any], shifts:
     lines = [f"# Post-training report: {train_info.get('model')}", ""]
     if train_info:
         lines += ["## Training", ""]
-        for k in ("train_conversations", "heldout_conversations", "train_examples", "skipped", "steps_done",
-                  "resumed_from", "seconds", "seconds_per_step", "tokens_per_s", "first_loss", "last_loss_mean10", "heldout_loss"):
+        for k in ("method", "train_conversations", "heldout_conversations", "train_examples", "skipped", "pairs",
+                  "judge_error_on_pairs", "beta", "steps_done", "resumed_from", "seconds", "seconds_per_step",
+                  "tokens_per_s", "first_loss", "last_loss_mean10", "last_reward_accuracy_mean10", "heldout_loss"):
             if k in train_info:
                 lines.append(f"- {k}: {train_info[k]}")
         lines.append("")
@@ -423,6 +430,7 @@ def _heldout_loss(pm: Any, examples: Sequence[Any], pad_id: int, adapter: bool) 
 
 
 STEER_DATASET = "gsm8k"
+METHODS = ("sft", "dpo")
 
 
 def build_steering(model: str, run: Path, judge: str, include_truncated: bool = False) -> None:
@@ -528,8 +536,13 @@ def validate_args(a: PostTrainConfig) -> None:
         bad.append(f"--data-limit must be >= 1, got {a.data_limit}")
     if not 0.0 <= a.held_out_fraction < 1.0:
         bad.append(f"--held-out-fraction must be in [0, 1), got {a.held_out_fraction}")
-    for flag in ("max_len", "eval_limit", "samples", "max_assistant_tokens", "max_user_tokens"):
-        if getattr(a, flag) < 1:
+    if a.method not in METHODS:
+        bad.append(f"--method {a.method!r} unknown; choose from {', '.join(METHODS)}")
+    if a.max_pairs is not None and a.max_pairs < 1:
+        bad.append(f"--max-pairs must be >= 1, got {a.max_pairs}")
+    for flag in ("max_len", "eval_limit", "samples", "max_assistant_tokens", "max_user_tokens", "pair_items",
+                 "pair_samples"):
+        if getattr(a, flag) is not None and getattr(a, flag) < 1:
             bad.append(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(a, flag)}")
     if not (math.isfinite(a.temperature) and a.temperature > 0):
         bad.append(f"--temperature must be a finite number > 0 (the sampled turns), got {a.temperature}")
@@ -543,14 +556,17 @@ def validate_args(a: PostTrainConfig) -> None:
 
 def run_post_train(a: PostTrainConfig) -> int:
     """Train (or reuse) the adapter, merge it, evaluate base vs post-trained (vs baked steering), report."""
-    import time
 
 
     name = Path(a.model).name.replace(".gguf", "")
     out = Path(a.out) if a.out else Path("runs") / "post_train" / name
-    cfg = pt.TrainConfig(steps=a.steps, batch_size=a.batch_size, lr=a.lr, warmup_steps=a.warmup_steps,
+    d = pt.TrainConfig()
+    cfg = pt.TrainConfig(steps=d.steps if a.steps is None else a.steps, batch_size=a.batch_size,
+                         lr=d.lr if a.lr is None else a.lr,
+                         warmup_steps=d.warmup_steps if a.warmup_steps is None else a.warmup_steps,
                          lora_r=a.lora_r, lora_alpha=a.lora_alpha, lora_dropout=a.lora_dropout,
-                         target_modules=a.target_modules, seed=a.seed, checkpoint_every=a.checkpoint_every)
+                         target_modules=a.target_modules, seed=a.seed,
+                         checkpoint_every=d.checkpoint_every if a.checkpoint_every is None else a.checkpoint_every)
     cfg.validate()
     validate_args(a)
     if a.eval_only and not (out / pt.ADAPTER_DIR / "adapter_config.json").exists():
@@ -561,8 +577,9 @@ def run_post_train(a: PostTrainConfig) -> int:
     tok = lm.tokenizer
     convs = pt.load_conversations(a.sources, a.data_path, a.data_limit)
     train, held = pt.split_conversations(convs, a.held_out_fraction)
-    built = pt.build_examples(tok, train, a.max_len)
-    held_ex = pt.build_examples(tok, held, a.max_len).examples[:64]
+    max_len = DEFAULTS["max_len"] if a.max_len is None else a.max_len
+    built = pt.build_examples(tok, train, max_len)
+    held_ex = pt.build_examples(tok, held, max_len).examples[:64]
     write_json(out / "data_split.json", {"sources": a.sources, "held_out_fraction": a.held_out_fraction,
                                          "n_train": len(train), "n_heldout": len(held),
                                          "n_train_examples": len(built.examples), "skipped": built.skipped,
@@ -608,16 +625,39 @@ def run_post_train(a: PostTrainConfig) -> int:
     check = load_model(str(merged_dir), device="cpu", dtype=torch.float32)
     print(f"merged model: {merged_dir} (weight hash {check.weight_hash[:12]}..., loads with load_model)")
     info["merged"] = {"path": str(merged_dir), **check.identity()}
-    base_hash = load_base_hash(a.model)
     del check
     write_json(out / "train_summary.json", info)
     if a.no_eval:
         return 0
+    return evaluate_arms(a, out, {"post": str(merged_dir)}, info)
 
 
+def evaluate_arms(a: PostTrainConfig, out: Path, trained: dict[str, str], info: dict[str, Any], suffix: str = "",
+                  what: str = "post-trained") -> int:
+    """Probe, judge and cache every arm (``base``, the ``trained`` model dirs, the baked steering arm), compare each
+    with ``base``, and write ``eval_summary{suffix}.json``, ``report{suffix}.md`` and the figure into ``out``.
+
+    Args:
+        a: the command's config (eval datasets, items, decoding, judge).
+        out: the post-training directory (``eval/<arm>-<dataset>/`` runs go under it, shared between methods).
+        trained: arm name -> model directory (``{"post": <out>/merged}`` for SFT, ``{"dpo": ...}`` for DPO).
+        info: the training summary shown at the top of the report.
+        suffix: file-name suffix of the summary, report and figure (``""`` for SFT, ``"_dpo"``).
+        what: what the trained arms are, for the figure title.
+
+    Returns:
+        0.
+
+    Example:
+        >>> evaluate_arms(cfg, Path("runs/post_train/m"), {"dpo": "runs/post_train/m/dpo/merged"}, {})  # doctest: +SKIP
+        0
+    """
+    import time
+
+    base_hash = load_base_hash(a.model)
     notes: list[str] = []
     judge_spec = default_judge(a.model) if a.judge in (None, "auto") else a.judge
-    arms: dict[str, str] = {"base": a.model, "post": str(merged_dir)}
+    arms: dict[str, str] = {"base": a.model, **trained}
     t0 = time.time()
     baked = _bake_arm(a, out, base_hash, notes, judge_spec)
     steer_seconds = round(time.time() - t0, 1)
@@ -665,12 +705,12 @@ def run_post_train(a: PostTrainConfig) -> int:
             if f"{ds}: base direction {src}" not in notes:
                 notes.append(f"{ds}: base direction {src}")
     summary["boundary_shift"] = shifts
-    write_json(out / "eval_summary.json", summary)
-    fig = plot_eval(summary, shifts, out / "figures" / "post_train_eval.png",
-                    f"{info['model']}: base vs post-trained, {a.eval_limit} items x {a.eval_datasets}, judge {judge_name}")
-    notes.append(f"figures: {out / 'figures' / 'post_train_loss.png'}, {fig}")
-    (out / "report.md").write_text(report_markdown(summary, info, shifts, notes))
-    print((out / "report.md").read_text())
+    write_json(out / f"eval_summary{suffix}.json", summary)
+    fig = plot_eval(summary, shifts, out / "figures" / f"post_train_eval{suffix}.png",
+                    f"{info.get('model', a.model)}: base vs {what}, {a.eval_limit} items x {a.eval_datasets}, judge {judge_name}")
+    notes.append(f"figures: {out / 'figures' / f'post_train_loss{suffix}.png'}, {fig}")
+    (out / f"report{suffix}.md").write_text(report_markdown(summary, info, shifts, notes))
+    print((out / f"report{suffix}.md").read_text())
     return 0
 
 
