@@ -203,7 +203,7 @@ class LabelRecord:
         genuine: True for ``genuine_followup``, False for the other labels, None for ``judge_error``
             (such rows count as no label at all).
         rationale: the judge's reason (a rule id for the offline judge).
-        judge: the judge's name, e.g. ``"offline-v3+lexical"`` or ``"openai:gpt-4o-mini@prompt-v1"``.
+        judge: the judge's name, e.g. ``"offline-v3+lexical"`` or ``"openai:gpt-4o-mini@prompt-v2-codebook"``.
         error: why the judge failed (with ``judge_error``); None by default.
         probs: per-label probabilities from judges that score every label (``local:``, ``hybrid:``);
             None (default) for judges that only name one label.
@@ -220,7 +220,7 @@ class LabelRecord:
     label: str
     genuine: bool | None
     rationale: str
-    judge: str  # e.g. "offline-v2" or "openai:gpt-4o-mini@prompt-v1"
+    judge: str  # e.g. "offline-v2" or "openai:gpt-4o-mini@prompt-v2-codebook"
     error: str | None = None
     # Per-label probabilities from judges that score every label (``local:``); what a calibration
     # plot or a soft-label probe wants. None for judges that only name one label.

@@ -55,7 +55,7 @@ def test_happy_path_uses_structured_output_and_sends_conversation():
     with ChatServer(ScriptedResponder(answer)) as srv:
         rec = judge(srv).label(inp(0, "new_query please"))
         assert rec.label == "new_query" and rec.genuine is False and rec.error is None
-        assert rec.judge == "openai:judge-model@prompt-v1"
+        assert rec.judge == "openai:judge-model@prompt-v2-codebook"
         body = srv.requests[-1].body
         assert body["response_format"] == JSON_SCHEMA and body["model"] == "judge-model"
         assert "What is 48+24?" in body["messages"][-1]["content"] and "48 + 24 = 72." in body["messages"][-1]["content"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["codebook_text", "codebook_path", "CODEBOOK_FILE"]
+__all__ = ["codebook_text", "codebook_core", "codebook_path", "CODEBOOK_FILE", "CORE_SECTIONS"]
 
 CODEBOOK_FILE = "labeling_guide.md"
 
@@ -31,3 +31,33 @@ def codebook_text() -> str:
         >>> prompt = "Label the user turn.\\n\\n" + codebook_text()
     """
     return resources.files(__package__).joinpath(CODEBOOK_FILE).read_text(encoding="utf-8")
+
+
+CORE_SECTIONS: tuple[str, ...] = ("How to read a turn", "The eight labels", "Decision order")
+
+
+def codebook_core() -> str:
+    """The codebook's rules without its worked examples: the :data:`CORE_SECTIONS`, verbatim and in order.
+
+    Why: an LLM judge on a CPU pays for every prompt token of every turn. The whole codebook is ~4,800 tokens
+    (about 100 s per conversation for the local judge on the 2-core CPU); its rules alone are about a third of
+    that. The local judge gets these sections; judges that run elsewhere (``openai:``) get the whole text.
+    Both are cut from the one file, so the sheet and every prompt still share their words.
+
+    Returns:
+        the ``## How to read a turn``, ``## The eight labels`` and ``## Decision order`` sections, headings
+        included, joined by blank lines.
+    Example:
+        >>> core = codebook_core()
+        >>> core.startswith("## How to read a turn") and "## Decision order" in core
+        True
+    """
+    text = codebook_text()
+    out = []
+    for name in CORE_SECTIONS:
+        start = text.find(f"\n## {name}\n")
+        if start < 0:
+            raise ValueError(f"the codebook has no section '## {name}'; keep CORE_SECTIONS in step with {CODEBOOK_FILE}")
+        end = text.find("\n## ", start + 1)
+        out.append(text[start + 1: end if end >= 0 else len(text)].rstrip())
+    return "\n\n".join(out)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from mechprobe.audit.codebook import codebook_core, codebook_text
 from mechprobe.errors import UsageError, UserError
 from mechprobe.judges.base import JudgeInput
 from mechprobe.records import LabelRecord
@@ -45,28 +46,43 @@ from mechprobe.taxonomy import (
     JUDGE_ERROR,
     LABELS,
     TAXONOMY_VERSION,
-    definitions_markdown,
     is_genuine,
 )
 
-PROMPT_VERSION = "prompt-v1"
+PROMPT_VERSION = "prompt-v2-codebook"  # v2: the codebook (mechprobe/audit/labeling_guide.md), see below
+LOCAL_PROMPT_VERSION = "prompt-v2-codebook-core"
 
-SYSTEM_PROMPT = f"""You are an expert annotator for research on chat language models.
+_INTRO = """You are an expert annotator for research on chat language models.
 A chat model was shown a conversation (a user query and its own assistant answer) followed by the
-header of a new *user* turn, and it wrote that next user turn itself. You label what it wrote.
+header of a new *user* turn, and it wrote that next user turn itself. You label what it wrote."""
 
-Taxonomy (choose exactly one label):
-{definitions_markdown()}
-
-Rules:
+_RULES = """Rules:
 - Judge only the generated user turn, given the conversation; do not judge the assistant answer.
-- The generated turn is shown raw, special tokens included. If it *starts* with an assistant/model
-  header or a reasoning channel, the label is assistant_continuation. If it holds user text and only
-  later opens a new header, judge the user text before that header.
-- genuine_followup needs grounding in the assistant's response (a step, claim, number or part of
-  it); a vague reaction is generic_followup; a request that does not react to the answer is new_query.
 - "genuine" is true exactly when the label is genuine_followup.
-Reply with one JSON object: {{"rationale": "<one sentence>", "label": "<label>", "genuine": <true|false>}}."""
+Reply with one JSON object: {"rationale": "<one sentence>", "label": "<label>", "genuine": <true|false>}."""
+
+
+def system_prompt(core_only: bool = False) -> str:
+    """The LLM judge's system prompt: the labelling codebook plus the reply format.
+
+    Why from the codebook: the audit sheet shows labellers the same file, so a judge and the people (or
+    models) who audit it follow one text (:mod:`mechprobe.audit.codebook`).
+
+    Args:
+        core_only: only the codebook's rules (:func:`~mechprobe.audit.codebook.codebook_core`), no worked
+            examples; what the local judge uses, because on a CPU every prompt token costs time.
+    Returns:
+        the system message.
+    Example:
+        >>> "## Decision order" in system_prompt(core_only=True)
+        True
+    """
+    book = codebook_core() if core_only else codebook_text()
+    return f"{_INTRO}\n\nThe codebook (choose exactly one label):\n\n{book}\n\n{_RULES}"
+
+
+SYSTEM_PROMPT = system_prompt()
+LOCAL_SYSTEM_PROMPT = system_prompt(core_only=True)
 
 JSON_SCHEMA: dict[str, Any] = {
     "type": "json_schema",
@@ -109,9 +125,9 @@ def render_user_message(inp: JudgeInput) -> str:
     return conv + turn
 
 
-def build_messages(inp: JudgeInput, structured: bool = True) -> list[dict[str, str]]:
+def build_messages(inp: JudgeInput, structured: bool = True, system: str = SYSTEM_PROMPT) -> list[dict[str, str]]:
     user = render_user_message(inp) + ("" if structured else PLAIN_SUFFIX)
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
 def cache_key(model: str, inp: JudgeInput) -> str:

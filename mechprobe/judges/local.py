@@ -37,7 +37,8 @@ import torch
 from mechprobe.io import read_jsonl
 from mechprobe.judges.base import JudgeInput, inputs_from_rows, load_judge_model
 from mechprobe.judges.llm import (
-    PROMPT_VERSION,
+    LOCAL_PROMPT_VERSION,
+    LOCAL_SYSTEM_PROMPT,
     JudgeCache,
     build_messages,
     default_cache_dir,
@@ -138,7 +139,7 @@ class LocalJudge:
             raise ValueError(f"bias names labels not in the taxonomy: {unknown}")
         self.bias = [float((bias or {}).get(lab, 0.0)) for lab in LABELS]
         self.examples = few_shot_rows(few_shot)
-        tag = f"{PROMPT_VERSION}+{CHOICE_VERSION}"
+        tag = f"{LOCAL_PROMPT_VERSION}+{CHOICE_VERSION}"
         if self.examples:
             tag += f"+fs{len(self.examples)}"
         if any(self.bias):
@@ -156,7 +157,7 @@ class LocalJudge:
     def messages(self, inp: JudgeInput) -> list[dict[str, str]]:
         """The ``openai:`` judge's messages, with few-shot turns between system and user when asked."""
 
-        msgs = build_messages(inp, structured=True)
+        msgs = build_messages(inp, structured=True, system=LOCAL_SYSTEM_PROMPT)
         shots: list[dict[str, str]] = []
         for ex_inp, ex in zip(inputs_from_rows(self.examples), self.examples):
             shots.append(build_messages(ex_inp, structured=True)[1])
@@ -166,7 +167,7 @@ class LocalJudge:
     def public_config(self) -> dict[str, Any]:
 
         return {"model": self.model_name, "weight_hash": self.lm.weight_hash, "dtype": str(self.lm.dtype),
-                "prompt_version": PROMPT_VERSION, "choice_version": CHOICE_VERSION,
+                "prompt_version": LOCAL_PROMPT_VERSION, "choice_version": CHOICE_VERSION,
                 "taxonomy": TAXONOMY_VERSION, "answer_prefix": ANSWER_PREFIX,
                 "few_shot": [r["record_id"] for r in self.examples],
                 "bias": dict(zip(LABELS, self.bias)), "cache": str(self.cache.root) if self.cache else None}
