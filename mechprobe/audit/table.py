@@ -193,6 +193,12 @@ def load_run_table(run: str | Path) -> TurnTable:
         raise MissingInput(f"{a_p} not found: the audit needs a probe run (run `mechprobe probe` and a judge first)")
     by_item = {r["item_id"]: AssistantRecord.from_dict(r) for r in read_jsonl(a_p, key="item_id")}
     sources: dict[str, str] = {"assistant.jsonl": sha256_file(a_p)}
+    # Items of a fixed split the run does not hold get their answers inside the steering directory
+    # (``<steer dir>/split_answers/assistant.jsonl``); without them every steered turn of such items is skipped.
+    for sp in sorted(run.glob("steering*/split_answers/assistant.jsonl")):
+        sources[sp.relative_to(run).as_posix()] = sha256_file(sp)
+        for r in read_jsonl(sp, key="item_id"):
+            by_item.setdefault(r["item_id"], AssistantRecord.from_dict(r))
     probe, s1 = _probe_rows(run, by_item, sources)
     steer, s2 = _steer_rows(run, by_item, sources)
     if not probe and not steer:

@@ -73,3 +73,24 @@ def test_condition_by_decoding_separates_greedy_and_sampled_probe_turns(run):
     s = draw_sample(t, 24, "condition+decoding", seed=0)
     assert set(s.per_stratum) == set(strata) and sum(s.per_stratum.values()) == 24
     assert {t.get(r).stratum("condition+decoding") for r in s.record_ids} == set(strata)
+
+
+def test_steered_items_of_a_fixed_split_get_their_answers_from_split_answers(run):
+    """Held-out items of a committed split are answered under <steer dir>/split_answers/, not in the run's own
+    assistant.jsonl: the table must read them there, or every steered turn of those items is skipped."""
+    import json
+
+    before = load_run_table(run)
+    steered = {r.item_id for r in before.rows if r.condition != "probe"}
+    probe_items = {r.item_id for r in before.rows if r.condition == "probe"}
+    moved = sorted(steered - probe_items)[:5]
+    lines = (run / "assistant.jsonl").read_text().splitlines()
+    keep = [x for x in lines if json.loads(x)["item_id"] not in moved]
+    (run / "assistant.jsonl").write_text("\n".join(keep) + "\n")
+    assert load_run_table(run).skipped > before.skipped  # without the split answers those turns are lost
+    (run / "steering" / "split_answers").mkdir()
+    (run / "steering" / "split_answers" / "assistant.jsonl").write_text(
+        "\n".join(x for x in lines if json.loads(x)["item_id"] in moved) + "\n")
+    after = load_run_table(run)
+    assert len(after) == len(before) and after.skipped == before.skipped
+    assert "steering/split_answers/assistant.jsonl" in after.sources
