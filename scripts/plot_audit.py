@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", required=True)
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    fig, axes = plt.subplots(1, len(a.reports), figsize=(4.2 * len(a.reports), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(a.reports), figsize=(max(4.2 * len(a.reports), 6.4), 3.9), squeeze=False)
     judge = labellers = ""
     for ax, spec in zip(axes[0], a.reports, strict=True):
         name, path = spec.split("=", 1)
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         ax.set_title(name, fontsize=10)
         ax.legend(fontsize=8)
     spec = judge.split("@")[0].replace("hybrid:", "hybrid2:" if "+voice" in judge else "hybrid:")
-    fig.suptitle(f"{a.model}: judge {spec} vs blind audit ({labellers})\n95% CIs; corrected = "
+    fig.suptitle(f"{a.model}: judge {spec}\nvs blind audit ({labellers})\n95% CIs; corrected = "
                  "prediction-powered (ppi_py)", fontsize=9)
     fig.tight_layout()
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
