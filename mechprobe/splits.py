@@ -55,6 +55,19 @@ class ItemSplit:
     path: str = ""
     sha256: str = ""
 
+    @property
+    def display_path(self) -> str:
+        """The split file's path for reports: relative to the repository for the package's own splits, relative
+        to the working directory when inside it, else just the file name (committed reports carry no machine
+        paths)."""
+        p = Path(self.path).resolve() if self.path else None
+        if p is None:
+            return self.name
+        for root in (Path(__file__).resolve().parent.parent, Path.cwd().resolve()):
+            if p.is_relative_to(root):
+                return p.relative_to(root).as_posix()
+        return p.name
+
     def side(self, item_id: str) -> str | None:
         """``"heldout"``, ``"train"`` or None (the item is in neither list)."""
         if item_id in self.heldout:

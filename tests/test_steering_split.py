@@ -125,3 +125,11 @@ def test_split_file_ids_and_refusal_before_generation(smol, tmp_path):
         assert len(calls) == n  # refused before any generation
     finally:
         exp.steered_user_turns = gen
+
+
+def test_reports_name_the_split_without_a_machine_path():
+    from mechprobe.splits import STEERING_SPLIT, load_split
+
+    s = load_split(STEERING_SPLIT)
+    assert s.display_path == "mechprobe/data/splits/gsm8k_steering_v1.json"
+    assert not s.display_path.startswith("/")

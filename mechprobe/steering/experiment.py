@@ -685,7 +685,7 @@ def run_steer(a: SteerConfig) -> int:
     header = (f"layer {layer}, positions {a.positions}, {len(heldout)} held-out items, judge {judge.name}, alpha unit "
               f"{unit} (mean boundary residual norm {resid_norm:.4g} on train rows); {raw.describe()}"
               + (f"; (layer, alpha) chosen on {len(selection['items'])} train items (select.md)" if selection else "")
-              + (f"; items of split {split.name} ({split.path})" if split is not None else "; hash split of the run's items")
+              + (f"; items of split {split.name} ({split.display_path})" if split is not None else "; hash split of the run's items")
               + f"\n\n{truncation_note(len(cut), len(heldout), a.include_truncated)}"
               + ("" if a.include_truncated else " (their user turns are left out of every rate and paired test)")
               + (f"; corrected = audit {audit.sample_id} ({len(audit)} audited turns, labellers "
@@ -703,7 +703,7 @@ def run_steer(a: SteerConfig) -> int:
                                           "selection": selection, "heldout": rows,
                                           "assistant_accuracy_items": None if a.no_assistant_check else n_acc,
                                           "judge": judge.name, "nll_dtype": scorer.dtype,
-                                          "split": {"file": split.path, "sha256": split.sha256} if split else None,
+                                          "split": {"file": split.display_path, "sha256": split.sha256} if split else None,
                                           "setting_sha256": frozen,
                                           "truncated": {"n": len(cut), "of": len(heldout),
                                                         "excluded": not a.include_truncated},
