@@ -183,6 +183,22 @@ def corrected_paired_difference(judge_a: dict[str, float], judge_b: dict[str, fl
     rest = [i for i in common if not (i in audit_a and i in audit_b)]
     if not both:
         return _nan("no item audited in both conditions", 0, len(common))
+    if not rest:
+        # Every item audited in both conditions: nothing to impute. A Wilson interval belongs to a proportion, not
+        # to a mean of differences in [-1, 1], so the audit's own difference gets Newcombe's hybrid score interval
+        # from the two Wilson intervals (the unpaired form: it ignores the positive pairing, so it is conservative).
+        from statsmodels.stats.proportion import proportion_confint
+
+        ya = np.array([audit_a[i] for i in both], dtype=float)
+        yb = np.array([audit_b[i] for i in both], dtype=float)
+        pa, pb = float(ya.mean()), float(yb.mean())
+        la, ua = proportion_confint(float(ya.sum()), ya.size, alpha=alpha, method="wilson")
+        lb, ub = proportion_confint(float(yb.sum()), yb.size, alpha=alpha, method="wilson")
+        d = pb - pa
+        lo = d - math.sqrt((pb - lb) ** 2 + (ua - pa) ** 2)
+        hi = d + math.sqrt((ub - pb) ** 2 + (pa - la) ** 2)
+        return Estimate(d, max(-1.0, lo), min(1.0, hi), len(both),
+                        "audit only (every item audited; Newcombe hybrid score, unpaired: conservative)", len(common))
     y = np.array([audit_b[i] - audit_a[i] for i in both], dtype=float)
     yhat = np.array([judge_b[i] - judge_a[i] for i in both], dtype=float)
     yhat_u = np.array([judge_b[i] - judge_a[i] for i in rest], dtype=float)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from ppi_py import ppi_mean_ci, ppi_mean_pointestimate
 
 from mechprobe.audit import corrected_paired_difference, corrected_rate, judge_only_rate
@@ -70,3 +71,19 @@ def test_fully_audited_stratum_without_follow_ups_keeps_an_interval():
 
     est = corrected_rate(np.array([], float), np.zeros(60), np.zeros(60))
     assert est.point == 0.0 and est.lo == 0.0 and 0.05 < est.hi < 0.07
+
+
+def test_fully_audited_paired_difference_has_a_difference_interval():
+    """Every item audited in both conditions: the interval is for a difference in [-1, 1] (was a Wilson
+    interval of a sum of differences: [-100%, 100%] when the sum was negative, too narrow when it was small)."""
+    items = [f"i{k}" for k in range(60)]
+    judge = dict.fromkeys(items, 0.0)
+    none = {i: float(k < 1) for k, i in enumerate(items)}       # 1/60 genuine unsteered
+    same = {i: 0.0 for i in items}                               # 0/60 steered: a difference of -1/60
+    est = corrected_paired_difference(judge, judge, none, same)
+    assert est.point == pytest.approx(-1 / 60) and -0.12 < est.lo < est.point < est.hi < 0.08
+    lifted = {i: float(k < 12) for k, i in enumerate(items)}    # 12/60 steered: +11/60
+    est = corrected_paired_difference(judge, judge, none, lifted)
+    assert est.lo > 0 and est.hi < 0.35 and est.n_audited == 60
+    flat = corrected_paired_difference(judge, judge, none, none)
+    assert flat.point == 0 and flat.lo < 0 < flat.hi  # no change still has width
