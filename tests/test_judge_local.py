@@ -11,7 +11,7 @@ import pytest
 from mechprobe.io import read_jsonl
 from mechprobe.judges.base import inputs_from_rows
 from mechprobe.judges.factory import make_judge
-from mechprobe.judges.llm import JSON_SCHEMA, LLMJudge, build_messages
+from mechprobe.judges.llm import JSON_SCHEMA, LOCAL_SYSTEM_PROMPT, LLMJudge, build_messages
 from mechprobe.judges.local import LocalJudge, few_shot_rows
 from mechprobe.judges.run import judge_run
 from mechprobe.lm.choice import ChoiceScorer, normalise, prompt_ids
@@ -141,10 +141,10 @@ def test_local_and_served_judge_agree(smol):
     local = {r.record_id: r for r in LocalJudge(loaded=smol, cache_dir=False).label_many(inputs)}
     with ChatServer(HFResponder(smol.model, smol.tokenizer), model_name=smol.name) as srv:
         llm = LLMJudge(smol.name, base_url=srv.base_url, api_key="x", cache_dir=False, concurrency=1,
-                       structured=True)
+                       structured=True, core_codebook=True)  # the local judge's prompt: the codebook's rules
         served = {r.record_id: r for r in llm.label_many(inputs)}
         client = openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0, timeout=120)
-        reply = client.chat.completions.create(model=smol.name, messages=build_messages(inputs[0]),
+        reply = client.chat.completions.create(model=smol.name, messages=build_messages(inputs[0], system=LOCAL_SYSTEM_PROMPT),
                                                response_format=JSON_SCHEMA, temperature=0.0)
     assert {k: v.label for k, v in served.items()} == {k: v.label for k, v in local.items()}
     assert all(v.error is None for v in served.values())

@@ -130,9 +130,9 @@ def build_messages(inp: JudgeInput, structured: bool = True, system: str = SYSTE
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-def cache_key(model: str, inp: JudgeInput) -> str:
+def cache_key(model: str, inp: JudgeInput, prompt_version: str = PROMPT_VERSION) -> str:
     """sha256 over what determines the verdict; never the key, the URL or timing options."""
-    payload = {"model": model, "prompt_version": PROMPT_VERSION, "taxonomy": TAXONOMY_VERSION,
+    payload = {"model": model, "prompt_version": prompt_version, "taxonomy": TAXONOMY_VERSION,
                "conversation": inp.conversation(), "user_turn": inp.raw_text, "stop_reason": inp.stop_reason}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
 
@@ -292,11 +292,15 @@ class LLMJudge:
                  concurrency: int = 4, timeout: float = 60.0, max_retries: int = 5, backoff: float = 1.0,
                  max_backoff: float = 60.0, cache_dir: str | Path | bool | None = None,
                  structured: bool | str = "auto", max_tokens: int = 300, client: Any = None,
-                 sleep: Any = time.sleep):
+                 sleep: Any = time.sleep, core_codebook: bool = False):
         if concurrency < 1:
             raise UsageError(f"concurrency must be >= 1, got {concurrency}")
         self.model = model
-        self.name = f"openai:{model}@{PROMPT_VERSION}"
+        # core_codebook: the codebook's rules only (the local judge's prompt), e.g. to check that a served model
+        # and the in-process local judge give the same verdicts on the same prompt.
+        self.system = LOCAL_SYSTEM_PROMPT if core_codebook else SYSTEM_PROMPT
+        self.prompt_version = LOCAL_PROMPT_VERSION if core_codebook else PROMPT_VERSION
+        self.name = f"openai:{model}@{self.prompt_version}"
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or os.environ.get("MECHPROBE_JUDGE_BASE_URL")
         key = api_key or os.environ.get("OPENAI_API_KEY") or os.environ.get("MECHPROBE_JUDGE_API_KEY")
         if not key:
@@ -334,7 +338,7 @@ class LLMJudge:
     def public_config(self) -> dict[str, Any]:
         """What manifests may record (no key; the base URL without credentials)."""
 
-        return {"model": self.model, "prompt_version": PROMPT_VERSION, "taxonomy": TAXONOMY_VERSION,
+        return {"model": self.model, "prompt_version": self.prompt_version, "taxonomy": TAXONOMY_VERSION,
                 "base_url": _safe_base_url(self.base_url), "concurrency": self.concurrency,
                 "timeout": self.timeout, "max_retries": self.max_retries,
                 "structured_output": self._structured, "cache": str(self.cache.root) if self.cache else None}
@@ -374,7 +378,7 @@ class LLMJudge:
         attempt = 0
         while attempt <= self.max_retries:
             structured = self._structured
-            kw: dict[str, Any] = {"model": self.model, "messages": build_messages(inp, structured),
+            kw: dict[str, Any] = {"model": self.model, "messages": build_messages(inp, structured, self.system),
                                   "temperature": 0.0, "max_tokens": self.max_tokens}
             if structured:
                 kw["response_format"] = JSON_SCHEMA
@@ -437,7 +441,7 @@ class LLMJudge:
 
     def label(self, inp: JudgeInput) -> LabelRecord:
         """Cache, then endpoint; never raises for per-turn failures (see :class:`JudgeFatal`)."""
-        key = cache_key(self.model, inp)
+        key = cache_key(self.model, inp, self.prompt_version)
         if self.cache is not None:
             hit = self.cache.get(key)
             if hit is not None and hit.get("label") in LABELS:
@@ -452,7 +456,7 @@ class LLMJudge:
                                error=out.error)
         if self.cache is not None:
             self.cache.put(key, {"label": out.label, "rationale": out.rationale, "judge": self.name,
-                                 "model": self.model, "prompt_version": PROMPT_VERSION})
+                                 "model": self.model, "prompt_version": self.prompt_version})
         return LabelRecord(record_id=inp.record_id, label=out.label, genuine=is_genuine(out.label),
                            rationale=out.rationale, judge=self.name)
 
