@@ -16,8 +16,8 @@ Where local files are looked for (first hit wins):
 1. ``path`` if given: a file, or a folder holding ``<file>`` or ``<folder>/<file>`` (see :data:`SPECS`);
 2. ``$MECHPROBE_DATA_DIR`` (a folder laid out like ``shared/data``: ``gsm8k/test.jsonl`` ...);
 3. a ``shared/data`` folder in the current directory or any of its parents, then in the package's
-   checkout or any of its parents. This is the project's machine layout (``/work/main`` beside
-   ``/work/shared/data``), so ``../shared/data`` is found from the repo root without configuration.
+   checkout or any of its parents. With the checkout beside a ``shared`` folder (``<parent>/<checkout>`` and
+   ``<parent>/shared/data``), ``../shared/data`` is found from the repo root without configuration.
 
 Hub copies (``source="hf"``, or ``"auto"`` when no local file exists and ``datasets`` imports) use
 the standard ids in :data:`SPECS`. IFEval and MT-Bench only have a ``train`` split on the hub, which
