@@ -17,6 +17,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from mechprobe.judges.factory import spec_of_judge_name  # noqa: E402
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -46,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         ax.set_ylabel("genuine follow-up rate")
         ax.set_title(name, fontsize=10)
         ax.legend(fontsize=8)
-    spec = judge.split("@")[0].replace("hybrid:", "hybrid2:" if "+voice" in judge else "hybrid:")
+    spec = spec_of_judge_name(judge) or judge
     fig.suptitle(f"{a.model}: judge {spec}\nvs blind audit ({labellers})\n95% CIs; corrected = "
                  "prediction-powered (ppi_py)", fontsize=9)
     fig.tight_layout()

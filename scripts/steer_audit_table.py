@@ -27,6 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from mechprobe.audit import load_labellers, load_run_table, load_sample  # noqa: E402
 from mechprobe.audit.report import audit_rows  # noqa: E402
+from mechprobe.judges.factory import spec_of_judge_name  # noqa: E402
 from mechprobe.stats import wilson  # noqa: E402
 from mechprobe.turns.templates import template_kind  # noqa: E402
 
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     ax.set_ylim(0, 1)
     ax.legend(fontsize=7)
     ax.set_title(f"{a.model}: steering dose-response, {n_items} held-out items per condition\n"
-                 f"judge {judge.split('@')[0]}; audit: {lab}; 95% CIs", fontsize=8)
+                 f"judge {spec_of_judge_name(judge) or judge}; audit: {lab}; 95% CIs", fontsize=8)
     fig.tight_layout()
     Path(a.figure).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(a.figure, dpi=120)

@@ -15,19 +15,21 @@ WORDS = ("you are tiny system user assistant the answer is a b c d e f g h one t
          "bones sum of and then so plus equals").split()
 
 
-def make_chatml_tokenizer(directory: Path):
-    """A word-level tokenizer (< 128 ids) with ChatML special tokens and a template that adds a default
-    system prompt, like SmolLM2 and Qwen do; saved and reloaded as a fast tokenizer (offsets work)."""
+def make_chatml_tokenizer(directory: Path, *, template: str = CHATML, words: list[str] | None = None,
+                          eos_token: str = "<|endoftext|>"):
+    """A word-level tokenizer (< 128 ids, so a tiny random model can read it) with ChatML special tokens and a
+    template that adds a default system prompt (``template``: the tiny one here, or e.g. Qwen2.5's); saved and
+    reloaded as a fast tokenizer (offsets work)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     specials = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    vocab = {t: i for i, t in enumerate(specials + [w for w in dict.fromkeys(WORDS)])}
+    vocab = {t: i for i, t in enumerate(specials + list(dict.fromkeys(WORDS if words is None else words)))}
     t = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     t.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=t, unk_token="<unk>", eos_token="<|endoftext|>",
+    tok = PreTrainedTokenizerFast(tokenizer_object=t, unk_token="<unk>", eos_token=eos_token,
                                   pad_token="<|endoftext|>", additional_special_tokens=["<|im_start|>", "<|im_end|>"])
-    tok.chat_template = CHATML
+    tok.chat_template = template
     tok.save_pretrained(str(directory))
     return AutoTokenizer.from_pretrained(str(directory))
 

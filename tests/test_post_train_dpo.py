@@ -17,6 +17,7 @@ from mechprobe.lm import chat
 from mechprobe.post_train import pairs as pp
 from mechprobe.post_train import train as pt
 from tests.conftest import _has_smollm2, shared_data_dir
+from tests.study_helpers import make_chatml_tokenizer
 from tests.test_chat import QWEN25
 
 REPO = Path(__file__).resolve().parents[1]
@@ -195,20 +196,8 @@ WORDS = ("You are Qwen , created by Alibaba Cloud . a helpful assistant what is 
 
 
 def qwen_word_tokenizer(directory: Path):
-    """A word-level tokenizer (< 128 ids, so a tiny random model can read it) with Qwen2.5's template and its
-    default system prompt; saved and reloaded as a fast tokenizer (offsets work)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    specials = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    vocab = {t: i for i, t in enumerate(specials + list(dict.fromkeys(WORDS)))}
-    t = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    t.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=t, unk_token="<unk>", eos_token="<|im_end|>",
-                                  pad_token="<|endoftext|>", additional_special_tokens=["<|im_start|>", "<|im_end|>"])
-    tok.chat_template = QWEN25
-    tok.save_pretrained(str(directory))
-    return AutoTokenizer.from_pretrained(str(directory))
+    """The study tests' word-level tokenizer with Qwen2.5's template, its default system prompt and <|im_end|> as eos."""
+    return make_chatml_tokenizer(directory, template=QWEN25, words=WORDS, eos_token="<|im_end|>")
 
 
 def qwen_pairs(tok, n: int = 9) -> list[pp.Pair]:

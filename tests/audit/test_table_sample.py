@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
@@ -78,8 +79,6 @@ def test_condition_by_decoding_separates_greedy_and_sampled_probe_turns(run):
 def test_steered_items_of_a_fixed_split_get_their_answers_from_split_answers(run):
     """Held-out items of a committed split are answered under <steer dir>/split_answers/, not in the run's own
     assistant.jsonl: the table must read them there, or every steered turn of those items is skipped."""
-    import json
-
     before = load_run_table(run)
     steered = {r.item_id for r in before.rows if r.condition != "probe"}
     probe_items = {r.item_id for r in before.rows if r.condition == "probe"}
