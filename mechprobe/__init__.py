@@ -24,6 +24,7 @@ from mechprobe.judges.llm import LLMJudge
 from mechprobe.judges.local import LocalJudge
 from mechprobe.judges.offline import OfflineJudge
 from mechprobe.judges.run import judge_run
+from mechprobe.judges.trained import TrainedJudge
 from mechprobe.lm.chat import ProbePrompt, build_probe_prompt, user_header
 from mechprobe.lm.generation import generate
 from mechprobe.lm.models import LoadedModel, get_blocks, load_model, tiny_model
@@ -38,7 +39,7 @@ __version__ = "0.1.0"
 __all__ = [
     "GENUINE", "LABELS", "ActivationCache", "AssistantRecord", "HybridJudge", "Item", "Judge", "JudgeInput",
     "LLMJudge", "LabelRecord", "LoadedModel", "LocalJudge", "OfflineJudge", "ProbeConfig", "ProbePrompt",
-    "SteeringVector", "UserTurnRecord", "bake", "build_probe_prompt", "cache_run", "diff_of_means",
+    "SteeringVector", "TrainedJudge", "UserTurnRecord", "bake", "build_probe_prompt", "cache_run", "diff_of_means",
     "from_direction", "generate", "get_blocks", "judge_run", "load_dataset", "load_model", "load_run",
     "make_judge", "run_probe", "steer", "tiny_model", "user_header",
 ]

@@ -13,6 +13,7 @@ from mechprobe.judges.hybrid import DEFAULT_VOICE, HybridJudge
 from mechprobe.judges.llm import LLMJudge
 from mechprobe.judges.local import LocalJudge
 from mechprobe.judges.offline import OfflineJudge
+from mechprobe.judges.trained import TrainedJudge
 from mechprobe.lm.models import (
     DEFAULT_MODEL,
     EMBEDDED,
@@ -53,6 +54,8 @@ def spec_of_judge_name(name: str) -> str | None:
     """The ``--judge`` spec that reproduces a judge recorded in ``labels.jsonl`` by its name, or None."""
     if name.startswith("offline"):
         return "offline-lexical" if "lexical" in name else "offline"
+    if name.startswith("trained:") and "@" in name:
+        return "trained:" + name.split(":", 1)[1].split("@", 1)[0]
     if name.startswith("hybrid:") and "@" in name:
         judge_model = name.split(":", 1)[1].split("@", 1)[0]
         return f"{'hybrid2' if '+voice' in name else 'hybrid'}:{judge_model}"
@@ -160,8 +163,15 @@ def make_judge(spec: str | None = "offline", **opts: Any) -> Judge:
 
             kw.setdefault("voice", DEFAULT_VOICE)
         return HybridJudge(model, **kw)
+    if spec.startswith("trained:"):
+        model = spec.split(":", 1)[1]
+        if not model:
+            raise UsageError("--judge trained:MODEL needs the scoring model its weights were fit with, e.g. "
+                             "trained:qwen2.5-coder-1.5b-instruct")
+        allowed = {"dtype", "device", "cache_dir", "loaded", "embed", "weights"}
+        return TrainedJudge(model, **{k: v for k, v in opts.items() if k in allowed})
     raise UsageError(f"unknown judge {spec!r}: use 'offline', 'offline-lexical', 'openai:MODEL', 'local:MODEL', "
-                     "'hybrid:MODEL' or 'hybrid2:MODEL'")
+                     "'hybrid:MODEL', 'hybrid2:MODEL' or 'trained:MODEL'")
 
 
 def check_judge_spec(spec: str | None, flag: str = "--judge") -> str:
@@ -174,9 +184,9 @@ def check_judge_spec(spec: str | None, flag: str = "--judge") -> str:
     if spec in ("offline", "offline-lexical", "offline-embed"):
         return spec
     kind, sep, model = spec.partition(":")
-    if kind not in ("openai", "local", "hybrid", "hybrid2") or not sep:
+    if kind not in ("openai", "local", "hybrid", "hybrid2", "trained") or not sep:
         raise UsageError(f"unknown judge {spec!r} ({flag}): use 'offline', 'offline-lexical', 'openai:MODEL', "
-                         "'local:MODEL', 'hybrid:MODEL' or 'hybrid2:MODEL'")
+                         "'local:MODEL', 'hybrid:MODEL', 'hybrid2:MODEL' or 'trained:MODEL'")
     if not model:
         raise UsageError(f"{flag} {kind}:MODEL needs a model name, e.g. {kind}:qwen2.5-coder-1.5b-instruct")
     if kind != "openai":

@@ -1,0 +1,173 @@
+"""The trained judge: a logistic model over the hybrid judge's signals and lexical cues, fit on labelled turns.
+
+``--judge trained:MODEL`` (the scoring model the weights were fit with, ``qwen2.5-coder-1.5b-instruct``).
+Why: the hybrid judge's two hand-set thresholds and fixed decision order let one signal decide alone, and on
+independently labelled turns it agreed with labellers no better than the rules (docs/judge_agreement.md). Here
+the same signals (:mod:`mechprobe.judges.turn_features`) are weighed jointly by a classifier whose weights come
+from ``scripts/fit_trained_judge.py`` on the dev split of ``reports/labelled_turns`` (item-grouped CV chose the
+regularisation and the decision threshold), never edited by hand.
+
+Labels: P(genuine) >= the fitted threshold -> ``genuine_followup``. Otherwise the offline rules' label stands,
+except an offline ``genuine_followup``, which becomes ``assistant_continuation`` when the voice margin is
+negative (the text is likelier in the assistant's slot) and ``new_query`` otherwise. The binary decision is
+what the weights were fit for; the seven failure labels are the rules'.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mechprobe.errors import UsageError
+from mechprobe.judges.base import JudgeInput
+from mechprobe.judges.hybrid import HybridJudge
+from mechprobe.judges.local import DEFAULT_LOCAL_MODEL
+from mechprobe.judges.offline import split_roles
+from mechprobe.judges.turn_features import model_feature_row, text_features, vector
+from mechprobe.records import LabelRecord
+from mechprobe.taxonomy import GENUINE, is_genuine
+
+__all__ = ["TrainedJudge", "feature_rows", "load_weights", "predict_proba", "WEIGHTS_FORMAT", "DEFAULT_WEIGHTS"]
+
+WEIGHTS_FORMAT = "mechprobe-trained-judge-v1"
+DEFAULT_WEIGHTS = "trained_judge_v1.json"
+
+
+def load_weights(path: str | Path | None = None) -> dict[str, Any]:
+    """The fitted weights: a path, or None for the package's own file (written by the fit script).
+
+    Raises:
+        UsageError: the file is missing or not a trained-judge weights file.
+    """
+    if path is None:
+        ref = resources.files("mechprobe") / "data" / DEFAULT_WEIGHTS
+        if not ref.is_file():
+            raise UsageError(f"no fitted weights in the package ({DEFAULT_WEIGHTS}); run "
+                             "python scripts/fit_trained_judge.py, or pass weights=PATH")
+        d = json.loads(ref.read_text(encoding="utf-8"))
+    else:
+        p = Path(path)
+        if not p.is_file():
+            raise UsageError(f"{p}: trained-judge weights not found; pass the JSON scripts/fit_trained_judge.py wrote")
+        d = json.loads(p.read_text(encoding="utf-8"))
+    if d.get("format") != WEIGHTS_FORMAT:
+        raise UsageError(f"{path or DEFAULT_WEIGHTS}: not a {WEIGHTS_FORMAT} file (format {d.get('format')!r})")
+    return d
+
+
+def predict_proba(weights: dict[str, Any], rows: Sequence[dict[str, float]]) -> list[float]:
+    """P(genuine) of feature rows under ``weights`` (standardise, then the logistic model)."""
+    names = weights["features"]
+    mean, scale, coef, b = weights["mean"], weights["scale"], weights["coef"], float(weights["intercept"])
+    out = []
+    for row in rows:
+        x = vector(row, names)
+        z = b + sum(c * (v - m) / s for c, v, m, s in zip(coef, x, mean, scale))
+        out.append(1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, z)))))
+    return out
+
+
+def feature_rows(hybrid: HybridJudge, inputs: Sequence[JudgeInput]
+                 ) -> tuple[dict[str, dict[str, float]], dict[str, LabelRecord]]:
+    """Feature rows and offline verdicts per record id; the model features come from ``hybrid``'s store and cache,
+    batched per conversation (the same forwards, and cache keys, as the hybrid judge's own).
+
+    Args:
+        hybrid: a loaded :class:`~mechprobe.judges.hybrid.HybridJudge` (its scoring model and offline rules).
+        inputs: the turns.
+    Returns:
+        ``({record_id: {feature: value}}, {record_id: offline verdict})``.
+    """
+    offline = {r.record_id: r for r in hybrid.offline.label_many(list(inputs))}
+    rows = {inp.record_id: text_features(inp, offline[inp.record_id]) for inp in inputs}
+    groups: dict[str, list[JudgeInput]] = {}
+    for inp in inputs:
+        groups.setdefault(json.dumps(inp.conversation(), sort_keys=True, ensure_ascii=False), []).append(inp)
+    for group in groups.values():
+        texts = {inp.record_id: split_roles(inp.raw_text)[0].text for inp in group}
+        live = [inp for inp in group if texts[inp.record_id].strip()]
+        memo: dict[str, tuple[float, int]] = {}
+        tx = [texts[i.record_id] for i in live]
+        pmis = hybrid.pmi_many(live, tx, memo) if live else []
+        voices = hybrid.voice_many(live, tx, memo) if live else []
+        got = {inp.record_id: (p, v) for inp, p, v in zip(live, pmis, voices)}
+        for inp in group:
+            p, v = got.get(inp.record_id, (None, None))
+            rows[inp.record_id] |= model_feature_row(p, v)
+        hybrid.store.forget("real", pool=True)
+        for slot in ("null", "assistant"):
+            hybrid.store.forget(slot)
+    return rows, offline
+
+
+class TrainedJudge:
+    """Logistic judge over rules, lexical cues, grounding PMI and voice (see the module docstring).
+
+    Args:
+        model: the scoring model; must be the one the weights were fit with (its PMI and voice scales differ
+            between models). Default ``"qwen2.5-coder-1.5b-instruct"``.
+        weights: a weights JSON path; None (default) = the package's fitted file.
+        dtype, device, cache_dir, loaded, embed: as for :class:`~mechprobe.judges.hybrid.HybridJudge`, whose
+            store and cache compute the model features.
+
+    Attributes:
+        name: ``"trained:<model>@<version>+<offline name>"``.
+        threshold: the P(genuine) cut chosen by item-grouped CV on the dev split.
+
+    Example:
+        >>> from mechprobe.judges.trained import TrainedJudge
+        >>> judge = TrainedJudge("qwen2.5-coder-1.5b-instruct")                        # doctest: +SKIP
+        >>> judge.label(JudgeInput("r1", "What is 12 * 7?", "84.", "Why 84?")).label  # doctest: +SKIP
+        'genuine_followup'
+    """
+
+    def __init__(self, model: str = DEFAULT_LOCAL_MODEL, *, weights: str | Path | None = None,
+                 dtype: str | torch.dtype | None = None, device: str | None = None,
+                 cache_dir: str | Path | bool | None = None, loaded: Any = None, embed: bool | None = None):
+        self.weights = load_weights(weights)
+        fit_model = self.weights["scoring_model"]
+        given = loaded.name if loaded is not None else Path(str(model)).name.removesuffix(".gguf")
+        if given != fit_model:
+            raise UsageError(f"trained:{model}: these weights were fit with scoring model {fit_model}; use "
+                             f"--judge trained:{fit_model} or refit with scripts/fit_trained_judge.py")
+        self.hybrid = HybridJudge(model, dtype=dtype, device=device, cache_dir=cache_dir, loaded=loaded, embed=embed)
+        self.lm = self.hybrid.lm
+        self.model_name = self.hybrid.model_name
+        self.threshold = float(self.weights["threshold"])
+        self.name = f"trained:{self.model_name}@{self.weights['version']}+{self.hybrid.offline.name}"
+        self.stats = self.hybrid.stats
+
+    def public_config(self) -> dict[str, Any]:
+        return {"model": self.model_name, "weight_hash": self.lm.weight_hash, "version": self.weights["version"],
+                "threshold": self.threshold, "features": self.weights["features"],
+                "fit": self.weights.get("fit", {}), "offline": self.hybrid.offline.name}
+
+    def label_many(self, inputs: Sequence[JudgeInput]) -> Iterator[LabelRecord]:
+        inputs = list(inputs)
+        rows, offline = feature_rows(self.hybrid, inputs)
+        probs = dict(zip([i.record_id for i in inputs], predict_proba(self.weights, [rows[i.record_id]
+                                                                                      for i in inputs])))
+        for inp in inputs:
+            rid = inp.record_id
+            p, off, row = probs[rid], offline[rid], rows[rid]
+            if p >= self.threshold:
+                label = GENUINE
+            elif off.label == GENUINE:
+                label = "assistant_continuation" if row["voice"] < 0 and not row["no_text"] else "new_query"
+            else:
+                label = off.label
+            self.hybrid.stats["judged"] += 1
+            why = (f"P(genuine) {p:.3f} (threshold {self.threshold:.3f}); offline {off.label}; "
+                   f"PMI {row['pmi']:+.3f}; voice {row['voice']:+.3f}")
+            yield LabelRecord(record_id=rid, label=label, genuine=is_genuine(label), rationale=why, judge=self.name,
+                              probs={GENUINE: round(p, 6), "pmi": round(row["pmi"], 6),
+                                     "voice": round(row["voice"], 6)})
+
+    def label(self, inp: JudgeInput) -> LabelRecord:
+        return next(self.label_many([inp]))

@@ -1,0 +1,140 @@
+"""Build the judge's labelled-turn set: texts of generated user turns from several subject models, split by item.
+
+Why: a judge trained or tuned on turns needs the turns' texts kept next to the labels (an audit keeps only
+record ids; the run directories that held the texts are not committed), and a dev/test split fixed *before*
+anyone labels or fits, by item, so the same problem never sits on both sides. The split key is the query
+text, so one GSM8K problem asked of two models lands on one side.
+
+Sources: the labelled fixtures in ``tests/fixtures`` (texts already there) and any probe or steering run
+directories given with ``--run DIR MODEL`` (``user_turns.jsonl`` + ``assistant.jsonl``). Items of the committed
+steering split's held-out list are refused: those items are for final steering numbers only.
+
+Writes ``reports/labelled_turns/turns.jsonl`` (one row per turn, merged with what is there; a turn already in
+the file keeps its row) and ``sheet.csv`` (blind: row key, query, answer, turn; shuffled; no model, condition or
+source) for the labellers.
+
+Usage::
+
+    python scripts/build_labelled_set.py                                   # fixtures only
+    python scripts/build_labelled_set.py --run runs/q15-mt_bench qwen2.5-coder-1.5b-instruct
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import random
+from pathlib import Path
+
+from mechprobe.splits import STEERING_SPLIT, load_split, split_of
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "reports" / "labelled_turns"
+TEST_FRACTION = 0.4
+FIXTURES = [  # (file, subject model, condition field)
+    ("hand_labels.jsonl", "smollm2-135m-instruct", "decoding"),
+    ("hand_labels_q15_c.jsonl", "qwen2.5-coder-1.5b-instruct", "decoding"),
+    ("hand_labels_steer_q15.jsonl", "qwen2.5-coder-1.5b-instruct", "condition"),
+    ("hand_labels_steer2_q15.jsonl", "qwen2.5-coder-1.5b-instruct", "condition"),
+]
+
+
+def turn_id(model: str, query: str, answer: str, turn: str) -> str:
+    """Content key: the same (model, conversation, turn) from two sources is one row."""
+    h = hashlib.sha256(json.dumps([model, query, answer, turn], ensure_ascii=False).encode()).hexdigest()
+    return "t" + h[:12]
+
+
+def item_key(query: str) -> str:
+    return hashlib.sha256(" ".join(query.split()).encode()).hexdigest()[:16]
+
+
+def split_for(query: str) -> str:
+    return "test" if split_of("labelled-turns|" + item_key(query), TEST_FRACTION) == "heldout" else "dev"
+
+
+def _row(model: str, dataset: str, item_id: str, condition: str, source: str, query: str, answer: str,
+         turn: str, capped: bool | None) -> dict:
+    return {"turn_id": turn_id(model, query, answer, turn), "model": model, "dataset": dataset, "item_id": item_id,
+            "item_key": item_key(query), "split": split_for(query), "condition": condition, "source": source,
+            "answer_capped": capped, "query": query, "answer": answer, "turn": turn}
+
+
+def from_fixture(name: str, model: str, cond_field: str) -> list[dict]:
+    rows = []
+    for line in (REPO / "tests" / "fixtures" / name).read_text(encoding="utf-8").splitlines():
+        r = json.loads(line)
+        ds = r.get("dataset") or "gsm8k"
+        cond = str(r.get(cond_field) or "")
+        if cond_field == "condition":
+            cond = "steer:" + cond
+        rows.append(_row(model, ds, r["item_id"], cond, f"fixture:{name}", r["prompt"], r["response"],
+                         r["raw_text"], None))
+    return rows
+
+
+def from_run(run: Path, model: str) -> list[dict]:
+    answers = {}
+    for line in (run / "assistant.jsonl").read_text(encoding="utf-8").splitlines():
+        a = json.loads(line)
+        answers[a["item_id"]] = a
+    rows = []
+    for line in (run / "user_turns.jsonl").read_text(encoding="utf-8").splitlines():
+        t = json.loads(line)
+        a = answers[t["item_id"]]
+        cond = "greedy" if t.get("decoding") == "greedy" else f"T{t.get('temperature', 1):g}"
+        rows.append(_row(model, a.get("dataset") or t.get("dataset") or "", t["item_id"], cond, f"run:{run.name}",
+                         a["prompt"], a["response"], t["raw_text"], a.get("stop_reason") == "max_tokens"))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--run", nargs=2, action="append", default=[], metavar=("DIR", "MODEL"),
+                    help="a probe run directory and its subject model (repeatable)")
+    ap.add_argument("--no-fixtures", action="store_true")
+    ap.add_argument("--sheet-only-new", action="store_true", help="sheet.csv holds only turns added now")
+    args = ap.parse_args()
+    heldout = set(load_split(STEERING_SPLIT).heldout)
+    new: list[dict] = []
+    if not args.no_fixtures:
+        for name, model, field in FIXTURES:
+            new += from_fixture(name, model, field)
+    for d, model in args.run:
+        new += from_run(Path(d), model)
+    bad = [r for r in new if r["dataset"] == "gsm8k" and r["item_id"] in heldout and r["source"].startswith("run:")]
+    if bad:
+        raise SystemExit(f"{len(bad)} turns are on held-out steering items ({bad[0]['item_id']} ...): those items are "
+                         f"for final steering numbers only; probe other items")
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / "turns.jsonl"
+    have = {}
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            r = json.loads(line)
+            have[r["turn_id"]] = r
+    added = [r for r in new if r["turn_id"] not in have]
+    seen = set()
+    added = [r for r in added if not (r["turn_id"] in seen or seen.add(r["turn_id"]))]
+    for r in added:
+        have[r["turn_id"]] = r
+    with path.open("w", encoding="utf-8") as f:
+        for r in sorted(have.values(), key=lambda r: r["turn_id"]):
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    sheet_rows = added if args.sheet_only_new else list(have.values())
+    sheet_rows = sorted(sheet_rows, key=lambda r: r["turn_id"])
+    random.Random(20261125).shuffle(sheet_rows)
+    with (OUT / "sheet.csv").open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["row", "query", "answer", "user_turn", "label", "borderline", "note"])
+        for r in sheet_rows:
+            w.writerow([r["turn_id"], r["query"], r["answer"], r["turn"], "", "", ""])
+    n_test = sum(r["split"] == "test" for r in have.values())
+    print(f"{len(added)} turns added, {len(have)} in {path.relative_to(REPO)} ({n_test} test, "
+          f"{len(have) - n_test} dev); sheet.csv: {len(sheet_rows)} rows")
+
+
+if __name__ == "__main__":
+    main()
