@@ -1,7 +1,8 @@
 """Fit, check and test the trained judge on the labelled-turn set (reports/labelled_turns).
 
-Three steps, in order; each reads what the previous wrote:
+Steps, in order; each reads what the previous wrote:
 
+    python scripts/fit_trained_judge.py labels     # labels.md: the set's contents and labeller agreement
     python scripts/fit_trained_judge.py features   # every turn's features + hybrid2 and offline verdicts
                                                    #   (needs the 1.5B scoring model; cached, resumable)
     python scripts/fit_trained_judge.py fit        # dev split only: item-grouped CV picks C and the threshold,
@@ -32,10 +33,10 @@ from mechprobe.audit.agreement import kappa_with_ci  # noqa: E402
 from mechprobe.judges.base import JudgeInput  # noqa: E402
 from mechprobe.judges.trained import DEFAULT_WEIGHTS, WEIGHTS_FORMAT, predict_proba  # noqa: E402
 from mechprobe.judges.turn_features import FEATURE_NAMES, vector  # noqa: E402
-from mechprobe.taxonomy import GENUINE  # noqa: E402
+from mechprobe.taxonomy import GENUINE, LABELS  # noqa: E402
 
 DIR = REPO / "reports" / "labelled_turns"
-LABELS = DIR / "labels"
+LABEL_DIR = DIR / "labels"
 FEATURES = DIR / "features.jsonl"
 WEIGHTS = REPO / "mechprobe" / "data" / DEFAULT_WEIGHTS
 SCORING_MODEL = "qwen2.5-coder-1.5b-instruct"
@@ -49,7 +50,7 @@ def load_turns() -> dict[str, dict]:
 
 
 def load_label_file(name: str) -> dict[str, dict]:
-    p = LABELS / f"{name}.json"
+    p = LABEL_DIR / f"{name}.json"
     if not p.exists():
         return {}
     return {r["row"]: r for r in json.loads(p.read_text(encoding="utf-8"))["rows"]}
@@ -74,6 +75,47 @@ def reference() -> tuple[dict[str, str], dict[str, int]]:
 def to_input(r: dict) -> JudgeInput:
     return JudgeInput(record_id=r["turn_id"], prompt=r["query"], response=r["answer"], raw_text=r["turn"],
                       dataset=r["dataset"], item_id=r["item_key"])
+
+
+# ------------------------------------------------------------------------------------------------ labels
+
+
+def cmd_labels(args: argparse.Namespace) -> None:
+    """labels.md: what the set holds and how well the labellers agree (no model needed)."""
+    turns = load_turns()
+    a, b = load_label_file("labeller-a"), load_label_file("labeller-b")
+    ref, how = reference()
+    both = sorted(a.keys() & b.keys())
+    lines = ["# Labelled turns: contents and labeller agreement", "",
+             f"{len(turns)} generated user turns; {len(both)} labelled by both blind model-written labellers "
+             f"(language-model sessions that saw only the sheet rows and the codebook, "
+             f"`mechprobe/audit/labeling_guide.md`); reference label: agreed, else adjudicated ({how}). "
+             "Both labellers and the adjudicator are sessions of one kind of language model, so their agreement "
+             "is an upper bound on what independent raters would reach, not a measure of it.", "",
+             "| subject model | dataset | condition | split | turns | genuine (reference) |", "|---|---|---|---|---|---|"]
+    cnt: Counter = Counter()
+    gen: Counter = Counter()
+    for t, r in turns.items():
+        k = (r["model"], r["dataset"], r["condition"], r["split"])
+        cnt[k] += 1
+        gen[k] += ref.get(t) == GENUINE
+    lines += [f"| {m} | {d} | {c} | {s} | {n} | {gen[(m, d, c, s)]} |" for (m, d, c, s), n in sorted(cnt.items())]
+    lines += ["", "| subject model | turns | labeller a vs b, binary κ [95% CI] | 8-label κ [95% CI] |",
+              "|---|---|---|---|"]
+    for m in ["all"] + sorted({r["model"] for r in turns.values()}):
+        ids = [t for t in both if m == "all" or turns[t]["model"] == m]
+        items = [turns[t]["item_key"] for t in ids]
+        la, lb = [a[t]["label"] for t in ids], [b[t]["label"] for t in ids]
+        lines.append(f"| {m} | {len(ids)} | {kappa_with_ci(la, lb, items, True).cell()} | "
+                     f"{kappa_with_ci(la, lb, items, False).cell()} |")
+    dist = Counter((turns[t]["model"], lab) for t, lab in ref.items())
+    models = sorted({m for m, _ in dist})
+    lines += ["", "Reference labels per subject model:", "", "| label | " + " | ".join(models) + " |",
+              "|---|" + "---|" * len(models)]
+    lines += [f"| {lab} | " + " | ".join(str(dist[(m, lab)]) for m in models) + " |" for lab in LABELS]
+    lines.append("")
+    (DIR / "labels.md").write_text("\n".join(lines), encoding="utf-8")
+    print("\n".join(lines))
 
 
 # ------------------------------------------------------------------------------------------------ features
@@ -213,7 +255,7 @@ def cmd_fit(args: argparse.Namespace) -> None:
            "fit": {"script": "scripts/fit_trained_judge.py fit", "dev_turns": len(rows), "dev_items": len(set(groups)),
                    "dev_genuine": int(y.sum()), "reference": how,
                    "turns_sha256": _sha(DIR / "turns.jsonl"), "features_sha256": _sha(FEATURES),
-                   "labels_sha256": {p.name: _sha(p) for p in sorted(LABELS.glob("*.json"))},
+                   "labels_sha256": {p.name: _sha(p) for p in sorted(LABEL_DIR.glob("*.json"))},
                    "cv": {f"{c:g}": {"threshold": v["threshold"], "kappa": round(v["kappa"], 4)}
                           for c, v in cv.items()},
                    "oof_kappa": oof_k.to_dict(), "lomo": lomo, "dev_kappa_other_judges": others}}
@@ -302,12 +344,13 @@ def _cond(c: str, want: str) -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("labels")
     sub.add_parser("features")
     sub.add_parser("fit")
     t = sub.add_parser("test")
     t.add_argument("--again", action="store_true")
     args = ap.parse_args()
-    {"features": cmd_features, "fit": cmd_fit, "test": cmd_test}[args.cmd](args)
+    {"labels": cmd_labels, "features": cmd_features, "fit": cmd_fit, "test": cmd_test}[args.cmd](args)
 
 
 if __name__ == "__main__":
