@@ -255,3 +255,18 @@ def test_prefix_pool_stays_within_its_bytes_least_recently_used_first(smol):
     store.forget("s")  # not pooled: dropped
     store.remember("s", ids[0])
     assert store.stats["prefix_tokens"] > before  # evicted, so run again
+
+
+@pytest.mark.parametrize("native,want", [(True, torch.bfloat16), (False, torch.float32)])
+def test_judge_model_dtype_follows_native_bf16(monkeypatch, native, want):
+    """A CPU without AVX512-BF16/AMX emulates bf16 ~100x slower than fp32 (docs/gotchas.md): judges load fp32 there."""
+    from mechprobe.judges import base
+
+    got = {}
+    monkeypatch.setattr(base, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(base, "load_model", lambda model, device, dtype: got.setdefault("dtype", dtype))
+    base.load_judge_model("smollm2-135m-instruct", device="cpu")
+    assert got["dtype"] == want
+    got.clear()
+    base.load_judge_model("smollm2-135m-instruct", device="cpu", dtype="bfloat16")  # an explicit dtype wins
+    assert got["dtype"] == "bfloat16"

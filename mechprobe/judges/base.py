@@ -14,19 +14,22 @@ import torch
 
 from mechprobe.errors import MissingInput, UsageError, UserError
 from mechprobe.io import read_jsonl
-from mechprobe.lm.models import default_device, load_model
+from mechprobe.lm.models import cpu_has_native_bf16, default_device, load_model
 from mechprobe.records import AssistantRecord, LabelRecord, UserTurnRecord
 
 
 def load_judge_model(model: str, dtype: str | torch.dtype | None = None, device: str | None = None,
                      loaded: Any = None) -> Any:
-    """The model a local judge scores with: ``loaded`` when given (shared with the caller), else ``model`` in
-    bf16 on the default device. bf16 on CPU: a judge only prefills (compute-bound), and with AVX512-BF16 a bf16
-    1.5B model prefilled 1.8x faster than fp32 here (docs/judge_agreement.md), at half the memory."""
+    """The model a local judge scores with: ``loaded`` when given (shared with the caller), else ``model`` on the
+    default device, in bf16 on a GPU or a CPU with native bf16 matmuls and fp32 on other CPUs. Why: a judge only
+    prefills (compute-bound); with AVX512-BF16 a bf16 1.5B model prefilled 1.8x faster than fp32
+    (docs/judge_agreement.md), at half the memory, but an AVX2-only CPU emulates bf16 ~100x slower than fp32."""
     if loaded is not None:
         return loaded
     dev = torch.device(device) if device else default_device()
-    return load_model(model, device=dev, dtype=dtype or torch.bfloat16)
+    if dtype is None:
+        dtype = torch.bfloat16 if dev.type == "cuda" or cpu_has_native_bf16() else torch.float32
+    return load_model(model, device=dev, dtype=dtype)
 
 
 USER_TURNS = "user_turns.jsonl"

@@ -211,7 +211,7 @@ class HybridJudge:
     Args:
         model: scoring model: an embedded name (default ``"qwen2.5-coder-1.5b-instruct"``), a HF directory or a
             ``.gguf`` file; ignored when ``loaded`` is given.
-        dtype: load dtype; None (default) = bfloat16.
+        dtype: load dtype; None (default) = bf16 on a GPU or a CPU with native bf16, else fp32.
         device: load device; None (default) = CUDA when visible, else CPU.
         threshold: PMI (mean per-token log-ratio, nats) at or above which a candidate is
             ``genuine_followup``; None (default) = 0.3, chosen on the dev split.

@@ -106,7 +106,7 @@ class LocalJudge:
     Args:
         model: judge model: an embedded name (default ``"qwen2.5-coder-1.5b-instruct"``), a HF directory or a
             ``.gguf`` file; ignored when ``loaded`` is given.
-        dtype: load dtype; None (default) = bfloat16.
+        dtype: load dtype; None (default) = bf16 on a GPU or a CPU with native bf16, else fp32.
         device: load device; None (default) = CUDA when visible, else CPU.
         few_shot: number of dev-split model-written-label examples put before each turn (default 0).
         bias: label -> additive log-bias (calibration fitted on dev); None (default) = no bias. Unknown

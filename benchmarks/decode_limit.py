@@ -1,0 +1,112 @@
+"""How fast can this CPU decode at all? Memory bandwidth, bf16 matmul peak, and the HF bf16 decode rate as a
+fraction of the limit they set, at several batch sizes. One run, idle machine.
+
+``python benchmarks/decode_limit.py [--model qwen2.5-coder-1.5b-instruct] [--batch-sizes 1 8 32 64]``
+
+Why: a decode step reads every weight once (bytes = the model's parameter bytes), whatever the batch, and
+does 2 x params FLOPs per row. So tokens/s per step is bounded by ``bandwidth / weight_bytes`` rows-steps at
+small batches and by ``matmul_peak / (2 x params)`` tokens at large ones:
+
+    limit(B) = min(B * bandwidth / weight_bytes, matmul_peak / (2 * params))
+
+Bandwidth: the best of a few copies of a 1 GiB tensor (bytes read + written / time). Peak: the best bf16
+``torch.matmul`` rate of a [B x hidden] @ [hidden x intermediate] product (the MLP's shape) at B = 64 and 512.
+Measured: mechprobe's greedy decode (``mechprobe.lm.generation.generate``), fixed new tokens, short prompts.
+Writes ``benchmarks/results/decode_limit_<model>.json``; the CPU model is recorded with the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from mechprobe.lm import chat
+from mechprobe.lm.generation import generate
+from mechprobe.lm.models import cpu_threads, load_model
+
+OUT = Path(__file__).resolve().parent / "results"
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def bandwidth_gbs(gib: float = 1.0, reps: int = 5) -> float:
+    n = int(gib * 2**30 // 4)
+    a = torch.ones(n, dtype=torch.float32)
+    b = torch.empty_like(a)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        b.copy_(a)
+        best = min(best, time.perf_counter() - t)
+    return 2 * a.numel() * 4 / best / 1e9
+
+
+def matmul_gflops(m: int, k: int, n: int, reps: int = 5, dtype: torch.dtype = torch.bfloat16) -> float:
+    x = torch.randn(m, k, dtype=dtype)
+    w = torch.randn(k, n, dtype=dtype)
+    torch.matmul(x, w)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        torch.matmul(x, w)
+        best = min(best, time.perf_counter() - t)
+    return 2 * m * k * n / best / 1e9
+
+
+def decode_rate(lm, batch: int, new_tokens: int) -> float:
+    tok = lm.tokenizer
+    qs = ["What is 17 * 23?", "Why is the sky blue?", "Write a haiku about autumn.", "How do I sort a list?"]
+    prompts = [chat.tokenize_rendered(tok, chat.render(tok, [{"role": "user", "content": qs[i % len(qs)]}],
+                                                       add_generation_prompt=True))[0] for i in range(batch)]
+    generate(lm.model, prompts[:1], stop_ids={}, max_new_tokens=2, pad_id=tok.pad_token_id)  # warm-up
+    t0 = time.perf_counter()
+    generate(lm.model, prompts, stop_ids={}, max_new_tokens=1, pad_id=tok.pad_token_id)
+    prefill = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    generate(lm.model, prompts, stop_ids={}, max_new_tokens=new_tokens + 1, pad_id=tok.pad_token_id)
+    total = time.perf_counter() - t0
+    return batch * new_tokens / max(total - prefill, 1e-9)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64])
+    p.add_argument("--new-tokens", type=int, default=32)
+    args = p.parse_args()
+    torch.set_num_threads(cpu_threads())
+    bw = bandwidth_gbs()
+    hidden, inter = 1536, 8960
+    peak = max(matmul_gflops(64, hidden, inter), matmul_gflops(512, hidden, inter))
+    lm = load_model(args.model, device="cpu", dtype=torch.bfloat16)
+    params = sum(p.numel() for p in lm.model.parameters())
+    wbytes = sum(p.numel() * p.element_size() for p in lm.model.parameters())
+    rows = []
+    for b in args.batch_sizes:
+        got = decode_rate(lm, b, args.new_tokens)
+        limit = min(b * bw * 1e9 / wbytes, peak * 1e9 / (2 * params))
+        rows.append({"batch": b, "tok_s": round(got, 2), "limit_tok_s": round(limit, 2),
+                     "fraction": round(got / limit, 3),
+                     "bound": "bandwidth" if b * bw * 1e9 / wbytes < peak * 1e9 / (2 * params) else "compute"})
+        print(f"batch {b}: {got:.1f} tok/s, limit {limit:.1f} ({rows[-1]['bound']}), {got / limit:.0%}", flush=True)
+    res = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__, "model": args.model,
+           "params": params, "weight_bytes": wbytes, "bandwidth_gb_s": round(bw, 2),
+           "bf16_matmul_gflop_s": round(peak, 1), "new_tokens": args.new_tokens, "rows": rows}
+    OUT.mkdir(exist_ok=True)
+    path = OUT / f"decode_limit_{args.model}.json"
+    path.write_text(json.dumps(res, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in res.items() if k != "rows"}))
+
+
+if __name__ == "__main__":
+    main()
