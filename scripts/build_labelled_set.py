@@ -90,10 +90,41 @@ def from_run(run: Path, model: str) -> list[dict]:
     return rows
 
 
+def import_audit_labels(run: Path, model: str, turns: dict[str, dict]) -> None:
+    """Copy an audit's labels into ``labels/labeller-{a,b}.json`` under the labelled set's turn ids (the audit's
+    sheet showed the same texts under its own row keys). Rows already in a labeller file are kept."""
+    from mechprobe.audit.labels import load_labellers
+    from mechprobe.audit.sample import load_sample
+    from mechprobe.audit.table import load_run_table
+
+    sample = load_sample(run)
+    keys = sample.keys()
+    table = load_run_table(run)
+    labellers = load_labellers(run, sample)[:2]
+    if len(labellers) < 2:
+        raise SystemExit(f"{run}: the audit has {len(labellers)} labeller(s); import two with mechprobe audit --labels")
+    for lab, letter in zip(labellers, "ab"):
+        path = OUT / "labels" / f"labeller-{letter}.json"
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        rows = {r["row"]: r for r in doc["rows"]}
+        for key, rl in lab.by_row().items():
+            t = table.get(keys[key])
+            tid = turn_id(model, t.query, t.answer, t.turn)
+            if tid not in turns:
+                raise SystemExit(f"{run}: audited turn {keys[key]} is not in turns.jsonl; pass the run with --audit")
+            rows.setdefault(tid, {"row": tid, "label": rl.label, "borderline": rl.borderline, "note": rl.note})
+        doc["rows"] = sorted(rows.values(), key=lambda r: r["row"])
+        path.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        print(f"{path.name}: {len(lab.by_row())} rows from the audit of {run.name} ({lab.name}, {lab.kind})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", nargs=2, action="append", default=[], metavar=("DIR", "MODEL"),
                     help="a probe run directory and its subject model (repeatable)")
+    ap.add_argument("--audit", nargs=2, action="append", default=[], metavar=("DIR", "MODEL"),
+                    help="a run audited with `mechprobe audit --labels`: its turns, and its labellers' labels as "
+                         "labeller-a/labeller-b rows (repeatable; the audit's first two labellers, in file order)")
     ap.add_argument("--no-fixtures", action="store_true")
     ap.add_argument("--sheet-only-new", action="store_true", help="sheet.csv holds only turns added now")
     args = ap.parse_args()
@@ -102,7 +133,7 @@ def main() -> None:
     if not args.no_fixtures:
         for name, model, field in FIXTURES:
             new += from_fixture(name, model, field)
-    for d, model in args.run:
+    for d, model in args.run + args.audit:
         new += from_run(Path(d), model)
     bad = [r for r in new if r["dataset"] == "gsm8k" and r["item_id"] in heldout and r["source"].startswith("run:")]
     if bad:
@@ -123,6 +154,8 @@ def main() -> None:
     with path.open("w", encoding="utf-8") as f:
         for r in sorted(have.values(), key=lambda r: r["turn_id"]):
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    for d, model in args.audit:
+        import_audit_labels(Path(d), model, have)
     sheet_rows = added if args.sheet_only_new else list(have.values())
     sheet_rows = sorted(sheet_rows, key=lambda r: r["turn_id"])
     random.Random(20261125).shuffle(sheet_rows)
