@@ -19,7 +19,7 @@ from mechprobe.activations.cache import cache_run
 from mechprobe.errors import MissingInput, UserError
 from mechprobe.io import read_json, read_jsonl
 from mechprobe.judges.base import JudgeMismatch
-from mechprobe.judges.factory import default_judge
+from mechprobe.judges.factory import default_judge, shared_judge_model
 from mechprobe.judges.run import judge_run
 from mechprobe.lm.llamacpp import resolve_gguf
 from mechprobe.lm.models import DEFAULT_MODEL, LoadedModel, load_model, native_bf16_dtype
@@ -83,7 +83,10 @@ class Stages:
         return self._timed("probe", lambda: run_probe(self.cfg, self.run_dir, lm=self.model()))
 
     def labels(self, judge: str = "offline", **opts: Any) -> Any:
-
+        """Judge the run's turns; a model-based judge of the run's own model reuses the loaded weights."""
+        shared = shared_judge_model(judge, self.lm) if isinstance(judge, str) else None
+        if shared is not None:
+            opts.setdefault("loaded", shared)
         return self._timed("judge", lambda: judge_run(self.run_dir, judge=judge, **opts))
 
     def cache(self, backend: str = "hooks", positions: tuple[str, ...] = ("boundary",), **opts: Any) -> Path:

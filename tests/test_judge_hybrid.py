@@ -270,3 +270,23 @@ def test_judge_model_dtype_follows_native_bf16(monkeypatch, native, want):
     got.clear()
     base.load_judge_model("smollm2-135m-instruct", device="cpu", dtype="bfloat16")  # an explicit dtype wins
     assert got["dtype"] == "bfloat16"
+
+
+@requires_smollm2
+def test_a_judge_of_the_run_model_shares_its_weights(smol, monkeypatch):
+    """One copy of the weights per dtype: a hybrid judge of the loaded model gets that object, not a second load;
+    another model, another dtype or a rules judge get nothing to share."""
+    from mechprobe.judges import factory
+
+    monkeypatch.setattr(factory, "judge_dtype", lambda device: torch.float32)  # smol is fp32
+    assert factory.shared_judge_model("hybrid2:smollm2-135m-instruct", smol) is smol
+    assert factory.shared_judge_model("trained:smollm2-135m-instruct", smol) is smol
+    assert factory.shared_judge_model("hybrid2:qwen2.5-coder-1.5b-instruct", smol) is None
+    assert factory.shared_judge_model("offline", smol) is None
+    assert factory.shared_judge_model("auto", smol) is None
+    monkeypatch.setattr(factory, "judge_dtype", lambda device: torch.bfloat16)
+    assert factory.shared_judge_model("hybrid2:smollm2-135m-instruct", smol) is None
+    monkeypatch.setattr(factory, "judge_dtype", lambda device: torch.float32)
+    j = make_judge("hybrid2:smollm2-135m-instruct", loaded=factory.shared_judge_model("hybrid2:smollm2-135m-instruct",
+                                                                                      smol), cache_dir=False)
+    assert j.lm is smol and j.store.model is smol.model

@@ -27,9 +27,12 @@ def load_judge_model(model: str, dtype: str | torch.dtype | None = None, device:
     if loaded is not None:
         return loaded
     dev = torch.device(device) if device else default_device()
-    if dtype is None:
-        dtype = torch.bfloat16 if dev.type == "cuda" or cpu_has_native_bf16() else torch.float32
-    return load_model(model, device=dev, dtype=dtype)
+    return load_model(model, device=dev, dtype=dtype or judge_dtype(dev))
+
+
+def judge_dtype(device: torch.device) -> torch.dtype:
+    """A local judge's default dtype on ``device``: bf16 on a GPU or a CPU with native bf16, else fp32."""
+    return torch.bfloat16 if device.type == "cuda" or cpu_has_native_bf16() else torch.float32
 
 
 USER_TURNS = "user_turns.jsonl"

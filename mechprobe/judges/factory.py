@@ -7,8 +7,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from mechprobe.errors import UsageError
-from mechprobe.judges.base import Judge
+from mechprobe.judges.base import Judge, judge_dtype
 from mechprobe.judges.hybrid import DEFAULT_VOICE, HybridJudge
 from mechprobe.judges.llm import LLMJudge
 from mechprobe.judges.local import LocalJudge
@@ -88,6 +90,33 @@ def default_judge(model: str | None = None, labelled_by: str | None = None) -> s
     if model is not None and (model == DEFAULT_MODEL or Path(model).exists() or str(model).endswith(".gguf")):
         return "offline"
     return best_judge()
+
+
+def shared_judge_model(spec: str | None, lm: Any) -> Any:
+    """``lm`` when the judge ``spec`` would load exactly that model (same weights, the judge's default dtype on that
+    device), else None: pass it as ``loaded=`` so a process holds one copy of the weights per dtype.
+
+    Why: a steering or probe command already holds the subject model; a model-based judge of the same model
+    (``hybrid2:qwen2.5-coder-1.5b-instruct`` on a 1.5B run) would otherwise load a second copy of the same
+    weights (another 3-6 GB and a load) to compute the same forwards.
+
+    Args:
+        spec: a judge spec (``auto`` and None resolve to no sharing: the judge is not known yet).
+        lm: the :class:`~mechprobe.lm.models.LoadedModel` the caller holds, or None.
+    Returns:
+        ``lm`` or None.
+    Example:
+        >>> shared_judge_model("offline", None) is None
+        True
+    """
+    if lm is None or not spec or spec == "auto":
+        return None
+    kind, sep, model = spec.partition(":")
+    if kind not in ("local", "hybrid", "hybrid2", "trained") or not sep:
+        return None
+    same_model = model == lm.name or (Path(model).expanduser().resolve() == Path(str(lm.name)).expanduser().resolve()
+                                      if Path(model).exists() else False)
+    return lm if same_model and lm.dtype == judge_dtype(torch.device(lm.device)) else None
 
 
 def resolve_judge_spec(spec: str | None) -> str:

@@ -49,7 +49,7 @@ from mechprobe.audit.rates import headers as rate_headers  # noqa: E402
 from mechprobe.errors import UserError  # noqa: E402
 from mechprobe.io import JsonlStore, read_json, read_jsonl, write_json  # noqa: E402
 from mechprobe.judges.base import JudgeInput  # noqa: E402
-from mechprobe.judges.factory import make_judge  # noqa: E402
+from mechprobe.judges.factory import make_judge, shared_judge_model  # noqa: E402
 from mechprobe.linear.turn import figures_dir  # noqa: E402
 from mechprobe.lm import chat  # noqa: E402
 from mechprobe.lm.models import load_model, native_bf16_dtype  # noqa: E402
@@ -524,7 +524,7 @@ def run_steer(a: SteerConfig) -> int:
         lm = st.model()  # generation and NLLs on the run's own model, so alpha 0 reproduces its turns
     scorer = NllScorer(lm)
     print(f"NLLs: HF model in {scorer.dtype}")
-    judge = make_judge(a.judge)
+    judge = make_judge(a.judge, loaded=shared_judge_model(a.judge, lm))  # one copy of the weights per dtype
 
     cache = ActivationCache.load(run)
     mask = cache.labeled_mask()
