@@ -1,7 +1,7 @@
 """How fast can this CPU decode at all? Memory bandwidth, bf16 matmul peak, and the HF bf16 decode rate as a
 fraction of the limit they set, at several batch sizes. One run, idle machine.
 
-``python benchmarks/decode_limit.py [--model qwen2.5-coder-1.5b-instruct] [--batch-sizes 1 8 32 64]``
+``python benchmarks/decode_limit.py [--model qwen2.5-coder-1.5b-instruct] [--batch-sizes 1 8 32 64] [--dtype float32]``
 
 Why: a decode step reads every weight once (bytes = the model's parameter bytes), whatever the batch, and
 does 2 x params FLOPs per row. So tokens/s per step is bounded by ``bandwidth / weight_bytes`` rows-steps at
@@ -9,8 +9,10 @@ small batches and by ``matmul_peak / (2 x params)`` tokens at large ones:
 
     limit(B) = min(B * bandwidth / weight_bytes, matmul_peak / (2 * params))
 
-Bandwidth: the best of a few copies of a 1 GiB tensor (bytes read + written / time). Peak: the best bf16
-``torch.matmul`` rate of a [B x hidden] @ [hidden x intermediate] product (the MLP's shape) at B = 64 and 512.
+Bandwidth: the best of a few copies of a 1 GiB tensor (bytes read + written / time). Peak: the best
+``torch.matmul`` rate, in the decode dtype, of a [B x hidden] @ [hidden x intermediate] product (the model's MLP
+shape) at B = 64 and 512. The decode dtype defaults to bf16 where the CPU has native bf16 and fp32 elsewhere
+(emulated bf16 is ~100x slower, docs/gotchas.md).
 Measured: mechprobe's greedy decode (``mechprobe.lm.generation.generate``), fixed new tokens, short prompts.
 Writes ``benchmarks/results/decode_limit_<model>.json``; the CPU model is recorded with the numbers.
 """
@@ -27,7 +29,7 @@ import torch
 
 from mechprobe.lm import chat
 from mechprobe.lm.generation import generate
-from mechprobe.lm.models import cpu_threads, load_model
+from mechprobe.lm.models import cpu_has_native_bf16, cpu_threads, load_model
 
 OUT = Path(__file__).resolve().parent / "results"
 
@@ -83,12 +85,18 @@ def main() -> None:
     p.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64])
     p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                   help="decode dtype (default: bfloat16 where the CPU has native bf16, else float32)")
+    p.add_argument("--peak-rows", type=int, nargs="+", default=[64, 512])
+    p.add_argument("--bandwidth-gib", type=float, default=1.0)
+    p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/decode_limit_<model>.json)")
     args = p.parse_args()
     torch.set_num_threads(cpu_threads())
-    bw = bandwidth_gbs()
-    hidden, inter = 1536, 8960
-    peak = max(matmul_gflops(64, hidden, inter), matmul_gflops(512, hidden, inter))
-    lm = load_model(args.model, device="cpu", dtype=torch.bfloat16)
+    dtype = getattr(torch, args.dtype or ("bfloat16" if cpu_has_native_bf16() else "float32"))
+    bw = bandwidth_gbs(args.bandwidth_gib)
+    lm = load_model(args.model, device="cpu", dtype=dtype)
+    hidden, inter = lm.model.config.hidden_size, lm.model.config.intermediate_size
+    peak = max(matmul_gflops(m, hidden, inter, dtype=dtype) for m in args.peak_rows)
     params = sum(p.numel() for p in lm.model.parameters())
     wbytes = sum(p.numel() * p.element_size() for p in lm.model.parameters())
     rows = []
@@ -101,9 +109,9 @@ def main() -> None:
         print(f"batch {b}: {got:.1f} tok/s, limit {limit:.1f} ({rows[-1]['bound']}), {got / limit:.0%}", flush=True)
     res = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__, "model": args.model,
            "params": params, "weight_bytes": wbytes, "bandwidth_gb_s": round(bw, 2),
-           "bf16_matmul_gflop_s": round(peak, 1), "new_tokens": args.new_tokens, "rows": rows}
-    OUT.mkdir(exist_ok=True)
-    path = OUT / f"decode_limit_{args.model}.json"
+           "dtype": str(dtype).removeprefix("torch."), "matmul_gflop_s": round(peak, 1), "new_tokens": args.new_tokens, "rows": rows}
+    path = Path(args.out) if args.out else OUT / f"decode_limit_{args.model}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(res, indent=1) + "\n")
     print(json.dumps({k: v for k, v in res.items() if k != "rows"}))
 

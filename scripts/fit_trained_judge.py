@@ -3,8 +3,10 @@
 Steps, in order; each reads what the previous wrote:
 
     python scripts/fit_trained_judge.py labels     # labels.md: the set's contents and labeller agreement
-    python scripts/fit_trained_judge.py features   # every turn's features + hybrid2 and offline verdicts
-                                                   #   (needs the 1.5B scoring model; cached, resumable)
+    python scripts/fit_trained_judge.py features   # every turn's features and offline verdict
+                                                   #   (the 0.5B scoring model; cached, resumable)
+    python scripts/fit_trained_judge.py judges     # the compared judges' verdicts on the test turns (hybrid2:
+                                                   #   the 1.5B model; resumable)
     python scripts/fit_trained_judge.py fit        # dev split only: item-grouped CV picks C and the threshold,
                                                    #   leave-one-subject-model-out, weights -> mechprobe/data
     python scripts/fit_trained_judge.py test       # the test split, scored once: kappa table for every judge
@@ -39,7 +41,9 @@ DIR = REPO / "reports" / "labelled_turns"
 LABEL_DIR = DIR / "labels"
 FEATURES = DIR / "features.jsonl"
 WEIGHTS = REPO / "mechprobe" / "data" / DEFAULT_WEIGHTS
-SCORING_MODEL = "qwen2.5-coder-1.5b-instruct"
+SCORING_MODEL = "qwen2.5-coder-0.5b-instruct"  # 3x cheaper forwards than the 1.5B hybrid2 judge
+JUDGES = DIR / "judges.jsonl"
+COMPARE = ("hybrid2:qwen2.5-coder-1.5b-instruct",)
 VERSION = "trained-v1"
 C_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 N_FOLDS = 5
@@ -124,7 +128,7 @@ def cmd_labels(args: argparse.Namespace) -> None:
 def cmd_features(args: argparse.Namespace) -> None:
     from tqdm import tqdm
 
-    from mechprobe.judges.hybrid import DEFAULT_VOICE, HybridJudge
+    from mechprobe.judges.hybrid import HybridJudge
     from mechprobe.judges.trained import feature_rows
 
     turns = load_turns()
@@ -135,21 +139,55 @@ def cmd_features(args: argparse.Namespace) -> None:
     print(f"{len(have)} turns have features, {len(todo)} to do", file=sys.stderr)
     if not todo:
         return
-    hybrid = HybridJudge(SCORING_MODEL, voice=DEFAULT_VOICE)  # hybrid2: its verdicts are compared below
+    hybrid = HybridJudge(SCORING_MODEL)  # its store, cache and offline rules compute the features
     by_item: dict[str, list[dict]] = {}
     for r in todo:
         by_item.setdefault(r["item_key"] + r["answer"][:64], []).append(r)
     with FEATURES.open("a", encoding="utf-8") as f:
-        for group in tqdm(list(by_item.values()), desc="features (items)"):
+        for group in tqdm(list(by_item.values()), desc="features (conversations)"):
             inputs = [to_input(r) for r in group]
             rows, offline = feature_rows(hybrid, inputs)
-            hyb = {x.record_id: x for x in hybrid.label_many(inputs)}
             for inp in inputs:
-                rec = {"turn_id": inp.record_id, "features": rows[inp.record_id],
-                       "offline": offline[inp.record_id].label, "hybrid2": hyb[inp.record_id].label,
-                       "hybrid2_name": hybrid.name, "offline_name": hybrid.offline.name}
+                rec = {"turn_id": inp.record_id, "features": rows[inp.record_id], "scoring_model": SCORING_MODEL,
+                       "offline": offline[inp.record_id].label, "offline_name": hybrid.offline.name}
                 f.write(json.dumps(rec) + "\n")
             f.flush()
+
+
+def cmd_judges(args: argparse.Namespace) -> None:
+    """Verdicts of the judges the trained one is compared with, on one split's turns (resumable)."""
+    from tqdm import tqdm
+
+    from mechprobe.judges.factory import make_judge
+
+    turns = load_turns()
+    have = set()
+    if JUDGES.exists():
+        have = {(r["turn_id"], r["spec"]) for r in map(json.loads, JUDGES.read_text(encoding="utf-8").splitlines())}
+    for spec in args.judge or COMPARE:
+        todo = [r for tid, r in sorted(turns.items()) if r["split"] in args.split and (tid, spec) not in have]
+        print(f"{spec}: {len(todo)} turns to judge", file=sys.stderr)
+        if not todo:
+            continue
+        judge = make_judge(spec)
+        by_item: dict[str, list[dict]] = {}
+        for r in todo:
+            by_item.setdefault(r["item_key"] + r["answer"][:64], []).append(r)
+        with JUDGES.open("a", encoding="utf-8") as f:
+            for group in tqdm(list(by_item.values()), desc=spec):
+                for rec in judge.label_many([to_input(r) for r in group]):
+                    f.write(json.dumps({"turn_id": rec.record_id, "spec": spec, "label": rec.label,
+                                        "judge": rec.judge}) + "\n")
+                f.flush()
+
+
+def _judge_labels() -> dict[str, dict[str, str]]:
+    """spec -> {turn_id: label} from judges.jsonl."""
+    out: dict[str, dict[str, str]] = {}
+    if JUDGES.exists():
+        for r in map(json.loads, JUDGES.read_text(encoding="utf-8").splitlines()):
+            out.setdefault(r["spec"], {})[r["turn_id"]] = r["label"]
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ fit
@@ -244,10 +282,13 @@ def cmd_fit(args: argparse.Namespace) -> None:
                           [r["turn"]["item_key"] for r in te], binary=True)
         lomo[m] = {"n": len(te), "genuine": int(sum(r["ref"] == GENUINE for r in te)), "kappa": k.to_dict()}
     # the other judges on the same dev turns, for the table beside the CV number
-    others = {}
-    for name in ("hybrid2", "offline"):
-        k = kappa_with_ci([r[name] for r in rows], [r["ref"] for r in rows], groups, binary=True)
-        others[name] = k.to_dict()
+    others = {"offline": kappa_with_ci([r["offline"] for r in rows], [r["ref"] for r in rows], groups,
+                                       binary=True).to_dict()}
+    for spec, labs in _judge_labels().items():
+        sub = [r for r in rows if r["turn_id"] in labs]
+        if sub:
+            others[spec] = kappa_with_ci([labs[r["turn_id"]] for r in sub], [r["ref"] for r in sub],
+                                         [r["turn"]["item_key"] for r in sub], binary=True).to_dict()
     oof_pred = (cv[c_best]["oof"] >= thr).astype(int)
     oof_k = kappa_with_ci([GENUINE if v else "x" for v in oof_pred], [r["ref"] for r in rows], groups, binary=True)
     fit = {"format": WEIGHTS_FORMAT, "version": VERSION, "scoring_model": SCORING_MODEL, "threshold": thr,
@@ -299,16 +340,22 @@ def cmd_test(args: argparse.Namespace) -> None:
     w = json.loads(WEIGHTS.read_text(encoding="utf-8"))
     rows, groups, how = _rows_with_ref("test")
     pred = _proba(w, rows) >= w["threshold"]
+    judged = _judge_labels()
     for r, p in zip(rows, pred):
         r["trained"] = GENUINE if p else "not"
+        for spec in COMPARE:
+            r[spec] = judged.get(spec, {}).get(r["turn_id"])
+    missing = {spec: sum(r[spec] is None for r in rows) for spec in COMPARE}
+    if any(missing.values()):
+        raise SystemExit(f"test turns without a comparison verdict: {missing}; run the judges step first")
     a, b = load_label_file("labeller-a"), load_label_file("labeller-b")
     lines = ["# Trained judge vs the other judges: test split, scored once", "",
              f"Test split of `reports/labelled_turns`: {len(rows)} turns on {len(set(groups))} items; reference "
              f"{how}. Fit: `mechprobe/data/{DEFAULT_WEIGHTS}` (C {w['C']:g}, threshold {w['threshold']:.2f}, fit on "
              f"{w['fit']['dev_turns']} dev turns). Binary κ (genuine vs not) with 95% item-bootstrap CIs; the "
              "labellers' κ with each other is the ceiling.", "",
-             "| subject model | condition | turns | genuine (ref) | labeller a vs b | trained | hybrid2 | offline |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"| subject model | condition | turns | genuine (ref) | labeller a vs b | trained ({w['scoring_model']}) | "
+             + " | ".join(COMPARE) + " | offline |", "|---|---|---|---|---|---|" + "---|" * len(COMPARE)]
     keyf = [("all", lambda r: True)]
     for m in sorted({r["turn"]["model"] for r in rows}):
         keyf.append((m, lambda r, m=m: r["turn"]["model"] == m))
@@ -323,7 +370,7 @@ def cmd_test(args: argparse.Namespace) -> None:
             lab = kappa_with_ci([a[r["turn_id"]]["label"] for r in both], [b[r["turn_id"]]["label"] for r in both],
                                 [r["turn"]["item_key"] for r in both], binary=True).cell()
             cells = [kappa_with_ci([r[j] for r in sub], ref, items, binary=True).cell()
-                     for j in ("trained", "hybrid2", "offline")]
+                     for j in ("trained", *COMPARE, "offline")]
             lines.append(f"| {name} | {cond} | {len(sub)} | {sum(x == GENUINE for x in ref)} | {lab} | "
                          + " | ".join(cells) + " |")
     lines.append("")
@@ -346,11 +393,14 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("labels")
     sub.add_parser("features")
+    j = sub.add_parser("judges")
+    j.add_argument("--judge", action="append", help=f"judge spec (repeatable; default {' '.join(COMPARE)})")
+    j.add_argument("--split", nargs="+", default=["test"], choices=["dev", "test"])
     sub.add_parser("fit")
     t = sub.add_parser("test")
     t.add_argument("--again", action="store_true")
     args = ap.parse_args()
-    {"labels": cmd_labels, "features": cmd_features, "fit": cmd_fit, "test": cmd_test}[args.cmd](args)
+    {"labels": cmd_labels, "features": cmd_features, "judges": cmd_judges, "fit": cmd_fit, "test": cmd_test}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -72,3 +72,20 @@ def test_bench_judge_runs_both_paths_on_a_real_run(tmp_path):
     # the judge runs in bf16: batch shape moves log-probabilities by bf16 rounding steps (measured max 0.032 on the
     # 1.5B model, 0.037 here); fp32 equality is tested in test_judge_hybrid.py
     assert res["max_abs_pmi_diff"] < 0.1 and 0 <= res["labels_differing"] <= res["turns"]
+
+
+@pytest.mark.slow
+@requires_smollm2
+def test_decode_limit_reports_a_fraction_of_its_limit(tmp_path):
+    out = tmp_path / "limit.json"
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "decode_limit.py"), "--model", "smollm2-135m-instruct",
+                        "--batch-sizes", "1", "2", "--new-tokens", "2", "--dtype", "float32", "--peak-rows", "8",
+                        "--bandwidth-gib", "0.05", "--out", str(out)], capture_output=True, text=True, timeout=600,
+                       cwd=REPO)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["bandwidth_gb_s"] > 0 and res["matmul_gflop_s"] > 0 and res["cpu"]
+    assert [x["batch"] for x in res["rows"]] == [1, 2]
+    for x in res["rows"]:
+        assert x["tok_s"] > 0 and x["limit_tok_s"] > 0 and x["fraction"] == pytest.approx(x["tok_s"] / x["limit_tok_s"],
+                                                                                        rel=0.01)

@@ -196,7 +196,7 @@ def make_judge(spec: str | None = "offline", **opts: Any) -> Judge:
         model = spec.split(":", 1)[1]
         if not model:
             raise UsageError("--judge trained:MODEL needs the scoring model its weights were fit with, e.g. "
-                             "trained:qwen2.5-coder-1.5b-instruct")
+                             "trained:qwen2.5-coder-0.5b-instruct")
         allowed = {"dtype", "device", "cache_dir", "loaded", "embed", "weights"}
         return TrainedJudge(model, **{k: v for k, v in opts.items() if k in allowed})
     raise UsageError(f"unknown judge {spec!r}: use 'offline', 'offline-lexical', 'openai:MODEL', 'local:MODEL', "

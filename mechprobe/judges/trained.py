@@ -1,6 +1,7 @@
 """The trained judge: a logistic model over the hybrid judge's signals and lexical cues, fit on labelled turns.
 
-``--judge trained:MODEL`` (the scoring model the weights were fit with, ``qwen2.5-coder-1.5b-instruct``).
+``--judge trained:MODEL`` (the scoring model the weights were fit with: ``qwen2.5-coder-0.5b-instruct`` for the
+package's weights, a third of the 1.5B hybrid judge's forward cost).
 Why: the hybrid judge's two hand-set thresholds and fixed decision order let one signal decide alone, and on
 independently labelled turns it agreed with labellers no better than the rules (docs/judge_agreement.md). Here
 the same signals (:mod:`mechprobe.judges.turn_features`) are weighed jointly by a classifier whose weights come
@@ -27,7 +28,6 @@ import torch
 from mechprobe.errors import UsageError
 from mechprobe.judges.base import JudgeInput
 from mechprobe.judges.hybrid import HybridJudge
-from mechprobe.judges.local import DEFAULT_LOCAL_MODEL
 from mechprobe.judges.offline import split_roles
 from mechprobe.judges.turn_features import model_feature_row, text_features, vector
 from mechprobe.records import LabelRecord
@@ -110,8 +110,8 @@ class TrainedJudge:
     """Logistic judge over rules, lexical cues, grounding PMI and voice (see the module docstring).
 
     Args:
-        model: the scoring model; must be the one the weights were fit with (its PMI and voice scales differ
-            between models). Default ``"qwen2.5-coder-1.5b-instruct"``.
+        model: the scoring model; must be the one the weights were fit with (PMI and voice scales differ between
+            models). None (default) = the weights' own scoring model.
         weights: a weights JSON path; None (default) = the package's fitted file.
         dtype, device, cache_dir, loaded, embed: as for :class:`~mechprobe.judges.hybrid.HybridJudge`, whose
             store and cache compute the model features.
@@ -122,16 +122,17 @@ class TrainedJudge:
 
     Example:
         >>> from mechprobe.judges.trained import TrainedJudge
-        >>> judge = TrainedJudge("qwen2.5-coder-1.5b-instruct")                        # doctest: +SKIP
+        >>> judge = TrainedJudge("qwen2.5-coder-0.5b-instruct")                        # doctest: +SKIP
         >>> judge.label(JudgeInput("r1", "What is 12 * 7?", "84.", "Why 84?")).label  # doctest: +SKIP
         'genuine_followup'
     """
 
-    def __init__(self, model: str = DEFAULT_LOCAL_MODEL, *, weights: str | Path | None = None,
+    def __init__(self, model: str | None = None, *, weights: str | Path | None = None,
                  dtype: str | torch.dtype | None = None, device: str | None = None,
                  cache_dir: str | Path | bool | None = None, loaded: Any = None, embed: bool | None = None):
         self.weights = load_weights(weights)
         fit_model = self.weights["scoring_model"]
+        model = model or fit_model
         given = loaded.name if loaded is not None else Path(str(model)).name.removesuffix(".gguf")
         if given != fit_model:
             raise UsageError(f"trained:{model}: these weights were fit with scoring model {fit_model}; use "
