@@ -127,6 +127,7 @@ def main() -> None:
                          "labeller-a/labeller-b rows (repeatable; the audit's first two labellers, in file order)")
     ap.add_argument("--no-fixtures", action="store_true")
     ap.add_argument("--sheet-only-new", action="store_true", help="sheet.csv holds only turns added now")
+    ap.add_argument("--no-sheet", action="store_true", help="leave sheet.csv as it is (labels come from an audit)")
     args = ap.parse_args()
     heldout = set(load_split(STEERING_SPLIT).heldout)
     new: list[dict] = []
@@ -157,13 +158,14 @@ def main() -> None:
     for d, model in args.audit:
         import_audit_labels(Path(d), model, have)
     sheet_rows = added if args.sheet_only_new else list(have.values())
-    sheet_rows = sorted(sheet_rows, key=lambda r: r["turn_id"])
+    sheet_rows = [] if args.no_sheet else sorted(sheet_rows, key=lambda r: r["turn_id"])
     random.Random(20261125).shuffle(sheet_rows)
-    with (OUT / "sheet.csv").open("w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(["row", "query", "answer", "user_turn", "label", "borderline", "note"])
-        for r in sheet_rows:
-            w.writerow([r["turn_id"], r["query"], r["answer"], r["turn"], "", "", ""])
+    if not args.no_sheet:
+        with (OUT / "sheet.csv").open("w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(["row", "query", "answer", "user_turn", "label", "borderline", "note"])
+            for r in sheet_rows:
+                w.writerow([r["turn_id"], r["query"], r["answer"], r["turn"], "", "", ""])
     n_test = sum(r["split"] == "test" for r in have.values())
     print(f"{len(added)} turns added, {len(have)} in {path.relative_to(REPO)} ({n_test} test, "
           f"{len(have) - n_test} dev); sheet.csv: {len(sheet_rows)} rows")
