@@ -17,6 +17,7 @@ Usage::
 
     python scripts/build_labelled_set.py                                   # fixtures only
     python scripts/build_labelled_set.py --run runs/q15-mt_bench qwen2.5-coder-1.5b-instruct
+    python scripts/build_labelled_set.py --no-sheet --labels labeller-a a.csv --labels labeller-b b.csv
 """
 
 from __future__ import annotations
@@ -118,6 +119,35 @@ def import_audit_labels(run: Path, model: str, turns: dict[str, dict]) -> None:
         print(f"{path.name}: {len(lab.by_row())} rows from the audit of {run.name} ({lab.name}, {lab.kind})")
 
 
+def add_labels(name: str, csv_path: Path, turns: dict[str, dict]) -> None:
+    """Merge a labeller's CSV (``row,label,borderline,note``, rows keyed by turn id as on the sheet) into
+    ``labels/NAME.json``. Rows already there are kept (a label is written once); unknown labels or rows stop
+    the merge before anything is written."""
+    from mechprobe.taxonomy import LABELS
+
+    path = OUT / "labels" / f"{name}.json"
+    if not path.exists():
+        raise SystemExit(f"{path.relative_to(REPO)} does not exist: NAME is labeller-a, labeller-b or adjudicated")
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    rows = {r["row"]: r for r in doc["rows"]}
+    with csv_path.open(newline="", encoding="utf-8") as f:
+        new = list(csv.DictReader(f))
+    bad = [r["row"] for r in new if r["row"] not in turns or r["label"] not in LABELS]
+    if bad:
+        raise SystemExit(f"{csv_path}: {len(bad)} rows with an unknown turn id or label (first: {bad[0]}); "
+                         f"labels are {', '.join(LABELS)}")
+    added = 0
+    for r in new:
+        if r["row"] not in rows:
+            rows[r["row"]] = {"row": r["row"], "label": r["label"],
+                              "borderline": str(r.get("borderline", "")).strip().lower() in ("1", "true", "yes", "y"),
+                              "note": r.get("note", "")}
+            added += 1
+    doc["rows"] = sorted(rows.values(), key=lambda r: r["row"])
+    path.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"{path.name}: {added} rows added from {csv_path.name} ({len(rows)} in all)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", nargs=2, action="append", default=[], metavar=("DIR", "MODEL"),
@@ -125,6 +155,8 @@ def main() -> None:
     ap.add_argument("--audit", nargs=2, action="append", default=[], metavar=("DIR", "MODEL"),
                     help="a run audited with `mechprobe audit --labels`: its turns, and its labellers' labels as "
                          "labeller-a/labeller-b rows (repeatable; the audit's first two labellers, in file order)")
+    ap.add_argument("--labels", nargs=2, action="append", default=[], metavar=("NAME", "CSV"),
+                    help="merge a labeller's CSV (row,label,borderline,note) into labels/NAME.json (repeatable)")
     ap.add_argument("--no-fixtures", action="store_true")
     ap.add_argument("--sheet-only-new", action="store_true", help="sheet.csv holds only turns added now")
     ap.add_argument("--no-sheet", action="store_true", help="leave sheet.csv as it is (labels come from an audit)")
@@ -157,6 +189,8 @@ def main() -> None:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
     for d, model in args.audit:
         import_audit_labels(Path(d), model, have)
+    for name, csv_path in args.labels:
+        add_labels(name, Path(csv_path), have)
     sheet_rows = added if args.sheet_only_new else list(have.values())
     sheet_rows = [] if args.no_sheet else sorted(sheet_rows, key=lambda r: r["turn_id"])
     random.Random(20261125).shuffle(sheet_rows)

@@ -22,7 +22,9 @@ import argparse
 import hashlib
 import json
 import math
+import platform
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -33,7 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from mechprobe.audit.agreement import kappa_with_ci  # noqa: E402
 from mechprobe.judges.base import JudgeInput  # noqa: E402
-from mechprobe.judges.trained import DEFAULT_WEIGHTS, WEIGHTS_FORMAT, predict_proba  # noqa: E402
+from mechprobe.judges.trained import DEFAULT_WEIGHTS, WEIGHTS_FORMAT, predict_proba, verdict  # noqa: E402
 from mechprobe.judges.turn_features import FEATURE_NAMES, vector  # noqa: E402
 from mechprobe.taxonomy import GENUINE, LABELS  # noqa: E402
 
@@ -43,7 +45,7 @@ FEATURES = DIR / "features.jsonl"
 WEIGHTS = REPO / "mechprobe" / "data" / DEFAULT_WEIGHTS
 SCORING_MODEL = "qwen2.5-coder-0.5b-instruct"  # 3x cheaper forwards than the 1.5B hybrid2 judge
 JUDGES = DIR / "judges.jsonl"
-COMPARE = ("hybrid2:qwen2.5-coder-1.5b-instruct",)
+COMPARE = ("hybrid2:qwen2.5-coder-1.5b-instruct", "local:qwen2.5-coder-1.5b-instruct")  # best validated; 8-way LLM
 VERSION = "trained-v1"
 C_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 N_FOLDS = 5
@@ -143,8 +145,10 @@ def cmd_features(args: argparse.Namespace) -> None:
     by_item: dict[str, list[dict]] = {}
     for r in todo:
         by_item.setdefault(r["item_key"] + r["answer"][:64], []).append(r)
+    t0, n = time.perf_counter(), 0
     with FEATURES.open("a", encoding="utf-8") as f:
         for group in tqdm(list(by_item.values()), desc="features (conversations)"):
+            n += len(group)
             inputs = [to_input(r) for r in group]
             rows, offline = feature_rows(hybrid, inputs)
             for inp in inputs:
@@ -152,6 +156,26 @@ def cmd_features(args: argparse.Namespace) -> None:
                        "offline": offline[inp.record_id].label, "offline_name": hybrid.offline.name}
                 f.write(json.dumps(rec) + "\n")
             f.flush()
+    _log_speed(f"trained:{SCORING_MODEL} (features)", n, time.perf_counter() - t0)
+
+
+def _log_speed(what: str, turns: int, seconds: float) -> None:
+    """Append one timing row to speed.jsonl: turns/s of a judge on these turns, with the CPU that ran it."""
+    if not turns:
+        return
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() \
+        else platform.processor()
+    row = {"judge": what, "turns": turns, "seconds": round(seconds, 1), "turns_per_s": round(turns / seconds, 4),
+           "cpu": cpu, "threads": torch_threads()}
+    with (DIR / "speed.jsonl").open("a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def cmd_judges(args: argparse.Namespace) -> None:
@@ -173,12 +197,15 @@ def cmd_judges(args: argparse.Namespace) -> None:
         by_item: dict[str, list[dict]] = {}
         for r in todo:
             by_item.setdefault(r["item_key"] + r["answer"][:64], []).append(r)
+        t0, n = time.perf_counter(), 0
         with JUDGES.open("a", encoding="utf-8") as f:
             for group in tqdm(list(by_item.values()), desc=spec):
                 for rec in judge.label_many([to_input(r) for r in group]):
                     f.write(json.dumps({"turn_id": rec.record_id, "spec": spec, "label": rec.label,
                                         "judge": rec.judge}) + "\n")
+                    n += 1
                 f.flush()
+        _log_speed(spec, n, time.perf_counter() - t0)
 
 
 def _judge_labels() -> dict[str, dict[str, str]]:
@@ -339,10 +366,9 @@ def cmd_test(args: argparse.Namespace) -> None:
                          "re-render the same fit)")
     w = json.loads(WEIGHTS.read_text(encoding="utf-8"))
     rows, groups, how = _rows_with_ref("test")
-    pred = _proba(w, rows) >= w["threshold"]
     judged = _judge_labels()
-    for r, p in zip(rows, pred):
-        r["trained"] = GENUINE if p else "not"
+    for r, p in zip(rows, _proba(w, rows)):
+        r["trained"] = verdict(float(p), w["threshold"], r["offline"], r["features"])
         for spec in COMPARE:
             r[spec] = judged.get(spec, {}).get(r["turn_id"])
     missing = {spec: sum(r[spec] is None for r in rows) for spec in COMPARE}
@@ -352,8 +378,18 @@ def cmd_test(args: argparse.Namespace) -> None:
     lines = ["# Trained judge vs the other judges: test split, scored once", "",
              f"Test split of `reports/labelled_turns`: {len(rows)} turns on {len(set(groups))} items; reference "
              f"{how}. Fit: `mechprobe/data/{DEFAULT_WEIGHTS}` (C {w['C']:g}, threshold {w['threshold']:.2f}, fit on "
-             f"{w['fit']['dev_turns']} dev turns). Binary κ (genuine vs not) with 95% item-bootstrap CIs; the "
-             "labellers' κ with each other is the ceiling.", "",
+             f"{w['fit']['dev_turns']} dev turns). κ with 95% item-bootstrap CIs; the labellers' κ with each other "
+             "is the ceiling. Cells: κ [CI] (rows where judge and reference agree / rows)."]
+    for binary in (True, False):
+        lines += _test_table(rows, a, b, w, binary)
+    lines.append("")
+    out.write_text("\n".join(lines), encoding="utf-8")
+    print("\n".join(lines))
+
+
+def _test_table(rows: list[dict], a: dict, b: dict, w: dict, binary: bool) -> list[str]:
+    lines = ["", "**Binary κ (genuine follow-up vs not).**" if binary else
+             "**8-label κ.** The trained judge's failure label is the rules' (`trained.verdict`).", "",
              f"| subject model | condition | turns | genuine (ref) | labeller a vs b | trained ({w['scoring_model']}) | "
              + " | ".join(COMPARE) + " | offline |", "|---|---|---|---|---|---|" + "---|" * len(COMPARE)]
     keyf = [("all", lambda r: True)]
@@ -368,14 +404,12 @@ def cmd_test(args: argparse.Namespace) -> None:
             ref = [r["ref"] for r in sub]
             both = [r for r in sub if r["turn_id"] in a and r["turn_id"] in b]
             lab = kappa_with_ci([a[r["turn_id"]]["label"] for r in both], [b[r["turn_id"]]["label"] for r in both],
-                                [r["turn"]["item_key"] for r in both], binary=True).cell()
-            cells = [kappa_with_ci([r[j] for r in sub], ref, items, binary=True).cell()
+                                [r["turn"]["item_key"] for r in both], binary=binary).cell()
+            cells = [kappa_with_ci([r[j] for r in sub], ref, items, binary=binary).cell()
                      for j in ("trained", *COMPARE, "offline")]
             lines.append(f"| {name} | {cond} | {len(sub)} | {sum(x == GENUINE for x in ref)} | {lab} | "
                          + " | ".join(cells) + " |")
-    lines.append("")
-    out.write_text("\n".join(lines), encoding="utf-8")
-    print("\n".join(lines))
+    return lines
 
 
 def _cond(c: str, want: str) -> bool:

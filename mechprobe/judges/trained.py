@@ -33,7 +33,8 @@ from mechprobe.judges.turn_features import model_feature_row, text_features, vec
 from mechprobe.records import LabelRecord
 from mechprobe.taxonomy import GENUINE, is_genuine
 
-__all__ = ["TrainedJudge", "feature_rows", "load_weights", "predict_proba", "WEIGHTS_FORMAT", "DEFAULT_WEIGHTS"]
+__all__ = ["TrainedJudge", "feature_rows", "load_weights", "predict_proba", "verdict", "WEIGHTS_FORMAT",
+           "DEFAULT_WEIGHTS"]
 
 WEIGHTS_FORMAT = "mechprobe-trained-judge-v1"
 DEFAULT_WEIGHTS = "trained_judge_v1.json"
@@ -106,6 +107,36 @@ def feature_rows(hybrid: HybridJudge, inputs: Sequence[JudgeInput]
     return rows, offline
 
 
+def verdict(p: float, threshold: float, offline_label: str, row: dict[str, float]) -> str:
+    """The trained judge's label from its P(genuine), the rules' label and the turn's feature row.
+
+    Why a pure function: the fit script scores the 8-label agreement on stored features with the same rule the
+    judge applies at run time. The fit decides only genuine vs not; the failure label is the rules', except where
+    the rules said genuine and the fit did not: then the voice margin picks assistant continuation (the turn reads
+    as the assistant's) over a new query.
+
+    Args:
+        p: P(genuine) from :func:`predict_proba`.
+        threshold: the fitted decision threshold.
+        offline_label: the offline rules' label of the same turn.
+        row: the turn's feature row (needs ``voice`` and ``no_text``).
+
+    Returns:
+        One of the eight taxonomy labels.
+
+    Example:
+        >>> verdict(0.9, 0.65, "new_query", {"voice": 0.1, "no_text": 0.0})
+        'genuine_followup'
+        >>> verdict(0.2, 0.65, "genuine_followup", {"voice": -0.3, "no_text": 0.0})
+        'assistant_continuation'
+    """
+    if p >= threshold:
+        return GENUINE
+    if offline_label == GENUINE:
+        return "assistant_continuation" if row["voice"] < 0 and not row["no_text"] else "new_query"
+    return offline_label
+
+
 class TrainedJudge:
     """Logistic judge over rules, lexical cues, grounding PMI and voice (see the module docstring).
 
@@ -157,12 +188,7 @@ class TrainedJudge:
         for inp in inputs:
             rid = inp.record_id
             p, off, row = probs[rid], offline[rid], rows[rid]
-            if p >= self.threshold:
-                label = GENUINE
-            elif off.label == GENUINE:
-                label = "assistant_continuation" if row["voice"] < 0 and not row["no_text"] else "new_query"
-            else:
-                label = off.label
+            label = verdict(p, self.threshold, off.label, row)
             self.hybrid.stats["judged"] += 1
             why = (f"P(genuine) {p:.3f} (threshold {self.threshold:.3f}); offline {off.label}; "
                    f"PMI {row['pmi']:+.3f}; voice {row['voice']:+.3f}")

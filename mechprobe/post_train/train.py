@@ -356,13 +356,18 @@ def _schedule(cfg: TrainConfig) -> Callable[[int], float]:
 
 
 def _rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    s = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        s["cuda"] = torch.cuda.get_rng_state_all()  # LoRA dropout on a CUDA model draws from the CUDA generators
+    return s
 
 
 def _set_rng_state(s: dict[str, Any]) -> None:
     torch.set_rng_state(s["torch"])
     random.setstate(s["python"])
     np.random.set_state(s["numpy"])
+    if "cuda" in s and torch.cuda.is_available() and len(s["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(s["cuda"])
 
 
 def _adapter_state(pm: Any) -> dict[str, torch.Tensor]:
@@ -452,6 +457,7 @@ def train_lora(model: torch.nn.Module, examples: Sequence[TrainExample], cfg: Tr
     write_json(cfg_path, want)
     pm = lora_model(model, cfg)
     params = [p for p in pm.parameters() if p.requires_grad]
+    dev = params[0].device  # batches are collated on the CPU; the model may be on CUDA (--device cuda)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(cfg))
     step, position, resumed = 0, 0, None
@@ -479,7 +485,7 @@ def train_lora(model: torch.nn.Module, examples: Sequence[TrainExample], cfg: Tr
     pm.train()
     while step < cfg.steps:
         idx = batch_indices(n, cfg.seed, cfg.batch_size, position)
-        batch = collate([examples[i] for i in idx], pad_id)
+        batch = {k: v.to(dev) for k, v in collate([examples[i] for i in idx], pad_id).items()}
         ts = time.time()
         loss, n_tgt = batch_loss(pm, batch)
         opt.zero_grad(set_to_none=True)
