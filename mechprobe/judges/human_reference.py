@@ -36,6 +36,9 @@ from mechprobe.turns.datasets import load_dataset
 DATASETS = ("hh_rlhf", "topical_chat")
 
 
+CHUNK = 16  # turns per judge call in run(): the unit of resumption
+
+
 def reference_inputs(datasets: Sequence[str] = DATASETS, n: int = 100, *, seed: int = 0, max_chars: int = 1500,
                      data_path: str | Path | None = None) -> list[JudgeInput]:
     """``n`` conversations per dataset as (real, swapped) input pairs (record ids ``...|real``/``|swapped``).
@@ -186,11 +189,17 @@ def run(judge_spec: str, *, n: int = 100, datasets: Sequence[str] = DATASETS, sa
     t0 = time.time()
     from tqdm.auto import tqdm
 
-    for rec in tqdm(judge.label_many(todo), total=len(todo), desc=f"judge {judge.name}", disable=not progress):
-        d = rec.to_dict()
-        got.append(d)
-        if store is not None:
-            store.append(d)
+    bar = tqdm(total=len(todo), desc=f"judge {judge.name}", disable=not progress)
+    # Chunks, so that a judge that scores its whole input before yielding (the trained judge computes every
+    # feature row first) still writes as it goes and a killed run resumes from the last chunk.
+    for start in range(0, len(todo), CHUNK):
+        for rec in judge.label_many(todo[start:start + CHUNK]):
+            d = rec.to_dict()
+            got.append(d)
+            if store is not None:
+                store.append(d)
+            bar.update(1)
+    bar.close()
     secs = time.time() - t0
     rows = read_jsonl(save) if store is not None else got
     ids = {i.record_id for i in inputs}
