@@ -46,7 +46,7 @@ WEIGHTS = REPO / "mechprobe" / "data" / DEFAULT_WEIGHTS
 SCORING_MODEL = "qwen2.5-coder-0.5b-instruct"  # 3x cheaper forwards than the 1.5B hybrid2 judge
 JUDGES = DIR / "judges.jsonl"
 COMPARE = ("hybrid2:qwen2.5-coder-1.5b-instruct", "local:qwen2.5-coder-1.5b-instruct")  # best validated; 8-way LLM
-VERSION = "trained-v1"
+VERSION = "trained-v2"
 C_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 N_FOLDS = 5
 

@@ -37,7 +37,7 @@ __all__ = ["TrainedJudge", "feature_rows", "load_weights", "predict_proba", "ver
            "DEFAULT_WEIGHTS"]
 
 WEIGHTS_FORMAT = "mechprobe-trained-judge-v1"
-DEFAULT_WEIGHTS = "trained_judge_v1.json"
+DEFAULT_WEIGHTS = "trained_judge.json"
 
 
 def load_weights(path: str | Path | None = None) -> dict[str, Any]:
