@@ -367,11 +367,12 @@ def cmd_test(args: argparse.Namespace) -> None:
     w = json.loads(WEIGHTS.read_text(encoding="utf-8"))
     rows, groups, how = _rows_with_ref("test")
     judged = _judge_labels()
+    compare = [spec for spec in COMPARE if spec in judged]  # a judge not run at all is left out, and said so
     for r, p in zip(rows, _proba(w, rows)):
         r["trained"] = verdict(float(p), w["threshold"], r["offline"], r["features"])
-        for spec in COMPARE:
-            r[spec] = judged.get(spec, {}).get(r["turn_id"])
-    missing = {spec: sum(r[spec] is None for r in rows) for spec in COMPARE}
+        for spec in compare:
+            r[spec] = judged[spec].get(r["turn_id"])
+    missing = {spec: sum(r[spec] is None for r in rows) for spec in compare}
     if any(missing.values()):
         raise SystemExit(f"test turns without a comparison verdict: {missing}; run the judges step first")
     a, b = load_label_file("labeller-a"), load_label_file("labeller-b")
@@ -380,18 +381,29 @@ def cmd_test(args: argparse.Namespace) -> None:
              f"{how}. Fit: `mechprobe/data/{DEFAULT_WEIGHTS}` (C {w['C']:g}, threshold {w['threshold']:.2f}, fit on "
              f"{w['fit']['dev_turns']} dev turns). κ with 95% item-bootstrap CIs; the labellers' κ with each other "
              "is the ceiling. Cells: κ [CI] (rows where judge and reference agree / rows)."]
+    if len(compare) < len(COMPARE):
+        lines += ["", f"Not run on these turns: {', '.join(s for s in COMPARE if s not in compare)}."]
     for binary in (True, False):
-        lines += _test_table(rows, a, b, w, binary)
+        lines += _test_table(rows, a, b, w, binary, compare)
+    fig = _test_figure(rows, a, b, compare)
+    lines += ["", f"Figure: `{fig.relative_to(REPO)}`."]
+    speed = DIR / "speed.jsonl"
+    if speed.exists():
+        lines += ["", "**Speed** (`speed.jsonl`; each judge alone on the CPU named):", "",
+                  "| judge | turns | seconds | turns/s | CPU, threads |", "|---|---|---|---|---|"]
+        for r in map(json.loads, speed.read_text(encoding="utf-8").splitlines()):
+            lines.append(f"| {r['judge']} | {r['turns']} | {r['seconds']:.0f} | {r['turns_per_s']:.2f} | "
+                         f"{r['cpu']}, {r['threads']} |")
     lines.append("")
     out.write_text("\n".join(lines), encoding="utf-8")
     print("\n".join(lines))
 
 
-def _test_table(rows: list[dict], a: dict, b: dict, w: dict, binary: bool) -> list[str]:
+def _test_table(rows: list[dict], a: dict, b: dict, w: dict, binary: bool, compare: list[str]) -> list[str]:
     lines = ["", "**Binary κ (genuine follow-up vs not).**" if binary else
              "**8-label κ.** The trained judge's failure label is the rules' (`trained.verdict`).", "",
              f"| subject model | condition | turns | genuine (ref) | labeller a vs b | trained ({w['scoring_model']}) | "
-             + " | ".join(COMPARE) + " | offline |", "|---|---|---|---|---|---|" + "---|" * len(COMPARE)]
+             + " | ".join(compare) + " | offline |", "|---|---|---|---|---|---|" + "---|" * len(compare)]
     keyf = [("all", lambda r: True)]
     for m in sorted({r["turn"]["model"] for r in rows}):
         keyf.append((m, lambda r, m=m: r["turn"]["model"] == m))
@@ -406,10 +418,54 @@ def _test_table(rows: list[dict], a: dict, b: dict, w: dict, binary: bool) -> li
             lab = kappa_with_ci([a[r["turn_id"]]["label"] for r in both], [b[r["turn_id"]]["label"] for r in both],
                                 [r["turn"]["item_key"] for r in both], binary=binary).cell()
             cells = [kappa_with_ci([r[j] for r in sub], ref, items, binary=binary).cell()
-                     for j in ("trained", *COMPARE, "offline")]
+                     for j in ("trained", *compare, "offline")]
             lines.append(f"| {name} | {cond} | {len(sub)} | {sum(x == GENUINE for x in ref)} | {lab} | "
                          + " | ".join(cells) + " |")
     return lines
+
+
+def _test_figure(rows: list[dict], a: dict, b: dict, compare: list[str]) -> Path:
+    """Binary κ with its CI per subject model for every judge, the labellers' κ as the ceiling."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = ["all"] + sorted({r["turn"]["model"] for r in rows})
+    judges = ["labeller a vs b", "trained", *compare, "offline"]
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    width = 0.8 / len(judges)
+    for j, name in enumerate(judges):
+        for i, m in enumerate(models):
+            sub = [r for r in rows if m == "all" or r["turn"]["model"] == m]
+            if name == "labeller a vs b":
+                sub = [r for r in sub if r["turn_id"] in a and r["turn_id"] in b]
+                k = kappa_with_ci([a[r["turn_id"]]["label"] for r in sub], [b[r["turn_id"]]["label"] for r in sub],
+                                  [r["turn"]["item_key"] for r in sub], binary=True)
+            else:
+                k = kappa_with_ci([r[name] for r in sub], [r["ref"] for r in sub],
+                                  [r["turn"]["item_key"] for r in sub], binary=True)
+            if not math.isfinite(k.kappa):
+                continue
+            x = i + (j - (len(judges) - 1) / 2) * width
+            err = None
+            if math.isfinite(k.lo):
+                err = [[k.kappa - k.lo], [k.hi - k.kappa]]
+            shown = {"trained": f"trained:{SCORING_MODEL}", "labeller a vs b": "labeller a vs b (ceiling)"}.get(name, name)
+            ax.bar(x, k.kappa, width, yerr=err, capsize=2, color=f"C{j}", label=shown if i == 0 else None)
+    n = {m: sum(m == "all" or r["turn"]["model"] == m for r in rows) for m in models}
+    g = {m: sum(r["ref"] == GENUINE for r in rows if m == "all" or r["turn"]["model"] == m) for m in models}
+    ax.set_xticks(range(len(models)), [f"{m}\nn={n[m]}, {g[m]} genuine" for m in models], fontsize=8)
+    ax.axhline(0, color="k", lw=0.5)
+    ax.set_ylabel("binary κ vs reference labels (95% CI)")
+    ax.set_title(f"Judges vs blind model-written labels, labelled-turn test split (n={len(rows)}, scored once)",
+                 fontsize=9)
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    out = REPO / "figures" / "judge_test_kappa.png"
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
 
 
 def _cond(c: str, want: str) -> bool:
