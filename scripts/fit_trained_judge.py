@@ -45,7 +45,8 @@ FEATURES = DIR / "features.jsonl"
 WEIGHTS = REPO / "mechprobe" / "data" / DEFAULT_WEIGHTS
 SCORING_MODEL = "qwen2.5-coder-0.5b-instruct"  # 3x cheaper forwards than the 1.5B hybrid2 judge
 JUDGES = DIR / "judges.jsonl"
-COMPARE = ("hybrid2:qwen2.5-coder-1.5b-instruct", "local:qwen2.5-coder-1.5b-instruct")  # best validated; 8-way LLM
+# The best-validated judge, and the 8-way LLM-judge prompt with the codebook (local:) on the 0.5B and 1.5B models.
+COMPARE = ("hybrid2:qwen2.5-coder-1.5b-instruct", "local:qwen2.5-coder-0.5b-instruct", "local:qwen2.5-coder-1.5b-instruct")
 VERSION = "trained-v2"
 C_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 N_FOLDS = 5
@@ -367,14 +368,13 @@ def cmd_test(args: argparse.Namespace) -> None:
     w = json.loads(WEIGHTS.read_text(encoding="utf-8"))
     rows, groups, how = _rows_with_ref("test")
     judged = _judge_labels()
-    compare = [spec for spec in COMPARE if spec in judged]  # a judge not run at all is left out, and said so
+    # Every judge is scored on the same turns: one that has not judged all of them is left out, and said so.
+    covered = {spec: sum(r["turn_id"] in judged.get(spec, {}) for r in rows) for spec in COMPARE}
+    compare = [spec for spec in COMPARE if covered[spec] == len(rows)]
     for r, p in zip(rows, _proba(w, rows)):
         r["trained"] = verdict(float(p), w["threshold"], r["offline"], r["features"])
         for spec in compare:
-            r[spec] = judged[spec].get(r["turn_id"])
-    missing = {spec: sum(r[spec] is None for r in rows) for spec in compare}
-    if any(missing.values()):
-        raise SystemExit(f"test turns without a comparison verdict: {missing}; run the judges step first")
+            r[spec] = judged[spec][r["turn_id"]]
     a, b = load_label_file("labeller-a"), load_label_file("labeller-b")
     lines = ["# Trained judge vs the other judges: test split, scored once", "",
              f"Test split of `reports/labelled_turns`: {len(rows)} turns on {len(set(groups))} items; reference "
@@ -382,7 +382,8 @@ def cmd_test(args: argparse.Namespace) -> None:
              f"{w['fit']['dev_turns']} dev turns). κ with 95% item-bootstrap CIs; the labellers' κ with each other "
              "is the ceiling. Cells: κ [CI] (rows where judge and reference agree / rows)."]
     if len(compare) < len(COMPARE):
-        lines += ["", f"Not run on these turns: {', '.join(s for s in COMPARE if s not in compare)}."]
+        lines += ["", "Left out (not run on every test turn): "
+                  + ", ".join(f"{s} ({covered[s]} of {len(rows)} judged)" for s in COMPARE if s not in compare) + "."]
     for binary in (True, False):
         lines += _test_table(rows, a, b, w, binary, compare)
     fig = _test_figure(rows, a, b, compare)
@@ -403,7 +404,7 @@ def _test_table(rows: list[dict], a: dict, b: dict, w: dict, binary: bool, compa
     lines = ["", "**Binary κ (genuine follow-up vs not).**" if binary else
              "**8-label κ.** The trained judge's failure label is the rules' (`trained.verdict`).", "",
              f"| subject model | condition | turns | genuine (ref) | labeller a vs b | trained ({w['scoring_model']}) | "
-             + " | ".join(compare) + " | offline |", "|---|---|---|---|---|---|" + "---|" * len(compare)]
+             + " | ".join(compare) + " | offline |", "|---|---|---|---|---|---|" + "---|" * (len(compare) + 1)]
     keyf = [("all", lambda r: True)]
     for m in sorted({r["turn"]["model"] for r in rows}):
         keyf.append((m, lambda r, m=m: r["turn"]["model"] == m))
@@ -433,7 +434,7 @@ def _test_figure(rows: list[dict], a: dict, b: dict, compare: list[str]) -> Path
 
     models = ["all"] + sorted({r["turn"]["model"] for r in rows})
     judges = ["labeller a vs b", "trained", *compare, "offline"]
-    fig, ax = plt.subplots(figsize=(9, 4.2))
+    fig, ax = plt.subplots(figsize=(9, 5))
     width = 0.8 / len(judges)
     for j, name in enumerate(judges):
         for i, m in enumerate(models):
@@ -460,7 +461,7 @@ def _test_figure(rows: list[dict], a: dict, b: dict, compare: list[str]) -> Path
     ax.set_ylabel("binary κ vs reference labels (95% CI)")
     ax.set_title(f"Judges vs blind model-written labels, labelled-turn test split (n={len(rows)}, scored once)",
                  fontsize=9)
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
     fig.tight_layout()
     out = REPO / "figures" / "judge_test_kappa.png"
     fig.savefig(out, dpi=120)
