@@ -27,11 +27,14 @@ import csv
 import hashlib
 import json
 import random
+import sys
 from pathlib import Path
 
-from mechprobe.splits import STEERING_SPLIT, load_split, split_of
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's package, whatever is pip-installed
+
+from mechprobe.splits import STEERING_SPLIT, load_split, split_of  # noqa: E402
+
 OUT = REPO / "reports" / "labelled_turns"
 TEST_FRACTION = 0.4
 FIXTURES = [  # (file, subject model, condition field)
