@@ -37,6 +37,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 # No network on the device machine: never wait for a hub timeout (set before transformers is imported).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -149,16 +150,23 @@ def sft_checks(tok, dev: torch.device, work: Path, res: dict, fail: list[str]) -
     resumed = work / "sft_resumed"
     kill_copy(clean, resumed, clean / pt.CKPT_DIR, f"step_{CKPT:06d}")
     _, r2 = pt.train_lora(model_for(tok, dev), exs, cfg, resumed, pad_id=pad, progress=False)
+    compare_resume("SFT", resumed, clean, log, r2, res, fail)
+    merge_check("sft", pm, tok, exs[0].input_ids, dev, work, res, fail)
+
+
+def compare_resume(name: str, resumed: Path, clean: Path, log: list[dict], r2: Any, res: dict,
+                   fail: list[str]) -> None:
+    """The resumed run against the uninterrupted one: steps, per-step losses and the final adapter."""
     la = {row["step"]: row["loss"] for row in pt.read_train_log(resumed)}
     lb = {row["step"]: row["loss"] for row in log}
     d_loss, d_ad = loss_diff(la, lb, range(1, STEPS + 1)), rel_diff(adapter_file(resumed), adapter_file(clean))
-    res["sft_resume"] = {"resumed_from": r2.resumed_from, "steps": r2.steps_done, "log_steps": sorted(la),
-                         "max_rel_loss_diff": d_loss, "max_rel_adapter_diff": d_ad}
+    res[f"{name.lower()}_resume"] = {"resumed_from": r2.resumed_from, "steps": r2.steps_done,
+                                     "log_steps": sorted(la), "max_rel_loss_diff": d_loss,
+                                     "max_rel_adapter_diff": d_ad}
     if r2.resumed_from != CKPT or r2.steps_done != STEPS or sorted(la) != list(range(1, STEPS + 1)):
-        fail.append(f"SFT resume: from {r2.resumed_from}, {r2.steps_done} steps, log steps {sorted(la)}")
+        fail.append(f"{name} resume: from {r2.resumed_from}, {r2.steps_done} steps, log steps {sorted(la)}")
     if not (d_loss < RTOL and d_ad < RTOL):
-        fail.append(f"SFT resume differs from the uninterrupted run: losses {d_loss:.2e}, adapter {d_ad:.2e}")
-    merge_check("sft", pm, tok, exs[0].input_ids, dev, work, res, fail)
+        fail.append(f"{name} resume differs from the uninterrupted run: losses {d_loss:.2e}, adapter {d_ad:.2e}")
 
 
 def merge_check(name: str, pm, tok, ids: list[int], dev: torch.device, work: Path, res: dict,
@@ -243,15 +251,7 @@ def dpo_checks(tok, dev: torch.device, work: Path, res: dict, fail: list[str]) -
     resumed = work / "dpo_resumed"
     kill_copy(clean, resumed, clean / pt.CKPT_DIR, f"{dpo.CKPT_PREFIX}{CKPT}")
     _, r2 = dpo.train_dpo(model_for(tok, dev), tok, ps, cfg, resumed, device=str(dev), progress=False)
-    la = {row["step"]: row["loss"] for row in pt.read_train_log(resumed)}
-    lb = {row["step"]: row["loss"] for row in log}
-    d_loss, d_ad = loss_diff(la, lb, range(1, STEPS + 1)), rel_diff(adapter_file(resumed), adapter_file(clean))
-    res["dpo_resume"] = {"resumed_from": r2.resumed_from, "steps": r2.steps_done, "log_steps": sorted(la),
-                         "max_rel_loss_diff": d_loss, "max_rel_adapter_diff": d_ad}
-    if r2.resumed_from != CKPT or r2.steps_done != STEPS or sorted(la) != list(range(1, STEPS + 1)):
-        fail.append(f"DPO resume: from {r2.resumed_from}, {r2.steps_done} steps, log steps {sorted(la)}")
-    if not (d_loss < RTOL and d_ad < RTOL):
-        fail.append(f"DPO resume differs from the uninterrupted run: losses {d_loss:.2e}, adapter {d_ad:.2e}")
+    compare_resume("DPO", resumed, clean, log, r2, res, fail)
     merge_check("dpo", pm, tok, p0.prompt_ids + p0.chosen_ids, dev, work, res, fail)
 
 
