@@ -283,3 +283,63 @@ def test_resume_after_kill_under_qwen_template(tmp_path):
     script.write_text(RUNNER_QWEN.format(repo=str(REPO)))
     _, _, losses = _kill_resume_and_compare(script, tmp_path)
     assert losses[12] < losses[1]  # it trained: the user-turn loss fell on these 8 examples
+
+
+RUNNER_CURVE = RUNNER.replace(
+    "lora_dropout=0.1, warmup_steps=2)",
+    "lora_dropout=0.1, warmup_steps=2, patience=0)").replace(
+    "progress=False)", "progress=False, heldout=_toy_examples()[:4])")
+
+
+def test_heldout_curve_resumes_and_returns_the_best_step(tmp_path):
+    """With held-out examples the loss is scored at step 0 and every checkpoint, once per step across a kill and
+    resume; the adapter saved is the held-out best step's, the same in the killed and the clean run."""
+    script = tmp_path / "runner.py"
+    script.write_text(RUNNER_CURVE.format(repo=str(REPO)))
+    killed, clean, _ = _kill_resume_and_compare(script, tmp_path)
+    rows = {}
+    for run in (killed, clean):
+        got = [json.loads(x) for x in (run / pt.HELDOUT_LOG).read_text().splitlines()]
+        assert [r["step"] for r in got] == [0, 4, 8, 12]  # no step twice after the resume
+        rows[run] = got
+    for a, b in zip(rows[killed], rows[clean]):
+        assert abs(a["heldout_loss"] - b["heldout_loss"]) < 1e-5
+    best = min(rows[clean], key=lambda r: r["heldout_loss"])
+    state = torch.load(clean / pt.BEST, weights_only=False)
+    assert state["step"] == best["step"]
+    from safetensors.torch import load_file
+
+    saved = load_file(str(clean / pt.ADAPTER_DIR / "adapter_model.safetensors"))
+    for k, v in state["adapter"].items():  # the merged/saved adapter is the best step's, not the last step's
+        key = next(s for s in saved if k.replace(".default", "").endswith(s.split("base_model.", 1)[-1]))
+        torch.testing.assert_close(saved[key], v)
+
+
+def test_should_stop_and_planned_steps():
+    rows = [{"step": 0, "heldout_loss": 3.0}, {"step": 10, "heldout_loss": 2.8}, {"step": 20, "heldout_loss": 2.9}]
+    assert not pt.should_stop(rows, patience=2)  # one evaluation past the best
+    assert pt.should_stop(rows + [{"step": 30, "heldout_loss": 2.85}], patience=2)
+    assert not pt.should_stop(rows + [{"step": 30, "heldout_loss": 2.7}], patience=2)  # a new best resets it
+    assert not pt.should_stop(rows + [{"step": 30, "heldout_loss": 3.5}], patience=0)  # 0: never stop
+    cfg = pt.TrainConfig(steps=180, budget_minutes=30)
+    assert pt.planned_steps(cfg, [27.0, 27.0]) == 66
+    assert pt.planned_steps(cfg, [1.0]) == 180  # capped by --steps
+    assert pt.planned_steps(cfg, [9999.0]) == pt.MEASURE_STEPS  # never below the measured steps
+    assert pt.planned_steps(pt.TrainConfig(steps=50), [27.0]) == 50  # no budget: exactly --steps
+
+
+def test_budget_plans_steps_and_early_stop_ends_the_run(tmp_path):
+    """A budgeted run writes its plan after step 3 and trains no more than it; patience stops it on the curve."""
+    cfg = pt.TrainConfig(steps=40, batch_size=3, lr=0.5, checkpoint_every=2, warmup_steps=1, lora_dropout=0.0,
+                         budget_minutes=1e-9, patience=0)
+    pm, res = pt.train_lora(tiny_model("llama", seed=1), _toy_examples(), cfg, tmp_path, pad_id=0, progress=False,
+                            heldout=_toy_examples()[:4])
+    plan = json.loads((tmp_path / pt.PLAN).read_text())
+    assert plan["steps"] == pt.MEASURE_STEPS == res.planned_steps == res.steps_done
+    cfg = pt.TrainConfig(steps=40, batch_size=3, lr=5.0, checkpoint_every=1, warmup_steps=0, lora_dropout=0.0,
+                         patience=1)
+    pm, res = pt.train_lora(tiny_model("llama", seed=1), _toy_examples(), cfg, tmp_path / "b", pad_id=0,
+                            progress=False, heldout=_toy_examples()[:4])
+    rows = [json.loads(x) for x in (tmp_path / "b" / pt.HELDOUT_LOG).read_text().splitlines()]
+    assert res.stopped_early and res.steps_done < 40 and rows[-1]["step"] == res.steps_done
+    assert res.chosen_step == min(rows, key=lambda r: r["heldout_loss"])["step"]

@@ -141,3 +141,24 @@ def test_corrected_columns_appear_where_audit_labels_exist(tmp_path):
     plain = results_md([{**row, **audited_columns(run, None, dm_p, g_of(dm_p), base_p, g_of(base_p), 0)}],
                        "header", "resid")
     assert "judge only" in plain.splitlines()[2] and "corrected" not in plain.splitlines()[2]
+
+
+def test_post_train_report_carries_corrected_rates_where_an_eval_run_is_audited(tmp_path):
+    run = _audited_run(tmp_path / "run")
+    # The fixture's stand-in judge wrote labels without the genuine flag a judge run writes: set it from the label.
+    _jsonl(run / "labels.jsonl", [{**r, "genuine": r["label"] == GENUINE} for r in read_jsonl(run / "labels.jsonl")])
+    plain = tiny_run(tmp_path / "plain")
+    summ = pt_eval.arm_summary({"gsm8k": run})
+    c = summ["gsm8k"]["corrected"]
+    assert c is not None and c["labellers"] == ["E"] and c["n_audited"] > 0
+    assert any(c[d] and c[d]["n_audited"] > 0 for d in ("greedy", "sample"))
+    assert pt_eval.arm_summary({"gsm8k": plain})["gsm8k"]["corrected"] is None  # no audit: judge only
+    d = pt_eval.corrected_difference(run, run, "greedy")
+    assert d is not None and d["corrected"] is not None and abs(d["corrected"]["point"]) < 1e-12
+    assert pt_eval.corrected_difference(run, plain, "greedy") is None
+    md = pt_eval.report_markdown({"judge": "offline-test", "arms": {"base": summ}, "paired": {},
+                                  "corrected_paired": {"base vs post": {"gsm8k": {"greedy": d}}}}, {}, {}, [])
+    assert "corrected by the audit" in md and "| base | gsm8k |" in md and "(n=" in md
+    md_plain = pt_eval.report_markdown({"judge": "offline-test", "arms": {"base": pt_eval.arm_summary(
+        {"gsm8k": plain})}, "paired": {}}, {}, {}, [])
+    assert "every rate above is judge only" in md_plain

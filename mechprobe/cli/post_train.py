@@ -26,7 +26,16 @@ def add_args(p: Any) -> None:
     p.add_argument("--held-out-fraction", type=float, default=0.1)
     p.add_argument("--max-len", type=int, default=None,
                    help=f"skip longer examples / pairs (tokens); default: sft {DEFAULTS['max_len']}, dpo 512")
-    p.add_argument("--steps", type=int, default=None, help=f"default: sft {DEFAULTS['steps']}, dpo 40")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"default: sft at most {DEFAULTS['steps']} (planned to fit --train-minutes), dpo 40")
+    p.add_argument("--train-minutes", type=float, default=None,
+                   help=f"sft: plan the steps from the measured time of steps 2-3 to fit this budget (default "
+                        f"{DEFAULTS['train_minutes']:g} when --steps is not given)")
+    p.add_argument("--patience", type=int, default=2,
+                   help="sft: stop after this many held-out evaluations (one per checkpoint) without a new best; "
+                        "the best step's adapter is the one merged (0: never stop early)")
+    p.add_argument("--curve-examples", type=int, default=32,
+                   help="sft: held-out conversations scored at every checkpoint for the step choice")
     p.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"], help="examples (sft) or pairs (dpo) per step")
     p.add_argument("--lr", type=float, default=None, help=f"default: sft {DEFAULTS['lr']:g}, dpo 1e-4")
     p.add_argument("--warmup-steps", type=int, default=None, help="default: sft 10, dpo 4")
@@ -50,7 +59,8 @@ def add_args(p: Any) -> None:
     p.add_argument("--eval-limit", type=int, default=20, help="items per eval dataset")
     p.add_argument("--samples", type=int, default=4, help="sampled user turns per item")
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--max-assistant-tokens", type=int, default=192)
+    p.add_argument("--max-assistant-tokens", type=int, default=PostTrainConfig.max_assistant_tokens,
+                   help="answer cap (tokens); items whose answer reaches it are left out of rates")
     p.add_argument("--max-user-tokens", type=int, default=48)
     common.add_judge(p)
     p.add_argument("--relabel", action="store_true",

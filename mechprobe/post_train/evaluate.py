@@ -26,12 +26,14 @@ import numpy as np
 import torch
 
 from mechprobe.activations.cache import ActivationCache
+from mechprobe.audit.estimate import Estimate
+from mechprobe.audit.rates import audit_truth, difference_columns, rate_columns
 from mechprobe.errors import MissingInput, UsageError
 from mechprobe.io import read_json, read_jsonl, write_json
 from mechprobe.judges.factory import check_judge_spec, default_judge
 from mechprobe.lm.models import check_model_source, load_model, weight_identity
 from mechprobe.post_train import train as pt
-from mechprobe.post_train.train import batch_loss, collate, save_merged
+from mechprobe.post_train.train import save_merged
 from mechprobe.records import truncated_item_ids, truncation_note
 from mechprobe.stages import ensure_stages, probe_config
 from mechprobe.stats import Rate, mcnemar_exact
@@ -54,7 +56,10 @@ class PostTrainConfig:
     data_limit: int | None = None  # first N rows of each source (default: all)
     held_out_fraction: float = 0.1
     max_len: int | None = None  # skip longer examples/pairs (tokens); None: the method's default (SFT 256, DPO 512)
-    steps: int | None = None  # None: the method's default (SFT 180, DPO 40)
+    steps: int | None = None  # None: the method's default (SFT: at most 180, sized by train_minutes; DPO 40)
+    train_minutes: float | None = None  # SFT without --steps: plan the steps to fit this many minutes (default 20)
+    patience: int = 2  # SFT: stop after this many held-out evaluations without a new best
+    curve_examples: int = 32  # SFT: held-out conversations scored at every checkpoint (the curve)
     batch_size: int = pt.TrainConfig.batch_size
     lr: float | None = None  # None: the method's default (SFT 3e-4, DPO 1e-4)
     warmup_steps: int | None = None  # None: the method's default (SFT 10, DPO 4)
@@ -75,7 +80,7 @@ class PostTrainConfig:
     eval_limit: int = 20  # items per eval dataset
     samples: int = 4  # sampled user turns per item
     temperature: float = 1.0
-    max_assistant_tokens: int = 192
+    max_assistant_tokens: int = 1024  # complete answers: a cap cuts answers and drops their items from rates
     max_user_tokens: int = 48
     judge: str | None = None  # offline | hybrid2:MODEL | openai:MODEL | local:MODEL (default: the best-validated judge th…
     relabel: bool = False  # eval runs labelled by another judge: move those labels aside and relabel
@@ -115,6 +120,41 @@ def followup_rates(run: Path, include_truncated: bool = False) -> dict[str, Rate
              and labels[r]["genuine"] is not None and t["item_id"] not in cut]
         out[dec] = Rate(sum(bool(x) for x in g), len(g))
     return out
+
+
+def judge_verdicts(run: Path, decoding: str, include_truncated: bool = False) -> dict[str, int]:
+    """record id -> the judge's verdict (1 genuine, 0 not) for the turns of ``decoding`` that count in a rate."""
+    labels, turns = labels_of(run), turns_of(run)
+    cut = set() if include_truncated else truncated_of(run)
+    return {r: int(bool(labels[r]["genuine"])) for r, t in turns.items() if t["decoding"] == decoding
+            and r in labels and labels[r]["genuine"] is not None and t["item_id"] not in cut}
+
+
+def corrected_rates(run: Path, include_truncated: bool = False) -> dict[str, Any] | None:
+    """Audit-corrected follow-up rate per decoding (PPI++ on the run's audited turns), or None without an audit.
+
+    The audit is ``mechprobe audit RUN``'s sample and its imported labels; see :mod:`mechprobe.audit.rates`."""
+    truth = audit_truth(run)
+    if truth is None:
+        return None
+    out: dict[str, Any] = {"labellers": list(truth.labellers), "n_audited": len(truth)}
+    for dec in ("greedy", "sample"):
+        _, c = rate_columns(judge_verdicts(run, dec, include_truncated), truth)
+        out[dec] = c.to_dict() if c is not None else None
+    return out
+
+
+def corrected_difference(run_a: Path, run_b: Path, decoding: str, include_truncated: bool = False
+                         ) -> dict[str, Any] | None:
+    """Audit-corrected paired difference (b - a) on the record ids both runs judged, or None unless both are audited."""
+    ta, tb = audit_truth(run_a), audit_truth(run_b)
+    if ta is None or tb is None:
+        return None
+    cut = set() if include_truncated else truncated_of(run_a) | truncated_of(run_b)
+    ja = {r: v for r, v in judge_verdicts(run_a, decoding, True).items() if r.split("|")[0] not in cut}
+    jb = {r: v for r, v in judge_verdicts(run_b, decoding, True).items() if r.split("|")[0] not in cut}
+    j, c = difference_columns(ja, jb, ta.truth, tb.truth)
+    return {"judge_only": j.to_dict(), "corrected": c.to_dict() if c is not None else None}
 
 
 def label_distribution(run: Path) -> dict[str, int]:
@@ -238,7 +278,8 @@ def boundary_shift(base_run: Path, other_run: Path, directions: dict[int, np.nda
 
 
 def plot_loss(log: list[dict[str, Any]], out: Path, title: str,
-              ylabel: str = "user-turn cross-entropy (nats/token)") -> Path:
+              ylabel: str = "user-turn cross-entropy (nats/token)", heldout: Sequence[Sequence[float]] = (),
+              chosen: int | None = None) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -252,6 +293,10 @@ def plot_loss(log: list[dict[str, Any]], out: Path, title: str,
     if len(loss) >= 10:
         w = max(5, len(loss) // 20)
         ax.plot(steps[w - 1:], np.convolve(loss, np.ones(w) / w, mode="valid"), lw=2, label=f"mean of {w}")
+    if heldout:
+        ax.plot([h[0] for h in heldout], [h[1] for h in heldout], "o-", color="k", lw=1.5, label="held-out loss")
+    if chosen is not None and heldout:
+        ax.axvline(chosen, color="k", ls=":", lw=1, label=f"chosen step {chosen} (held-out best)")
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
@@ -316,7 +361,8 @@ def arm_summary(runs: dict[str, Path], include_truncated: bool = False) -> dict[
         cut = Rate(len(truncated_of(run)), len(read_jsonl(run / "assistant.jsonl", key="item_id")))
         pooled_cut = Rate(pooled_cut.k + cut.k, pooled_cut.n + cut.n)
         per[ds] = {"run": str(run), "followup": {k: v.to_dict() for k, v in f.items()}, "accuracy": acc.to_dict(),
-                   "labels": lab, "truncated": {"k": cut.k, "n": cut.n, "excluded": not include_truncated}}
+                   "labels": lab, "truncated": {"k": cut.k, "n": cut.n, "excluded": not include_truncated},
+                   "corrected": corrected_rates(run, include_truncated)}
         for k, v in f.items():
             pooled_f[k] = Rate(pooled_f[k].k + v.k, pooled_f[k].n + v.n)
         pooled_acc = Rate(pooled_acc.k + acc.k, pooled_acc.n + acc.n)
@@ -352,6 +398,30 @@ def report_markdown(summary: dict[str, Any], train_info: dict[str, Any], shifts:
             cut_s = truncation_note(cut["k"], cut["n"], not cut["excluded"]) if cut else "n/a"
             lines.append(f"| {arm} | {ds} | {_fmt_rate(r['followup']['greedy'])} | "
                          f"{_fmt_rate(r['followup']['sample'])} | {acc} | {cut_s} |")
+    audited = [(arm, ds, r["corrected"]) for arm, per in summary["arms"].items() for ds, r in per.items()
+               if r.get("corrected")]
+    lines += ["", "## Follow-up rates corrected by the audit (PPI++ on the audited turns)", ""]
+    if not audited:
+        lines.append("No eval run is audited: every rate above is judge only (`mechprobe audit RUN` draws the sample).")
+    else:
+        lines += ["| arm | dataset | greedy, corrected [95% CI] | sampled, corrected [95% CI] | audited turns | "
+                  "labellers |", "|---|---|---|---|---|---|"]
+        for arm, ds, c in audited:
+            cell = {k: (Estimate(**c[k]).cell() + f" (n={c[k]['n_audited']})" if c.get(k) else "n/a")
+                    for k in ("greedy", "sample")}
+            lines.append(f"| {arm} | {ds} | {cell['greedy']} | {cell['sample']} | {c['n_audited']} | "
+                         f"{', '.join(c['labellers'])} |")
+    diffs = [(comp, ds, d) for comp, per in summary.get("corrected_paired", {}).items() for ds, d in per.items()]
+    if diffs:
+        lines += ["", "| comparison | dataset | decoding | difference, judge only [95% CI] | "
+                  "difference, corrected [95% CI] (n items audited in both) |", "|---|---|---|---|---|"]
+        for comp, ds, d in diffs:
+            for dec, v in d.items():
+                if v is None:
+                    continue
+                c = v["corrected"]
+                lines.append(f"| {comp} | {ds} | {dec} | {Estimate(**v['judge_only']).cell()} | "
+                             f"{Estimate(**c).cell() + ' (n=' + str(c['n_audited']) + ')' if c else 'n/a'} |")
     lines += ["", "## Paired tests (McNemar exact, same record ids)", "",
               "| comparison | dataset | decoding | pairs | both | only first | only second | p |",
               "|---|---|---|---|---|---|---|---|"]
@@ -407,26 +477,18 @@ def read_summary(out: Path) -> dict[str, Any]:
 
 # Defaults sized by a measured throughput (docs/post_training.md): SmolLM2-135M, batch 8, 1 thread on the
 # shared 2-core CPU ran 14.7 s/step, so 180 steps (~1440 examples, ~0.75 epoch) take ~44 minutes.
-DEFAULTS = dict(steps=180, batch_size=8, max_len=256, lr=3e-4, lora_r=8, lora_alpha=16, checkpoint_every=25)
+DEFAULTS = dict(steps=180, batch_size=8, max_len=256, lr=3e-4, lora_r=8, lora_alpha=16, checkpoint_every=10,
+                train_minutes=20.0)
 
 
 
 
 def _heldout_loss(pm: Any, examples: Sequence[Any], pad_id: int, adapter: bool) -> float:
     """Mean user-turn cross-entropy on held-out conversations, with the adapter on or off."""
-    import contextlib
-
-
-    tot, n = 0.0, 0
-    ctx = contextlib.nullcontext() if adapter else pm.disable_adapter()
-    pm.eval()
-    with ctx, torch.no_grad():
-        for i in range(0, len(examples), 8):
-            b = collate(examples[i:i + 8], pad_id)
-            loss, k = batch_loss(pm, b)
-            tot += float(loss) * k
-            n += k
-    return tot / max(1, n)
+    if adapter:
+        return pt.heldout_loss(pm, examples, pad_id)
+    with pm.disable_adapter():
+        return pt.heldout_loss(pm, examples, pad_id)
 
 
 STEER_DATASET = "gsm8k"
@@ -566,7 +628,10 @@ def run_post_train(a: PostTrainConfig) -> int:
                          warmup_steps=d.warmup_steps if a.warmup_steps is None else a.warmup_steps,
                          lora_r=a.lora_r, lora_alpha=a.lora_alpha, lora_dropout=a.lora_dropout,
                          target_modules=a.target_modules, seed=a.seed,
-                         checkpoint_every=d.checkpoint_every if a.checkpoint_every is None else a.checkpoint_every)
+                         checkpoint_every=d.checkpoint_every if a.checkpoint_every is None else a.checkpoint_every,
+                         budget_minutes=(a.train_minutes if a.train_minutes is not None
+                                         else None if a.steps is not None else float(DEFAULTS["train_minutes"])),
+                         patience=a.patience)
     cfg.validate()
     validate_args(a)
     if a.eval_only and not (out / pt.ADAPTER_DIR / "adapter_config.json").exists():
@@ -596,12 +661,16 @@ def run_post_train(a: PostTrainConfig) -> int:
     else:
         print(f"training on {len(built.examples)} user turns from {len(train)} conversations "
               f"({len(held)} held out); skipped {built.skipped}")
-        pm, res = pt.train_lora(lm.model, built.examples, cfg, out, pad_id=pad)
+        pm, res = pt.train_lora(lm.model, built.examples, cfg, out, pad_id=pad, heldout=held_ex[:a.curve_examples])
         log = pt.read_train_log(out)
         # From the whole log, not this session: a resumed (or already finished) run still reports the
         # throughput of all its steps.
         secs = sum(r["seconds"] for r in log)
-        info.update({"steps_done": res.steps_done, "resumed_from": res.resumed_from,
+        curve = read_jsonl(out / pt.HELDOUT_LOG, key="step") if (out / pt.HELDOUT_LOG).exists() else []
+        info.update({"steps_done": res.steps_done, "resumed_from": res.resumed_from, "chosen_step": res.chosen_step,
+                     "planned_steps": res.planned_steps, "stopped_early": res.stopped_early,
+                     "plan": read_json(out / pt.PLAN) if (out / pt.PLAN).exists() else None,
+                     "heldout_curve": [[r["step"], r["heldout_loss"]] for r in curve],
                      "seconds": round(secs, 1),
                      "tokens_per_s": round(sum(r["tokens"] for r in log) / secs, 1) if secs else None,
                      "seconds_per_step": round(secs / len(log), 2) if log else None,
@@ -613,7 +682,8 @@ def run_post_train(a: PostTrainConfig) -> int:
                                     "n_examples": len(held_ex)}
         plot_loss(log, out / "figures" / "post_train_loss.png",
                   f"{lm.name}: LoRA r={cfg.lora_r} on {len(built.examples)} human user turns, "
-                  f"{info['tokens_per_s']} tok/s")
+                  f"{info['tokens_per_s']} tok/s; held-out n={min(len(held_ex), a.curve_examples)}",
+                  heldout=info["heldout_curve"], chosen=res.chosen_step)
         write_json(out / "train_summary.json", info)
     merged_dir = out / pt.MERGED_DIR
     if not a.eval_only or not (merged_dir / "config.json").exists():
@@ -687,6 +757,9 @@ def evaluate_arms(a: PostTrainConfig, out: Path, trained: dict[str, str], info: 
             ds: [p.to_dict() for p in paired_arm_test(runs["base"][ds], runs[arm][ds],
                                                       include_truncated=a.include_truncated)]
             for ds in a.eval_datasets}
+        summary.setdefault("corrected_paired", {})[f"base vs {arm}"] = {
+            ds: {dec: corrected_difference(runs["base"][ds], runs[arm][ds], dec, a.include_truncated)
+                 for dec in ("greedy", "sample")} for ds in a.eval_datasets}
         if arm == "baked_steering" and STEER_DATASET in a.eval_datasets:
 
             summary["paired"][f"base vs {arm} (steering held-out items)"] = {STEER_DATASET: [

@@ -235,8 +235,13 @@ class TrainConfig:
     lora_dropout: float = 0.05
     target_modules: str = "all-linear"
     seed: int = 0
-    checkpoint_every: int = 25
+    checkpoint_every: int = 10
     keep_checkpoints: int = 2
+    # Size the run from its own measured step time: after MEASURE_STEPS steps the plan becomes
+    # min(steps, budget / seconds-per-step). None: exactly ``steps``.
+    budget_minutes: float | None = None
+    # Stop after this many held-out evaluations (one per checkpoint) without a new best; 0: never.
+    patience: int = 0
 
     def validate(self) -> None:
         bad = [f"{k} must be >= 1, got {getattr(self, k)}" for k in
@@ -249,6 +254,10 @@ class TrainConfig:
             bad.append(f"lora_alpha must be >= 1, got {self.lora_alpha}")
         if self.warmup_steps < 0:
             bad.append(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.budget_minutes is not None and not (self.budget_minutes > 0 and math.isfinite(self.budget_minutes)):
+            bad.append(f"budget_minutes must be a positive number, got {self.budget_minutes}")
+        if self.patience < 0:
+            bad.append(f"patience must be >= 0, got {self.patience}")
         if self.target_modules != "all-linear" and not all(self.target_modules.split(",")):
             bad.append(f"target_modules must be 'all-linear' or comma-separated module names, got "
                        f"{self.target_modules!r}")
@@ -346,13 +355,68 @@ def lora_model(model: torch.nn.Module, cfg: TrainConfig) -> Any:
     return pm
 
 
-def _schedule(cfg: TrainConfig) -> Callable[[int], float]:
-    def f(step: int) -> float:  # linear warmup, cosine decay to 10%
+def _schedule(cfg: TrainConfig, plan: dict[str, int] | None = None) -> Callable[[int], float]:
+    """Linear warmup, cosine decay to 10% over the planned steps (``plan["steps"]``, read at every call: a budgeted
+    run fixes its plan after its first steps, inside the warmup, where the schedule does not depend on it)."""
+    def f(step: int) -> float:
         if step < cfg.warmup_steps:
             return (step + 1) / cfg.warmup_steps
-        p = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+        total = plan["steps"] if plan else cfg.steps
+        p = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, p)))
     return f
+
+
+MEASURE_STEPS = 3  # a budgeted run times steps 2..MEASURE_STEPS (step 1 pays one-off warm-up costs)
+PLAN = "plan.json"
+HELDOUT_LOG = "heldout_log.jsonl"
+BEST = "best_adapter.pt"
+
+
+def planned_steps(cfg: TrainConfig, seconds: Sequence[float]) -> int:
+    """Steps that fit ``cfg.budget_minutes`` at the mean of ``seconds`` per step, within [MEASURE_STEPS, cfg.steps].
+
+    Example:
+        >>> planned_steps(TrainConfig(steps=180, budget_minutes=30), [27.0, 27.0])
+        66
+    """
+    if cfg.budget_minutes is None or not seconds:
+        return cfg.steps
+    per = float(np.mean(seconds))
+    return int(max(MEASURE_STEPS, min(cfg.steps, math.floor(cfg.budget_minutes * 60 / max(per, 1e-9)))))
+
+
+def should_stop(rows: Sequence[dict[str, Any]], patience: int) -> bool:
+    """True when the last ``patience`` held-out evaluations brought no new best (the curve has turned).
+
+    Example:
+        >>> should_stop([{"step": 0, "heldout_loss": 3.0}, {"step": 10, "heldout_loss": 2.9},
+        ...              {"step": 20, "heldout_loss": 2.95}, {"step": 30, "heldout_loss": 2.91}], patience=2)
+        True
+    """
+    if patience < 1 or len(rows) <= patience:
+        return False
+    best_i = min(range(len(rows)), key=lambda i: (rows[i]["heldout_loss"], rows[i]["step"]))
+    return len(rows) - 1 - best_i >= patience
+
+
+def heldout_loss(pm: Any, examples: Sequence[TrainExample], pad_id: int, batch_size: int = 8) -> float:
+    """Mean user-turn cross-entropy of ``examples`` under ``pm`` as it is (adapter on), without dropout or grads.
+
+    Leaves the model in the mode it found it, and draws no random numbers, so a run that evaluates at its
+    checkpoints trains exactly as one that does not."""
+    was = pm.training
+    pm.eval()
+    dev = next(p for p in pm.parameters()).device
+    tot, n = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(examples), batch_size):
+            b = {k: v.to(dev) for k, v in collate(examples[i:i + batch_size], pad_id).items()}
+            loss, k = batch_loss(pm, b)
+            tot += float(loss) * k
+            n += k
+    pm.train(was)
+    return tot / max(1, n)
 
 
 def _rng_state() -> dict[str, Any]:
@@ -424,6 +488,9 @@ class TrainResult:
     seconds: float
     tokens: int
     losses: list[float] = field(default_factory=list)
+    chosen_step: int | None = None  # the step whose adapter was returned (the held-out best, else the last)
+    planned_steps: int | None = None
+    stopped_early: bool = False
 
     @property
     def tokens_per_s(self) -> float:
@@ -431,13 +498,20 @@ class TrainResult:
 
 
 def train_lora(model: torch.nn.Module, examples: Sequence[TrainExample], cfg: TrainConfig, out: str | Path,
-               pad_id: int, *, progress: bool = True) -> tuple[Any, TrainResult]:
+               pad_id: int, *, progress: bool = True, heldout: Sequence[TrainExample] = ()
+               ) -> tuple[Any, TrainResult]:
     """Train (or resume training) a LoRA adapter on ``examples``; returns the peft model and a summary.
 
     Resumes from ``out/checkpoints`` when one exists and ``out/train_config.json`` matches ``cfg`` (a
     different config is refused rather than mixed). ``out/train_log.jsonl`` gets one row per step
     (loss, lr, target tokens, seconds); rows written after the last checkpoint are dropped on resume
     and redone, so the log never has a step twice.
+
+    With ``heldout`` examples the step count is read off the held-out curve rather than fixed: the held-out
+    user-turn loss is measured before training (step 0) and at every checkpoint (``out/heldout_log.jsonl``), the
+    best adapter so far is kept (``out/best_adapter.pt``), training stops after ``cfg.patience`` evaluations
+    without a new best, and the returned model carries the best step's adapter (``TrainResult.chosen_step``).
+    With ``cfg.budget_minutes`` the planned step count is sized from steps 2..3's measured time (``out/plan.json``).
     """
     cfg.validate()
     if not examples:
@@ -459,7 +533,11 @@ def train_lora(model: torch.nn.Module, examples: Sequence[TrainExample], cfg: Tr
     params = [p for p in pm.parameters() if p.requires_grad]
     dev = params[0].device  # batches are collated on the CPU; the model may be on CUDA (--device cuda)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(cfg))
+    plan = {"steps": cfg.steps}
+    plan_path, ho_path = out / PLAN, out / HELDOUT_LOG
+    if ck is not None and plan_path.exists() and cfg.budget_minutes is not None:
+        plan["steps"] = min(cfg.steps, int(read_json(plan_path)["steps"]))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(cfg, plan))
     step, position, resumed = 0, 0, None
     log_path = out / TRAIN_LOG
     if ck is not None:
@@ -473,17 +551,35 @@ def train_lora(model: torch.nn.Module, examples: Sequence[TrainExample], cfg: Tr
         _set_rng_state(st["rng"])
         step, position, resumed = int(st["step"]), int(st["position"]), int(st["step"])
         _truncate_log(log_path, step)
+        _truncate_log(ho_path, step)
     else:
-        if log_path.exists():
-            log_path.unlink()  # no checkpoint: the run starts over, so must its log
+        for p in (log_path, ho_path, plan_path, out / BEST):
+            if p.exists():
+                p.unlink()  # no checkpoint: the run starts over, so must its logs
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
+    ho_rows = read_jsonl(ho_path, key="step") if ho_path.exists() else []
+
+    def evaluate(at: int) -> None:
+        loss = heldout_loss(pm, heldout, pad_id)
+        best = min((r["heldout_loss"] for r in ho_rows), default=math.inf)
+        ho_rows.append({"step": at, "heldout_loss": round(loss, 6), "n_examples": len(heldout)})
+        with open(ho_path, "a") as f:
+            f.write(json.dumps(ho_rows[-1]) + "\n")
+        if loss < best:  # written before the checkpoint: a kill in between redoes this step, same numbers
+            tmp = out / f".{BEST}.tmp"
+            torch.save({"step": at, "heldout_loss": loss, "adapter": _adapter_state(pm)}, tmp)
+            os.replace(tmp, out / BEST)
+
+    if heldout and not ho_rows:
+        evaluate(step)  # step 0: the adapter starts as a no-op (LoRA B = 0), so this is the base model's loss
     crash_at = int(os.environ.get(CRASH_ENV, "-1"))
     n = len(examples)
     t0, toks, losses = time.time(), 0, []
     bar = tqdm(total=cfg.steps, initial=step, desc="LoRA SFT", unit="step", disable=not progress)
     pm.train()
-    while step < cfg.steps:
+    stopped = bool(heldout) and should_stop(ho_rows, cfg.patience)
+    while step < plan["steps"] and not stopped:
         idx = batch_indices(n, cfg.seed, cfg.batch_size, position)
         batch = {k: v.to(dev) for k, v in collate([examples[i] for i in idx], pad_id).items()}
         ts = time.time()
@@ -506,15 +602,35 @@ def train_lora(model: torch.nn.Module, examples: Sequence[TrainExample], cfg: Tr
                     + "\n")
         bar.update(1)
         bar.set_postfix(loss=f"{loss_v:.3f}")
-        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+        if cfg.budget_minutes is not None and step == MEASURE_STEPS and not plan_path.exists():
+            secs = [r["seconds"] for r in read_jsonl(log_path, key="step") if 2 <= int(r["step"]) <= MEASURE_STEPS]
+            plan["steps"] = planned_steps(cfg, secs)
+            write_json(plan_path, {"steps": plan["steps"], "seconds_per_step": round(float(np.mean(secs)), 3),
+                                   "budget_minutes": cfg.budget_minutes, "max_steps": cfg.steps})
+            bar.total = plan["steps"]
+            print(f"\nplan: {plan['steps']} steps fit {cfg.budget_minutes:g} min at {np.mean(secs):.1f} s/step "
+                  f"(cap {cfg.steps})", flush=True)
+        last = step == plan["steps"]
+        if step % cfg.checkpoint_every == 0 or last:
+            if heldout:
+                evaluate(step)
+                stopped = should_stop(ho_rows, cfg.patience)
             save_checkpoint(out, pm, opt, sched, step, position, cfg.keep_checkpoints)
         if step == crash_at:
             os._exit(17)
     bar.close()
+    chosen = step
+    if heldout and (out / BEST).exists():
+        b = torch.load(out / BEST, weights_only=False)
+        with torch.no_grad():
+            named = dict(pm.named_parameters())
+            for k, v in b["adapter"].items():
+                named[k].copy_(v)
+        chosen = int(b["step"])
     pm.eval()
     pm.save_pretrained(out / ADAPTER_DIR)
     return pm, TrainResult(steps_done=step, resumed_from=resumed, seconds=time.time() - t0, tokens=toks,
-                           losses=losses)
+                           losses=losses, chosen_step=chosen, planned_steps=plan["steps"], stopped_early=stopped)
 
 
 def merge_adapter(pm: Any) -> torch.nn.Module:
