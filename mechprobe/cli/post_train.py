@@ -27,7 +27,7 @@ def add_args(p: Any) -> None:
     p.add_argument("--max-len", type=int, default=None,
                    help=f"skip longer examples / pairs (tokens); default: sft {DEFAULTS['max_len']}, dpo 512")
     p.add_argument("--steps", type=int, default=None,
-                   help=f"default: sft at most {DEFAULTS['steps']} (planned to fit --train-minutes), dpo 40")
+                   help=f"default: sft at most {DEFAULTS['steps']} (planned to fit --train-minutes), dpo 12")
     p.add_argument("--train-minutes", type=float, default=None,
                    help=f"sft: plan the steps from the measured time of steps 2-3 to fit this budget (default "
                         f"{DEFAULTS['train_minutes']:g} when --steps is not given)")
@@ -36,7 +36,8 @@ def add_args(p: Any) -> None:
                         "the best step's adapter is the one merged (0: never stop early)")
     p.add_argument("--curve-examples", type=int, default=32,
                    help="sft: held-out conversations scored at every checkpoint for the step choice")
-    p.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"], help="examples (sft) or pairs (dpo) per step")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help=f"examples (sft, default {DEFAULTS['batch_size']}) or pairs (dpo, default 2) per step")
     p.add_argument("--lr", type=float, default=None, help=f"default: sft {DEFAULTS['lr']:g}, dpo 1e-4")
     p.add_argument("--warmup-steps", type=int, default=None, help="default: sft 10, dpo 4")
     p.add_argument("--lora-r", type=int, default=DEFAULTS["lora_r"])
@@ -45,9 +46,9 @@ def add_args(p: Any) -> None:
     p.add_argument("--target-modules", default="all-linear", help="'all-linear' or comma-separated names")
     common.add_seed(p)
     p.add_argument("--checkpoint-every", type=int, default=None,
-                   help=f"default: sft {DEFAULTS['checkpoint_every']}, dpo 10")
+                   help=f"default: sft {DEFAULTS['checkpoint_every']}, dpo 4")
     p.add_argument("--beta", type=float, default=0.1, help="dpo: how far the policy may move from the base model")
-    p.add_argument("--pair-items", type=int, default=120,
+    p.add_argument("--pair-items", type=int, default=PostTrainConfig.pair_items,
                    help="dpo: GSM8K training items whose sampled turns make the pairs (never an evaluation item)")
     p.add_argument("--pair-samples", type=int, default=8,
                    help="dpo: user turns sampled per training item at --temperature")

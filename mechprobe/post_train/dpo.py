@@ -88,8 +88,8 @@ class DPOTrainConfig:
         mechprobe.errors.UsageError: invalid DPO config: beta must be a positive number, got 0
     """
 
-    steps: int = 40
-    batch_size: int = 8
+    steps: int = 12
+    batch_size: int = 2
     lr: float = 1e-4
     warmup_steps: int = 4
     beta: float = 0.1
@@ -98,7 +98,7 @@ class DPOTrainConfig:
     lora_dropout: float = pt.TrainConfig.lora_dropout
     target_modules: str = pt.TrainConfig.target_modules
     seed: int = 0
-    checkpoint_every: int = 10
+    checkpoint_every: int = 4
     keep_checkpoints: int = 2
     max_grad_norm: float = 1.0
 
@@ -284,7 +284,8 @@ def load_base(model: str, device: str) -> Any:
 def dpo_config(a: PostTrainConfig) -> DPOTrainConfig:
     """The DPO training config of the command: its flags, the DPO defaults where a flag was not given."""
     d = DPOTrainConfig()
-    return DPOTrainConfig(steps=d.steps if a.steps is None else a.steps, batch_size=a.batch_size,
+    return DPOTrainConfig(steps=d.steps if a.steps is None else a.steps,
+                          batch_size=d.batch_size if a.batch_size is None else a.batch_size,
                           lr=d.lr if a.lr is None else a.lr,
                           warmup_steps=d.warmup_steps if a.warmup_steps is None else a.warmup_steps, beta=a.beta,
                           lora_r=a.lora_r, lora_alpha=a.lora_alpha, lora_dropout=a.lora_dropout,

@@ -56,11 +56,11 @@ class PostTrainConfig:
     data_limit: int | None = None  # first N rows of each source (default: all)
     held_out_fraction: float = 0.1
     max_len: int | None = None  # skip longer examples/pairs (tokens); None: the method's default (SFT 256, DPO 512)
-    steps: int | None = None  # None: the method's default (SFT: at most 180, sized by train_minutes; DPO 40)
+    steps: int | None = None  # None: the method's default (SFT: at most 180, sized by train_minutes; DPO 12)
     train_minutes: float | None = None  # SFT without --steps: plan the steps to fit this many minutes (default 20)
     patience: int = 2  # SFT: stop after this many held-out evaluations without a new best
     curve_examples: int = 32  # SFT: held-out conversations scored at every checkpoint (the curve)
-    batch_size: int = pt.TrainConfig.batch_size
+    batch_size: int | None = None  # None: the method's default (SFT 8 examples, DPO 2 pairs)
     lr: float | None = None  # None: the method's default (SFT 3e-4, DPO 1e-4)
     warmup_steps: int | None = None  # None: the method's default (SFT 10, DPO 4)
     lora_r: int = pt.TrainConfig.lora_r
@@ -68,9 +68,9 @@ class PostTrainConfig:
     lora_dropout: float = pt.TrainConfig.lora_dropout
     target_modules: str = pt.TrainConfig.target_modules  # 'all-linear' or comma-separated names
     seed: int = pt.TrainConfig.seed
-    checkpoint_every: int | None = None  # None: the method's default (SFT 25, DPO 10)
+    checkpoint_every: int | None = None  # None: the method's default (SFT 10, DPO 4)
     beta: float = 0.1  # DPO beta
-    pair_items: int = 120  # DPO: GSM8K training items sampled for pairs (never an evaluation item)
+    pair_items: int = 32  # DPO: GSM8K training items sampled for pairs (never an evaluation item)
     pair_samples: int = 8  # DPO: sampled user turns per training item (at --temperature)
     max_pairs: int | None = None  # DPO: use at most this many pairs (default: all)
     device: str = 'cpu'  # training device (CPU fp32 by default)
@@ -602,7 +602,7 @@ def validate_args(a: PostTrainConfig) -> None:
         bad.append(f"--method {a.method!r} unknown; choose from {', '.join(METHODS)}")
     if a.max_pairs is not None and a.max_pairs < 1:
         bad.append(f"--max-pairs must be >= 1, got {a.max_pairs}")
-    for flag in ("max_len", "eval_limit", "samples", "max_assistant_tokens", "max_user_tokens", "pair_items",
+    for flag in ("batch_size", "max_len", "eval_limit", "samples", "max_assistant_tokens", "max_user_tokens", "pair_items",
                  "pair_samples"):
         if getattr(a, flag) is not None and getattr(a, flag) < 1:
             bad.append(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(a, flag)}")
@@ -623,7 +623,8 @@ def run_post_train(a: PostTrainConfig) -> int:
     name = Path(a.model).name.replace(".gguf", "")
     out = Path(a.out) if a.out else Path("runs") / "post_train" / name
     d = pt.TrainConfig()
-    cfg = pt.TrainConfig(steps=d.steps if a.steps is None else a.steps, batch_size=a.batch_size,
+    cfg = pt.TrainConfig(steps=d.steps if a.steps is None else a.steps,
+                         batch_size=d.batch_size if a.batch_size is None else a.batch_size,
                          lr=d.lr if a.lr is None else a.lr,
                          warmup_steps=d.warmup_steps if a.warmup_steps is None else a.warmup_steps,
                          lora_r=a.lora_r, lora_alpha=a.lora_alpha, lora_dropout=a.lora_dropout,
