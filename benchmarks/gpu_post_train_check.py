@@ -46,6 +46,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
+from mechprobe.io import read_jsonl  # noqa: E402
 from mechprobe.lm import chat  # noqa: E402
 from mechprobe.lm.models import load_model, load_tokenizer, tiny_model  # noqa: E402
 from mechprobe.post_train import pairs as pp  # noqa: E402
@@ -127,7 +128,7 @@ def sft_checks(tok, dev: torch.device, work: Path, res: dict, fail: list[str]) -
     with torch.no_grad():
         before = pt.batch_loss(base, full)[0].item()
     clean = work / "sft_clean"
-    pm, r = pt.train_lora(base, exs, cfg, clean, pad_id=pad, progress=False)
+    pm, r = pt.train_lora(base, exs, cfg, clean, pad_id=pad, progress=False, heldout=exs[:4])
     with torch.no_grad():
         after = pt.batch_loss(pm, full)[0].item()
     log = pt.read_train_log(clean)
@@ -149,8 +150,17 @@ def sft_checks(tok, dev: torch.device, work: Path, res: dict, fail: list[str]) -
     # Resume: the step-k checkpoint of the clean run, a fresh model, the same config -> the same steps k+1..N.
     resumed = work / "sft_resumed"
     kill_copy(clean, resumed, clean / pt.CKPT_DIR, f"step_{CKPT:06d}")
-    _, r2 = pt.train_lora(model_for(tok, dev), exs, cfg, resumed, pad_id=pad, progress=False)
+    _, r2 = pt.train_lora(model_for(tok, dev), exs, cfg, resumed, pad_id=pad, progress=False, heldout=exs[:4])
     compare_resume("SFT", resumed, clean, log, r2, res, fail)
+    # The held-out curve (scored at step 0 and every checkpoint) survives the resume: same steps, same losses, and
+    # the same chosen (best) step.
+    ca, cb = (read_jsonl(d / pt.HELDOUT_LOG, key="step") for d in (resumed, clean))
+    d_curve = max((abs(x["heldout_loss"] - y["heldout_loss"]) / max(1e-12, abs(y["heldout_loss"]))
+                   for x, y in zip(ca, cb)), default=float("inf"))
+    res["sft_heldout_curve"] = {"clean": [[x["step"], x["heldout_loss"]] for x in cb], "max_rel_diff": d_curve,
+                                "chosen_clean": r.chosen_step, "chosen_resumed": r2.chosen_step}
+    if [x["step"] for x in ca] != [x["step"] for x in cb] or not d_curve < RTOL or r.chosen_step != r2.chosen_step:
+        fail.append(f"SFT held-out curve differs after resume: {res['sft_heldout_curve']}")
     merge_check("sft", pm, tok, exs[0].input_ids, dev, work, res, fail)
 
 
