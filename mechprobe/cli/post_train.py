@@ -27,7 +27,7 @@ def add_args(p: Any) -> None:
     p.add_argument("--max-len", type=int, default=None,
                    help=f"skip longer examples / pairs (tokens); default: sft {DEFAULTS['max_len']}, dpo 512")
     p.add_argument("--steps", type=int, default=None,
-                   help=f"default: sft at most {DEFAULTS['steps']} (planned to fit --train-minutes), dpo 12")
+                   help=f"default: sft at most {DEFAULTS['steps']} (planned to fit --train-minutes), dpo 8")
     p.add_argument("--train-minutes", type=float, default=None,
                    help=f"sft: plan the steps from the measured time of steps 2-3 to fit this budget (default "
                         f"{DEFAULTS['train_minutes']:g} when --steps is not given)")
@@ -39,7 +39,7 @@ def add_args(p: Any) -> None:
     p.add_argument("--batch-size", type=int, default=None,
                    help=f"examples (sft, default {DEFAULTS['batch_size']}) or pairs (dpo, default 2) per step")
     p.add_argument("--lr", type=float, default=None, help=f"default: sft {DEFAULTS['lr']:g}, dpo 1e-4")
-    p.add_argument("--warmup-steps", type=int, default=None, help="default: sft 10, dpo 4")
+    p.add_argument("--warmup-steps", type=int, default=None, help="default: sft 10, dpo 2")
     p.add_argument("--lora-r", type=int, default=DEFAULTS["lora_r"])
     p.add_argument("--lora-alpha", type=int, default=DEFAULTS["lora_alpha"])
     p.add_argument("--lora-dropout", type=float, default=0.05)

@@ -88,10 +88,10 @@ class DPOTrainConfig:
         mechprobe.errors.UsageError: invalid DPO config: beta must be a positive number, got 0
     """
 
-    steps: int = 12
+    steps: int = 8
     batch_size: int = 2
     lr: float = 1e-4
-    warmup_steps: int = 4
+    warmup_steps: int = 2
     beta: float = 0.1
     lora_r: int = pt.TrainConfig.lora_r
     lora_alpha: int = pt.TrainConfig.lora_alpha

@@ -56,7 +56,7 @@ class PostTrainConfig:
     data_limit: int | None = None  # first N rows of each source (default: all)
     held_out_fraction: float = 0.1
     max_len: int | None = None  # skip longer examples/pairs (tokens); None: the method's default (SFT 256, DPO 512)
-    steps: int | None = None  # None: the method's default (SFT: at most 180, sized by train_minutes; DPO 12)
+    steps: int | None = None  # None: the method's default (SFT: at most 180, sized by train_minutes; DPO 8)
     train_minutes: float | None = None  # SFT without --steps: plan the steps to fit this many minutes (default 20)
     patience: int = 2  # SFT: stop after this many held-out evaluations without a new best
     curve_examples: int = 32  # SFT: held-out conversations scored at every checkpoint (the curve)
