@@ -62,7 +62,7 @@ class PostTrainConfig:
     curve_examples: int = 32  # SFT: held-out conversations scored at every checkpoint (the curve)
     batch_size: int | None = None  # None: the method's default (SFT 8 examples, DPO 2 pairs)
     lr: float | None = None  # None: the method's default (SFT 3e-4, DPO 1e-4)
-    warmup_steps: int | None = None  # None: the method's default (SFT 10, DPO 4)
+    warmup_steps: int | None = None  # None: the method's default (SFT 10, DPO 2)
     lora_r: int = pt.TrainConfig.lora_r
     lora_alpha: int = pt.TrainConfig.lora_alpha
     lora_dropout: float = pt.TrainConfig.lora_dropout
