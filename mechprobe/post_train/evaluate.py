@@ -70,7 +70,7 @@ class PostTrainConfig:
     seed: int = pt.TrainConfig.seed
     checkpoint_every: int | None = None  # None: the method's default (SFT 10, DPO 4)
     beta: float = 0.1  # DPO beta
-    pair_items: int = 24  # DPO: GSM8K training items sampled for pairs (never an evaluation item)
+    pair_items: int = 16  # DPO: GSM8K training items sampled for pairs (never an evaluation item)
     pair_samples: int = 8  # DPO: sampled user turns per training item (at --temperature)
     max_pairs: int | None = None  # DPO: use at most this many pairs (default: all)
     device: str = 'cpu'  # training device (CPU fp32 by default)
