@@ -323,9 +323,20 @@ def plot_eval(summary: dict[str, Any], shifts: dict[str, list[dict[str, Any]]], 
         r = summary["arms"][arm]["all"]["followup"]
         vals = [r[d]["rate"] if r[d]["n"] else 0 for d in decs]
         err = [[v - r[d]["ci"][0] for v, d in zip(vals, decs)], [r[d]["ci"][1] - v for v, d in zip(vals, decs)]]
-        ax.bar(np.arange(len(decs)) + j * width, vals, width, yerr=err, capsize=3, label=arm)
+        ax.bar(np.arange(len(decs)) + j * width, vals, width, yerr=err, capsize=3, label=f"{arm}, judge only")
+        # Audit-corrected rates are per dataset (not pooled): drawn when the arm was evaluated on one dataset.
+        per = [v for k, v in summary["arms"][arm].items() if k != "all"]
+        c = per[0].get("corrected") if len(per) == 1 else None
+        for i, d in enumerate(decs):
+            e = (c or {}).get(d)
+            if e and math.isfinite(e["point"]):
+                lab = "corrected by the audit (model-written labels)"
+                ax.errorbar(i + j * width + width * 0.3, e["point"],
+                            yerr=[[max(0.0, e["point"] - e["lo"])], [max(0.0, e["hi"] - e["point"])]],
+                            fmt="D", color="crimson", ms=5, capsize=4,
+                            label=None if lab in ax.get_legend_handles_labels()[1] else lab)
     ax.set_xticks(np.arange(len(decs)) + width * (len(arms) - 1) / 2, decs)
-    ax.set_ylabel("genuine follow-up rate (95% Wilson CI)")
+    ax.set_ylabel("genuine follow-up rate (95% CI)")
     ax.legend()
     for name, rows in shifts.items():
         if not rows:
