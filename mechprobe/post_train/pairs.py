@@ -270,7 +270,7 @@ def judge_error_on_pairs(pairs: Sequence[Pair], audit: AuditTruth | None) -> dic
         False
     """
     if audit is None:
-        return {"audited": False, "note": "no audit of the pairs run: `mechprobe audit RUN --n 80 --by label`, label "
+        return {"audited": False, "note": "no audit of the pairs run: `mechprobe audit RUN --n 80 --by decoding` (or every turn), label "
                                           "the sheet, `mechprobe audit RUN --labels ...`, then re-run to fill this"}
     t = audit.truth
     chosen = [t[p.chosen_id] for p in pairs if p.chosen_id in t]
