@@ -1,7 +1,7 @@
 """Collaboration-oriented post-training: LoRA SFT on real human follow-up turns, then before/after evaluation.
 
     python experiments/post_train.py --model smollm2-135m-instruct            # LoRA SFT on user turns
-    python experiments/post_train.py --model qwen2.5-coder-0.5b-instruct --steps 300
+    python experiments/post_train.py --model qwen2.5-coder-0.5b-instruct --method dpo   # the DPO preference step
 
 Thin wrapper over :mod:`mechprobe.cli.post_train` (the same code as the ``mechprobe`` command); see its module and README.md.
 """
