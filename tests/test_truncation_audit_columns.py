@@ -162,3 +162,32 @@ def test_post_train_report_carries_corrected_rates_where_an_eval_run_is_audited(
     md_plain = pt_eval.report_markdown({"judge": "offline-test", "arms": {"base": pt_eval.arm_summary(
         {"gsm8k": plain})}, "paired": {}}, {}, {}, [])
     assert "every rate above is judge only" in md_plain
+
+
+def test_dpo_eval_only_refreshes_the_judge_error_on_pairs_from_a_later_audit(tmp_path):
+    """The pairs run is audited after training; ``refresh_pair_error`` (what ``--method dpo --eval-only`` calls)
+    fills the audited error into the summary and the manifest, and leaves them alone without an audit."""
+    from mechprobe.audit.rates import audit_truth
+    from mechprobe.post_train.dpo import refresh_pair_error
+    from mechprobe.post_train.pairs import PAIRS_MANIFEST, Pair, PairSet, write_pairs
+
+    d = tmp_path / "dpo"
+    run = _audited_run(d / "pairs-gsm8k")
+    truth = audit_truth(run).truth
+    ids = [r for r in truth if "#" not in r]
+    yes = [r for r in ids if truth[r] >= 0.5]
+    no = [r for r in ids if truth[r] < 0.5]
+    assert yes and len(no) >= 2
+    pairs = [Pair("i", yes[0], no[0], "new_query", "", "", [1], [2], [3]),   # right order
+             Pair("i", no[1], no[0], "new_query", "", "", [1], [2], [3])]    # chosen is not genuine
+    write_pairs(d, PairSet(pairs, {"pairs_used": 2}), {"judge": "x"})
+    write_json(d / "train_summary.json", {"model": "m"})
+    info: dict = {"model": "m"}
+    refresh_pair_error(d, info)
+    err = info["judge_error_on_pairs"]
+    assert err["audited"] and err["pairs_wrong_order"]["k"] == 1 and err["pairs_wrong_order"]["n"] == 2
+    assert json.loads((d / PAIRS_MANIFEST).read_text())["judge_error_on_pairs"] == err
+    assert json.loads((d / "train_summary.json").read_text())["judge_error_on_pairs"] == err
+    bare: dict = {}
+    refresh_pair_error(tmp_path / "nothing", bare)
+    assert bare == {}

@@ -37,6 +37,8 @@ from mechprobe.post_train import train as pt
 from mechprobe.post_train.evaluate import PostTrainConfig, evaluate_arms, plot_loss, validate_args
 from mechprobe.post_train.pairs import (
     PAIR_DATASET,
+    PAIRS_FILE,
+    PAIRS_MANIFEST,
     RESERVED_ROWS,
     Pair,
     PairError,
@@ -340,6 +342,7 @@ def run_dpo(a: PostTrainConfig) -> int:
         if not (merged_dir / "config.json").exists():
             raise MissingInput(f"--eval-only needs a trained DPO model at {merged_dir}: train first")
         info = read_json(d / "train_summary.json") if (d / "train_summary.json").exists() else {}
+        refresh_pair_error(d, info)
     else:
         info = _train(a, cfg, d)
     if a.no_eval:
@@ -348,6 +351,22 @@ def run_dpo(a: PostTrainConfig) -> int:
     if (out / pt.MERGED_DIR / "config.json").exists():
         trained["post"] = str(out / pt.MERGED_DIR)
     return evaluate_arms(a, out, trained, info, suffix="_dpo", what="DPO")
+
+
+def refresh_pair_error(d: Path, info: dict[str, Any]) -> None:
+    """Recompute the judge's error on the pairs from the pairs run's audit, which usually arrives after training
+    (``--eval-only`` then fills it into the summary, the manifest and the report without retraining)."""
+    pairs_p, run = d / PAIRS_FILE, d / f"pairs-{PAIR_DATASET}"
+    truth = audit_truth(run) if run.exists() else None
+    if truth is None or not pairs_p.exists():
+        return
+    err = judge_error_on_pairs([Pair.from_dict(r) for r in read_jsonl(pairs_p)], truth)
+    info["judge_error_on_pairs"] = err
+    if (d / "train_summary.json").exists():
+        write_json(d / "train_summary.json", info)
+    man = d / PAIRS_MANIFEST
+    if man.exists():
+        write_json(man, {**read_json(man), "judge_error_on_pairs": err})
 
 
 def _train(a: PostTrainConfig, cfg: DPOTrainConfig, d: Path) -> dict[str, Any]:
