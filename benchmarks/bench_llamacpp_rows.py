@@ -1,4 +1,4 @@
-"""llama.cpp engine: decode tokens/s by rows decoded together (issue 12), in one run.
+"""llama.cpp engine: decode tokens/s by rows decoded together, in one run.
 
     python benchmarks/bench_llamacpp_rows.py --model qwen2.5-coder-1.5b-instruct --rows 1 4 9 16 32
 

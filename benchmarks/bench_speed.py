@@ -1,4 +1,4 @@
-"""Generation stages before/after (issue 12): tokens/s per stage, peak memory, per option, in one run.
+"""Generation stages before/after: tokens/s per stage, peak memory, per option, in one run.
 
     nice -n 10 python benchmarks/bench_speed.py --models smollm2-135m-instruct qwen2.5-coder-0.5b-instruct \
         --configs hf-fp32 hf-bf16 llamacpp --items 4 --samples 2

@@ -19,7 +19,7 @@ from mechprobe.activations.cache import cache_run
 from mechprobe.errors import MissingInput, UserError
 from mechprobe.io import read_json, read_jsonl
 from mechprobe.judges.base import JudgeMismatch
-from mechprobe.judges.factory import default_judge, shared_judge_model
+from mechprobe.judges.factory import default_judge, judges_model, shared_judge_model
 from mechprobe.judges.run import judge_run
 from mechprobe.lm.llamacpp import resolve_gguf
 from mechprobe.lm.models import DEFAULT_MODEL, LoadedModel, load_model, native_bf16_dtype
@@ -83,7 +83,15 @@ class Stages:
         return self._timed("probe", lambda: run_probe(self.cfg, self.run_dir, lm=self.model()))
 
     def labels(self, judge: str = "offline", **opts: Any) -> Any:
-        """Judge the run's turns; a model-based judge of the run's own model reuses the loaded weights."""
+        """Judge the run's turns; a model-based judge of the run's own model reuses the loaded weights.
+
+        Why the model may load here: after a llama.cpp (or vLLM) probe stage no HF model is held yet, and a
+        ``hybrid2:`` judge of the run's own model would load one copy of the weights for itself, then the cache
+        stage a second. When the cache is still to be built, the stage model is loaded first and lent to the
+        judge, so the process holds one copy (the judge's dtype permitting: :func:`shared_judge_model`)."""
+        if (self.lm is None and isinstance(judge, str) and judges_model(judge) == str(self.cfg.model)
+                and not cache_complete(self.run_dir)):
+            self.model()
         shared = shared_judge_model(judge, self.lm) if isinstance(judge, str) else None
         if shared is not None:
             opts.setdefault("loaded", shared)

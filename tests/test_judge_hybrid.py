@@ -15,6 +15,7 @@ from mechprobe.lm import chat
 from mechprobe.lm.choice import ChoiceScorer
 from mechprobe.records import LabelRecord
 from mechprobe.taxonomy import GENUINE, LABELS
+from mechprobe.turns.pipeline import ProbeConfig
 from tests.conftest import REPO, requires_smollm2
 
 FIXTURE = REPO / "tests" / "fixtures" / "hand_labels.jsonl"
@@ -290,3 +291,31 @@ def test_a_judge_of_the_run_model_shares_its_weights(smol, monkeypatch):
     j = make_judge("hybrid2:smollm2-135m-instruct", loaded=factory.shared_judge_model("hybrid2:smollm2-135m-instruct",
                                                                                       smol), cache_dir=False)
     assert j.lm is smol and j.store.model is smol.model
+
+
+@requires_smollm2
+def test_after_a_llamacpp_probe_the_judge_and_cache_share_one_load(smol, monkeypatch, tmp_path):
+    """A llama.cpp probe stage holds no HF model; the judge stage of the run's own model then loads the stage model
+    once and lends it to the judge, so the cache stage after it finds it loaded (one copy, not two). With the cache
+    already built nothing is loaded for the judge's sake; another judge model never triggers the load."""
+    from mechprobe import stages as stages_mod
+    from mechprobe.judges import factory
+
+    monkeypatch.setattr(factory, "judge_dtype", lambda device: torch.float32)  # smol is fp32
+    loads, lent = [], []
+    monkeypatch.setattr(stages_mod, "load_model", lambda *a, **k: loads.append(a) or smol)
+    monkeypatch.setattr(stages_mod, "judge_run", lambda run, judge, **opts: lent.append(opts.get("loaded")))
+    cfg = ProbeConfig(model="smollm2-135m-instruct", engine="llamacpp")
+    st = stages_mod.Stages(tmp_path, cfg)
+    st.labels("hybrid2:smollm2-135m-instruct")
+    assert lent == [smol] and len(loads) == 1 and st.model() is smol and len(loads) == 1
+
+    other = stages_mod.Stages(tmp_path, cfg)
+    other.labels("hybrid2:qwen2.5-coder-1.5b-instruct")
+    other.labels("offline")
+    assert lent[1:] == [None, None] and len(loads) == 1 and other.lm is None
+
+    monkeypatch.setattr(stages_mod, "cache_complete", lambda run: True)
+    done = stages_mod.Stages(tmp_path, cfg)
+    done.labels("hybrid2:smollm2-135m-instruct")
+    assert lent[3] is None and len(loads) == 1

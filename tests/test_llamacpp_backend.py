@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+import torch
 
 from mechprobe.errors import UserError
 from mechprobe.lm import chat
@@ -127,17 +128,32 @@ def test_sampled_rows_are_reproducible_from_their_seed_alone(smol, lc, probe_pro
 
 @pytest.mark.slow
 def test_greedy_agrees_with_hf_greedy_on_the_first_tokens(smol, lc, probe_prompts):
-    """Not bit-exact (Q4 x Q8 dot products vs fp32): the first N greedy tokens must agree; N stated below."""
+    """Not bit-exact (Q4 x Q8 dot products vs fp32): the first N greedy tokens agree except at HF near-ties.
+
+    Measured: on an Intel Xeon the common prefix was 12..32 tokens (of 32) on these 8 prompts; on a 2-core AMD
+    EPYC (AVX2, other ggml kernels) two assistant prompts flipped at tokens 1 and 5, where HF's top two logits
+    were 0.03 and 0.12 apart. So a token may differ only where HF's own top-two margin is under 0.25 (about the
+    logit error of 8-bit activations here); a prompt fed wrong or an id mismatch differs at a clear argmax.
+    """
     _, eng = lc
     tok = smol.tokenizer
     stops = chat.stop_token_ids(tok, smol.model)
     prompts = probe_prompts + [chat.build_assistant_prompt(tok, q) for q, _ in CONVS]
-    # Measured: the common greedy prefix with HF was 12..32 tokens (of 32) on these 8 prompts; later tokens
-    # may flip where two logits nearly tie. 8 leaves margin and still fails on any prompt or id mismatch.
     n = 8
     ours = eng.decode_batch(prompts, stop_ids=stops, max_new_tokens=n, temperatures=0.0, pad_id=0)
     hf = generate(smol.model, prompts, stop_ids=stops, max_new_tokens=n, pad_id=tok.pad_token_id)
-    assert [g.token_ids for g in ours] == [g.token_ids for g in hf]
+    same = 0
+    for p, a, b in zip(prompts, ours, hf):
+        a, b = a.token_ids, b.token_ids
+        if a == b:
+            same += 1
+            continue
+        k = next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), min(len(a), len(b)))
+        assert k < min(len(a), len(b)), (a, b)  # one stopped early without a differing token: not a near-tie
+        with torch.inference_mode():
+            top = torch.topk(smol.model(torch.tensor([list(p) + b[:k]])).logits[0, -1].float(), 2).values
+        assert float(top[0] - top[1]) < 0.25, (k, a, b, float(top[0] - top[1]))
+    assert same >= len(prompts) // 2
 
 
 @pytest.mark.slow
@@ -219,8 +235,41 @@ def test_groups_split_by_rows(smol, lc, probe_prompts):
 
 
 @pytest.mark.slow
+def test_continuous_batching_gives_the_grouped_schedulers_tokens(smol, lc, probe_prompts):
+    """Refilling a finished row's sequence with the next pending rows (the default) changes what decodes beside
+    a row, never its tokens: same ids and stop reasons as fixed groups, with max_rows small enough that rows are
+    admitted mid-run and the rows of one prompt wait for enough free sequences."""
+    from mechprobe.lm.llamacpp import LlamaCppEngine
+
+    _, eng = lc
+    stops = chat.stop_token_ids(smol.tokenizer, smol.model)
+    rows = [probe_prompts[0]] * 3 + [probe_prompts[1], probe_prompts[2], probe_prompts[2], probe_prompts[3]]
+    kw = dict(stop_ids=stops, max_new_tokens=20, pad_id=0, temperatures=[0.0, 1.0, 1.0, 0.0, 0.0, 1.3, 0.0],
+              seeds=[None, 21, 22, None, None, 23, None])
+    grouped, stream = LlamaCppEngine(eng.llm, max_rows=3), LlamaCppEngine(eng.llm, max_rows=3)
+    whole = LlamaCppEngine(eng.llm, max_rows=3, cache_mb=None)  # no saved states: a prompt's rows enter together
+    grouped.stream = False
+    try:
+        want = grouped.decode_batch(rows, **kw)
+        for e in (stream, whole):
+            got = e.decode_batch(rows, **kw)
+            assert [(g.token_ids, g.stop_reason) for g in got] == [(g.token_ids, g.stop_reason) for g in want]
+        assert [stream.fed[i] for i in range(len(rows))] == rows
+        # again on the same engine: the prompts whose cells the last call left are reused, not prefilled again
+        before = stream.multi().n_prefills
+        again = stream.decode_batch(rows[-1:], **{**kw, "temperatures": [0.0], "seeds": [None]})
+        assert again[0].token_ids == want[-1].token_ids and stream.multi().n_prefills == before
+    finally:
+        for e in (grouped, stream, whole):
+            e.close()
+
+
+@pytest.mark.slow
 def test_steering_with_a_zero_vector_is_no_steering_token_for_token(smol, lc, probe_prompts):
-    """repeng's invariant on the llama.cpp control-vector path, for every positions mode."""
+    """repeng's invariant on the llama.cpp control-vector path, for every positions mode.
+
+    A zero vector takes the unsteered path (exact by construction). It did not hold through the steered path on a
+    2-core AMD EPYC: decoding the last prompt token apart (boundary modes) changed a sampled row there."""
     import numpy as np
 
     _, eng = lc

@@ -92,6 +92,17 @@ def default_judge(model: str | None = None, labelled_by: str | None = None) -> s
     return best_judge()
 
 
+def judges_model(spec: str | None) -> str | None:
+    """The model a model-based judge spec loads (``hybrid2:M`` -> ``M``), else None (offline, openai, auto).
+
+    Example:
+        >>> judges_model("hybrid2:qwen2.5-coder-1.5b-instruct"), judges_model("offline")
+        ('qwen2.5-coder-1.5b-instruct', None)
+    """
+    kind, sep, model = (spec or "").partition(":")
+    return model if sep and kind in ("local", "hybrid", "hybrid2", "trained") and model else None
+
+
 def shared_judge_model(spec: str | None, lm: Any) -> Any:
     """``lm`` when the judge ``spec`` would load exactly that model (same weights, the judge's default dtype on that
     device), else None: pass it as ``loaded=`` so a process holds one copy of the weights per dtype.
@@ -111,8 +122,8 @@ def shared_judge_model(spec: str | None, lm: Any) -> Any:
     """
     if lm is None or not spec or spec == "auto":
         return None
-    kind, sep, model = spec.partition(":")
-    if kind not in ("local", "hybrid", "hybrid2", "trained") or not sep:
+    model = judges_model(spec)
+    if model is None:
         return None
     same_model = model == lm.name or (Path(model).expanduser().resolve() == Path(str(lm.name)).expanduser().resolve()
                                       if Path(model).exists() else False)
