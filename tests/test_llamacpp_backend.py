@@ -235,36 +235,6 @@ def test_groups_split_by_rows(smol, lc, probe_prompts):
 
 
 @pytest.mark.slow
-def test_continuous_batching_gives_the_grouped_schedulers_tokens(smol, lc, probe_prompts):
-    """Refilling a finished row's sequence with the next pending rows (the default) changes what decodes beside
-    a row, never its tokens: same ids and stop reasons as fixed groups, with max_rows small enough that rows are
-    admitted mid-run and the rows of one prompt wait for enough free sequences."""
-    from mechprobe.lm.llamacpp import LlamaCppEngine
-
-    _, eng = lc
-    stops = chat.stop_token_ids(smol.tokenizer, smol.model)
-    rows = [probe_prompts[0]] * 3 + [probe_prompts[1], probe_prompts[2], probe_prompts[2], probe_prompts[3]]
-    kw = dict(stop_ids=stops, max_new_tokens=20, pad_id=0, temperatures=[0.0, 1.0, 1.0, 0.0, 0.0, 1.3, 0.0],
-              seeds=[None, 21, 22, None, None, 23, None])
-    grouped, stream = LlamaCppEngine(eng.llm, max_rows=3), LlamaCppEngine(eng.llm, max_rows=3)
-    whole = LlamaCppEngine(eng.llm, max_rows=3, cache_mb=None)  # no saved states: a prompt's rows enter together
-    grouped.stream = False
-    try:
-        want = grouped.decode_batch(rows, **kw)
-        for e in (stream, whole):
-            got = e.decode_batch(rows, **kw)
-            assert [(g.token_ids, g.stop_reason) for g in got] == [(g.token_ids, g.stop_reason) for g in want]
-        assert [stream.fed[i] for i in range(len(rows))] == rows
-        # again on the same engine: the prompts whose cells the last call left are reused, not prefilled again
-        before = stream.multi().n_prefills
-        again = stream.decode_batch(rows[-1:], **{**kw, "temperatures": [0.0], "seeds": [None]})
-        assert again[0].token_ids == want[-1].token_ids and stream.multi().n_prefills == before
-    finally:
-        for e in (grouped, stream, whole):
-            e.close()
-
-
-@pytest.mark.slow
 def test_steering_with_a_zero_vector_is_no_steering_token_for_token(smol, lc, probe_prompts):
     """repeng's invariant on the llama.cpp control-vector path, for every positions mode.
 

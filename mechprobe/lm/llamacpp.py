@@ -238,9 +238,6 @@ class LlamaCppEngine:
         self.fed: list[list[int]] = []  # the token ids put into each sequence by the last call (tests read it)
         self.margins: list[list[float]] = []
         self.record_margins = False
-        # Unsteered calls refill a finished row's sequence with the next pending row (continuous batching);
-        # False: fixed groups of max_rows that run until their longest row ends (the earlier scheduler).
-        self.stream = True
 
     def multi(self, need: int = 512) -> _MultiSeq:
         """The multi-row context, rebuilt larger when a row needs more than ``need`` KV cells."""
@@ -516,8 +513,6 @@ def generate_llamacpp(
     out: list[Generation | None] = [None] * n
     engine.fed = [[] for _ in range(n)]
     engine.margins = [[] for _ in range(n)]
-    if steer is None and engine.stream and n:
-        return _decode_stream(engine, rows, temps, seeds, stop_ids, max_new_tokens, top_p)
     groups = [list(range(i, min(i + engine.max_rows, n))) for i in range(0, n, engine.max_rows)]
     for g in groups:
         for i, gen in zip(g, _decode_group(engine, [rows[i] for i in g], [temps[i] for i in g],
@@ -572,111 +567,6 @@ def _decode_group(engine: LlamaCppEngine, prompts: list[list[int]], temps: list[
     ms.prompts = {sq: (key, lg) for key, (sq, lg) in home.items()}
     logits = [home[key][1] for key in keys]
     return _decode_loop(engine, ms, prompts, seq, logits, temps, seeds, stop_ids, max_new, top_p, index)
-
-
-def _chunks(prompts: list[list[int]], max_rows: int) -> list[list[int]]:
-    """Row indices in order, cut where the prompt changes and at ``max_rows``: each chunk is admitted at once,
-    its prompt prefilled (or restored) once and its cells copied to the chunk's other rows."""
-    out: list[list[int]] = []
-    for i, p in enumerate(prompts):
-        if out and len(out[-1]) < max_rows and prompts[out[-1][0]] == p:
-            out[-1].append(i)
-        else:
-            out.append([i])
-    return out
-
-
-def _decode_stream(engine: LlamaCppEngine, prompts: list[list[int]], temps: list[float], seeds: list[int | None],
-                   stop_ids: dict[int, str], max_new: int, top_p: float) -> list[Generation]:
-    """Continuous batching: every decode step runs every live row, and a row that stops frees its sequence for
-    the next pending rows at once, instead of the group waiting for its longest row.
-
-    Why: answers capped at 512 tokens end anywhere from 50 to 512 tokens; in a fixed group of 32 the last
-    few rows decode alone for hundreds of steps at a single row's rate. Rows of one prompt are admitted
-    together (one prefill, or a prompt-state cache restore, then full-stream copies; llama.cpp copies
-    across KV streams only whole), as soon as that many sequences are free. A row's tokens depend on its
-    prompt and seed only, as in the fixed groups: each row keeps its own KV stream, so what else runs
-    beside it does not change its logits (see :class:`_MultiSeq`; tested against the grouped scheduler).
-    """
-    n = len(prompts)
-    ms = engine.multi(max(len(p) for p in prompts) + max_new)
-    rngs = [np.random.default_rng(int(s)) if t > 0 else None for t, s in zip(temps, seeds)]
-    toks: list[list[int]] = [[] for _ in range(n)]
-    reasons = ["max_tokens"] * n
-    logits: list[np.ndarray | None] = [None] * n
-    seq_of: dict[int, int] = {}
-    free = list(range(ms.max_rows))
-    # free seq -> (prompt, logits after it) whose cells it still holds (+ generated tokens, trimmed on reuse);
-    # starts with what the previous call left, so consecutive calls on the same prompt skip its prefill
-    held: dict[int, tuple[tuple[int, ...], np.ndarray]] = dict(getattr(ms, "prompts", {}))
-    home_logits: dict[tuple[int, ...], np.ndarray] = {}
-    pending = _chunks(prompts, ms.max_rows)
-    active: list[int] = []
-    record = engine.record_margins
-
-    def admit(chunk: list[int]) -> None:
-        key = tuple(prompts[chunk[0]])
-        home = next((sq for sq in free if sq in held and held[sq][0] == key), None)
-        if home is not None:  # a finished row of this prompt left its cells: trim its generated tokens
-            ms.L.llama_memory_seq_rm(ms.mem, home, len(key), -1)
-            lg = held[home][1]
-        else:
-            home = next((sq for sq in free if sq not in held), free[0])
-            ms.L.llama_memory_seq_rm(ms.mem, home, -1, -1)
-            lg = ms.prefill(prompts[chunk[0]], home)
-        free.remove(home)
-        held.pop(home, None)
-        seqs = [home]
-        for _ in chunk[1:]:
-            dst = next((sq for sq in free if sq not in held), free[0])
-            free.remove(dst)
-            held.pop(dst, None)
-            ms.L.llama_memory_seq_rm(ms.mem, dst, -1, -1)
-            ms.copy_seq(home, dst)
-            seqs.append(dst)
-        for r, sq in zip(chunk, seqs):
-            seq_of[r], logits[r] = sq, lg.copy()
-            engine.fed[r] = prompts[r]
-            active.append(r)
-        home_logits[key] = lg
-
-    while active or pending:
-        while pending and len(pending[0]) <= len(free):
-            admit(pending.pop(0))
-        if pending and free and ms.cache is not None:
-            # part of the next prompt's rows fits now; the rest restore its saved state later (a memcpy, not a
-            # second prefill), so no sequence idles while the prompt waits for enough free ones
-            k = len(free)
-            admit(pending[0][:k])
-            pending[0] = pending[0][k:]
-        step: list[tuple[int, int, int, bool]] = []
-        going: list[int] = []
-        for r in active:
-            lg = logits[r]
-            assert lg is not None
-            if record:
-                top2 = np.partition(lg, -2)[-2:]
-                engine.margins[r].append(float(top2[1] - top2[0]))
-            tid = _pick(lg, temps[r], top_p, rngs[r])
-            toks[r].append(tid)
-            if tid in stop_ids:
-                reasons[r] = stop_ids[tid]
-            if tid in stop_ids or len(toks[r]) >= max_new:
-                sq = seq_of.pop(r)
-                key = tuple(prompts[r])
-                free.append(sq)
-                held[sq] = (key, home_logits[key])
-                logits[r] = None
-            else:
-                step.append((tid, len(prompts[r]) + len(toks[r]) - 1, seq_of[r], True))
-                going.append(r)
-        active = going
-        if step:
-            ms._decode(step)
-            for i, r in enumerate(active):
-                logits[r] = ms.logits(i)
-    ms.prompts = {sq: v for sq, v in held.items()}
-    return [Generation(token_ids=t, stop_reason=why) for t, why in zip(toks, reasons)]
 
 
 def _decode_group_steered(engine: LlamaCppEngine, ms: _MultiSeq, prompts: list[list[int]], temps: list[float],
