@@ -137,7 +137,8 @@ def run_linear_probe(a: LinearProbeConfig) -> int:
         print(f"new runs of {a.model} (not the embedded default) use the finding settings: "
               f"{preset['samples']} samples at T=1, caps {preset['max_assistant_tokens']}/{preset['max_user_tokens']} "
               f"tokens, engine {preset['engine']}{', ' + preset['dtype'] if preset.get('dtype') else ''}, items "
-              f"{' + '.join(str(p['limit']) for p in presets)}; existing runs keep their own, options override")
+              f"{' + '.join(str(p['limit'] if a.limit is None else a.limit) for p in presets)}; existing runs keep their "
+              "own, options override")
     new = bool(a.new) or a.run is None
     resolved = [resolve_run(a.run, a.model, ds, preset=pr, new=new, **over)
                 for ds, pr in zip(datasets or [a.dataset], presets, strict=True)]
