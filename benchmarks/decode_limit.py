@@ -27,14 +27,17 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from mechprobe.lm import chat
-from mechprobe.lm.generation import generate
-from mechprobe.lm.models import cpu_has_native_bf16, cpu_threads, load_model
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+
+from mechprobe.lm import chat  # noqa: E402
+from mechprobe.lm.generation import generate  # noqa: E402
+from mechprobe.lm.models import cpu_has_native_bf16, cpu_threads, load_model  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results"
 

@@ -90,3 +90,37 @@ def test_decode_limit_reports_a_fraction_of_its_limit(tmp_path):
     for x in res["rows"]:
         assert x["tok_s"] > 0 and x["limit_tok_s"] > 0 and x["fraction"] == pytest.approx(x["tok_s"] / x["limit_tok_s"],
                                                                                         rel=0.01)
+
+
+def test_stage_floor_counts_the_forwards_each_stage_needs(tmp_path):
+    """Two items of 100-token probe prompts: the judge runs a prefix once per item with a scored turn, two passes
+    per scored turn and one more per voiced turn; the cache one prompt per item; floors at the given peaks."""
+    run = tmp_path / "run"
+    (run / "activations").mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"timing": {"assistant_seconds": 10.0, "user_seconds": 20.0}}))
+    (run / "labels_manifest.json").write_text(json.dumps({"timing": {"seconds": 30.0}}))
+    (run / "activations" / "manifest.json").write_text(json.dumps({"timing": {"forward_seconds": 5.0}}))
+    (run / "assistant.jsonl").write_text("".join(json.dumps({"item_id": i, "n_tokens": 60}) + "\n" for i in "ab"))
+    turns = [{"record_id": f"{i}{k}", "item_id": i, "prompt_ids": [1] * 100, "generated_ids": [2] * 10}
+             for i in "ab" for k in range(3)]
+    (run / "user_turns.jsonl").write_text("".join(json.dumps(t) + "\n" for t in turns))
+    probs = {"a0": {"genuine_followup": 0.9, "pmi": 0.5, "voice": 0.3}, "a1": {"genuine_followup": 0.1, "pmi": -0.2}}
+    (run / "labels.jsonl").write_text("".join(json.dumps({"record_id": t["record_id"], "label": "x",
+                                                          "probs": probs.get(t["record_id"], {})}) + "\n"
+                                              for t in turns))
+    gen, hf = tmp_path / "gen.json", tmp_path / "hf.json"
+    gen.write_text(json.dumps({"prefill_tok_s_512": 10.0}))
+    hf.write_text(json.dumps({"matmul_gflop_s": 2.0, "params": 100_000_000, "cpu": "test CPU"}))  # 10 tok/s
+    out = tmp_path / "floor.json"
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "stage_floor.py"), str(run), "--items", "20",
+                        "--limit", str(gen), "--hf-limit", str(hf), "--out", str(out)], capture_output=True, text=True,
+                       timeout=120, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    st = {x["stage"]: x for x in res["stages"]}
+    assert st["answers"]["token_forwards"] == 200  # (100 - 60) prompt + 60 answer tokens, per item
+    assert st["user turns"]["token_forwards"] == 200 + 60
+    assert st["judge"]["token_forwards"] == 100 + 2 * 10 * 2 + 10  # item a only: prefix, 2 scored, 1 voiced
+    assert st["boundary cache"]["token_forwards"] == 200
+    assert st["judge"]["floor_seconds"] == pytest.approx(15.0) and st["judge"]["projected_minutes"] == pytest.approx(5.0)
+    assert res["scored_turns"] == 2 and res["voiced_turns"] == 1 and res["cpu"] == "test CPU"
