@@ -86,9 +86,9 @@ class Stages:
         """Judge the run's turns; a model-based judge of the run's own model reuses the loaded weights.
 
         Why the model may load here: after a llama.cpp (or vLLM) probe stage no HF model is held yet, and a
-        ``hybrid2:`` judge of the run's own model would load one copy of the weights for itself, then the cache
-        stage a second. When the cache is still to be built, the stage model is loaded first and lent to the
-        judge, so the process holds one copy (the judge's dtype permitting: :func:`shared_judge_model`)."""
+        ``hybrid2:`` judge of the run's own model would load the weights for itself, and the cache stage load
+        them again after it. When the cache is still to be built, the stage model is loaded first and lent to the
+        judge, so they load once (the judge's dtype permitting: :func:`shared_judge_model`)."""
         if (self.lm is None and isinstance(judge, str) and judges_model(judge) == str(self.cfg.model)
                 and not cache_complete(self.run_dir)):
             self.model()

@@ -130,7 +130,7 @@ def test_sampled_rows_are_reproducible_from_their_seed_alone(smol, lc, probe_pro
 def test_greedy_agrees_with_hf_greedy_on_the_first_tokens(smol, lc, probe_prompts):
     """Not bit-exact (Q4 x Q8 dot products vs fp32): the first N greedy tokens agree except at HF near-ties.
 
-    Measured: on an Intel Xeon the common prefix was 12..32 tokens (of 32) on these 8 prompts; on a 2-core AMD
+    Measured: where this test was written the common prefix was 12..32 tokens (of 32) on these 8 prompts; on a 2-core AMD
     EPYC (AVX2, other ggml kernels) two assistant prompts flipped at tokens 1 and 5, where HF's top two logits
     were 0.03 and 0.12 apart. So a token may differ only where HF's own top-two margin is under 0.25 (about the
     logit error of 8-bit activations here); a prompt fed wrong or an id mismatch differs at a clear argmax.

@@ -511,10 +511,10 @@ def generate_llamacpp(
         if len(p) + max_new_tokens > engine.n_ctx:
             raise UserError(f"prompt ({len(p)} tokens) + max new tokens ({max_new_tokens}) exceed the llama.cpp "
                             f"context of {engine.n_ctx}: load the engine with a larger n_ctx or lower the token caps")
+    groups = [list(range(i, min(i + engine.max_rows, n))) for i in range(0, n, engine.max_rows)]
     out: list[Generation | None] = [None] * n
     engine.fed = [[] for _ in range(n)]
     engine.margins = [[] for _ in range(n)]
-    groups = [list(range(i, min(i + engine.max_rows, n))) for i in range(0, n, engine.max_rows)]
     for g in groups:
         for i, gen in zip(g, _decode_group(engine, [rows[i] for i in g], [temps[i] for i in g],
                                            [seeds[i] for i in g], stop_ids, max_new_tokens, top_p, g, steer)):
