@@ -7,7 +7,8 @@
 Reads the stage seconds the run's manifests recorded (answers, user turns, judge, boundary cache) and counts
 the token forwards each stage cannot avoid: the answers' and the probe prompts' prefill, every generated token,
 the judge's conversation prefix (once per item with a model-scored turn) plus its passes over each scored turn
-(user slot, null slot; assistant slot for the voice check), and the cache's one forward per item. The floor is
+(user slot, null slot; assistant slot for the voice check), and the cache's one forward per item (the tokens it
+recorded running, ``forward_tokens``, where it read the judge's kept conversations instead). The floor is
 those tokens at the compute bound ``benchmarks/decode_limit.py`` measured on the same CPU (llama.cpp's prefill
 rate for the generation stages, the HF peak for the judge and the cache). Prints a markdown table and writes
 ``results/stage_floor_<run>.json``; per-item figures scale to ``--items`` as a projection, never a timing.
@@ -37,7 +38,8 @@ def main() -> None:
     run = Path(a.run)
     man = read_json(run / "manifest.json")["timing"]
     judge_s = read_json(run / "labels_manifest.json")["timing"]["seconds"]
-    cache_s = read_json(run / "activations" / "manifest.json")["timing"]["forward_seconds"]
+    cache_timing = read_json(run / "activations" / "manifest.json")["timing"]
+    cache_s = cache_timing["forward_seconds"]
     answers = read_jsonl(run / "assistant.jsonl")
     turns = read_jsonl(run / "user_turns.jsonl")
     labels = {r["record_id"]: r for r in read_jsonl(run / "labels.jsonl")}
@@ -54,7 +56,8 @@ def main() -> None:
     voiced = [t for t in turns if "voice" in (labels.get(t["record_id"], {}).get("probs") or {})]
     judge_tokens = (sum(prompt[i] for i in {t["item_id"] for t in scored})
                     + sum(2 * len(t["generated_ids"]) for t in scored) + sum(len(t["generated_ids"]) for t in voiced))
-    cache_tokens = sum(prompt.values())
+    # the tokens the cache stage recorded running (fewer where it read the judge's kept conversations), else all
+    cache_tokens = cache_timing.get("forward_tokens", sum(prompt.values()))
     stages = [
         ("answers", man["assistant_seconds"], ans_prompt + ans_tokens, gen_peak),
         ("user turns", man["user_seconds"], sum(prompt.values()) + turn_tokens, gen_peak),

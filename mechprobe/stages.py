@@ -10,6 +10,7 @@ stage needs it.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -19,8 +20,10 @@ from mechprobe.activations.cache import cache_run
 from mechprobe.errors import MissingInput, UserError
 from mechprobe.io import read_json, read_jsonl
 from mechprobe.judges.base import JudgeMismatch
-from mechprobe.judges.factory import default_judge, judges_model, shared_judge_model
+from mechprobe.judges.factory import default_judge, judges_model, make_judge, shared_judge_model
+from mechprobe.judges.hybrid import HybridJudge
 from mechprobe.judges.run import judge_run
+from mechprobe.lm.choice import ChoiceScorer, kv_bytes_per_token
 from mechprobe.lm.llamacpp import resolve_gguf
 from mechprobe.lm.models import DEFAULT_MODEL, LoadedModel, load_model, native_bf16_dtype
 from mechprobe.splits import STEERING_SPLIT
@@ -51,6 +54,22 @@ MAIN_JOB = dict(limit=60, temperatures=[0.0, 1.0], samples=4, max_assistant_toke
                 batch_size=16)
 
 
+# judge_run's own keywords; the others given to Stages.labels build the judge (make_judge)
+JUDGE_RUN_OPTS = frozenset({"labels_file", "retry_errors", "limit", "progress", "include_truncated"})
+
+
+def pool_bytes_for(run: Path, model: Any, share: float = 0.25) -> int:
+    """Bytes of KV that keep every distinct conversation prompt of ``run`` (its user turns' ``prompt_ids``), capped
+    at ``share`` of the memory free now: what a judge's pool needs so the cache stage finds each one again."""
+    seen = {tuple(r["prompt_ids"]) for r in read_jsonl(run / USER_TURNS, key="record_id")}
+    need = sum(len(p) for p in seen) * kv_bytes_per_token(model)
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not on this OS: stay within the default pool
+        return 0
+    return int(min(need, share * free))
+
+
 @dataclass
 class Stages:
     """The run directory and a lazily loaded model shared by the stages."""
@@ -59,6 +78,7 @@ class Stages:
     cfg: ProbeConfig
     lm: LoadedModel | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    prefixes: ChoiceScorer | None = None  # the judge's kept conversations, read by the cache stage
 
     def model(self) -> LoadedModel:
         if self.lm is None:
@@ -88,19 +108,34 @@ class Stages:
         Why the model may load here: after a llama.cpp (or vLLM) probe stage no HF model is held yet, and a
         ``hybrid2:`` judge of the run's own model would load the weights for itself, and the cache stage load
         them again after it. When the cache is still to be built, the stage model is loaded first and lent to the
-        judge, so they load once (the judge's dtype permitting: :func:`shared_judge_model`)."""
+        judge, so they load once (the judge's dtype permitting: :func:`shared_judge_model`). The judge then also
+        keeps every conversation it prefilled (its KV pool, sized here for the run within a quarter of the free
+        memory) and :meth:`cache` reads the boundary states from them instead of prefilling each conversation
+        again."""
+        pending = not cache_complete(self.run_dir)
         if (self.lm is None and isinstance(judge, str) and judges_model(judge) == str(self.cfg.model)
-                and not cache_complete(self.run_dir)):
+                and pending):
             self.model()
         shared = shared_judge_model(judge, self.lm) if isinstance(judge, str) else None
-        if shared is not None:
-            opts.setdefault("loaded", shared)
-        return self._timed("judge", lambda: judge_run(self.run_dir, judge=judge, **opts))
+        if shared is None:
+            return self._timed("judge", lambda: judge_run(self.run_dir, judge=judge, **opts))
+        built = make_judge(judge, loaded=shared, **{k: v for k, v in opts.items() if k not in JUDGE_RUN_OPTS})
+        # the hybrid judges prefill each conversation exactly as the cache stage would (conversation + user header)
+        if pending and isinstance(built, HybridJudge) and built.store.pool_bytes > 0:
+            built.store.pool_bytes = max(built.store.pool_bytes, pool_bytes_for(self.run_dir, shared.model))
+            self.prefixes = built.store
+        return self._timed("judge", lambda: judge_run(self.run_dir, judge=built,
+                                                      **{k: v for k, v in opts.items() if k in JUDGE_RUN_OPTS}))
 
     def cache(self, backend: str = "hooks", positions: tuple[str, ...] = ("boundary",), **opts: Any) -> Path:
-
-        return self._timed("cache", lambda: cache_run(self.run_dir, model=self.model(), backend=backend,
-                                                      positions=positions, **opts))
+        """Cache the boundary activations, from the judge's kept conversations where :meth:`labels` left them."""
+        try:
+            return self._timed("cache", lambda: cache_run(self.run_dir, model=self.model(), backend=backend,
+                                                          positions=positions, prefixes=self.prefixes, **opts))
+        finally:
+            if self.prefixes is not None:  # their memory is not needed after this stage
+                self.prefixes.clear_pool()
+                self.prefixes = None
 
     def all(self, judge: str = "offline", backend: str = "hooks") -> Stages:
         self.probe()

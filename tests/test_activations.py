@@ -402,3 +402,59 @@ def test_a_run_without_a_cache_is_a_clear_error_not_a_keyerror(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"config": {}, "identity": {}}))
     with pytest.raises(MissingInput, match=r"mechprobe cache"):
         ActivationCache.load(tmp_path)
+
+
+def _pooled_store(lm, prompts):
+    """A judge-like KV store over ``lm`` holding exactly ``prompts`` in its pool (as the hybrid judge leaves them)."""
+    from mechprobe.lm.choice import ChoiceScorer
+
+    store = ChoiceScorer(lm.model, lm.tokenizer, ["x"], pool_bytes=2**26)
+    for ids in prompts:
+        store.remember("real", ids)
+        store.forget("real", pool=True)
+    return store
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_cache_from_the_judges_kept_prefixes_equals_the_full_forward(tmp_path, tiny_tok, arch):
+    # Oracle: the ordinary batched, left-padded capture of the same prompts. The pooled prompts run one token
+    # from the judge's keys and values; the others run as before. fp32: equal up to summation order.
+    lm = tiny_lm(tiny_tok, arch)
+    ref, run = tiny_run(tmp_path, name="ref"), tiny_run(tmp_path)
+    cache_run(ref, lm, dtype="float32", batch_size=3, progress=False)
+    prompts = list(dict.fromkeys(tuple(r["prompt_ids"]) for r in turns(run)))
+    store = _pooled_store(lm, [list(p) for p in prompts[1:3]])  # two of the four items' conversations
+    out = cache_run(run, lm, dtype="float32", batch_size=3, progress=False, prefixes=store)
+    torch.testing.assert_close(ActivationCache.load(run).stack(), ActivationCache.load(ref).stack(),
+                               rtol=1e-4, atol=1e-5)
+    assert json.loads((out / "manifest.json").read_text())["timing"]["prefix_hits"] == 2
+
+
+def test_prefixes_of_another_model_or_position_are_not_used(tmp_path, tiny_tok):
+    lm, other = tiny_lm(tiny_tok), tiny_lm(tiny_tok)  # same seed, same values, but another loaded model
+    run = tiny_run(tmp_path)
+    prompts = [list(p) for p in dict.fromkeys(tuple(r["prompt_ids"]) for r in turns(run))]
+    out = cache_run(run, lm, dtype="float32", progress=False, prefixes=_pooled_store(other, prompts))
+    assert "prefix_hits" not in json.loads((out / "manifest.json").read_text())["timing"]
+    run2 = tiny_run(tmp_path, name="two_positions")
+    out2 = cache_run(run2, lm, dtype="float32", progress=False, positions="boundary,assistant_last",
+                     prefixes=_pooled_store(lm, prompts))
+    assert "prefix_hits" not in json.loads((out2 / "manifest.json").read_text())["timing"]
+
+
+def test_continued_capture_removes_its_hooks_after_an_error(tiny_tok):
+    from mechprobe.activations.backends import HooksBackend
+    from mechprobe.lm.models import get_blocks
+
+    lm = tiny_lm(tiny_tok)
+    cap = HooksBackend(lm.model)
+    ids = list(range(3, 15))
+    store = _pooled_store(lm, [ids])
+    kv = store.pooled(ids)
+    # keys of another width: the forward fails inside attention, after the hooks were registered
+    bad = [(k[..., :-1], v[..., :-1]) for k, v in kv]
+    with pytest.raises(RuntimeError):
+        cap.capture_continued(ids + [5], 12, [0, 1, 2], bad)
+    assert all(not b._forward_hooks and not b._forward_pre_hooks for b in get_blocks(lm.model))
+    with pytest.raises(ValueError, match="boundary 3 must lie"):
+        cap.capture_continued(ids + [5], 3, [1], kv)  # the boundary lies inside the given keys

@@ -7,6 +7,7 @@ and `bench_speed.py` failed every option with a TypeError. One tiny option on th
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -124,3 +125,23 @@ def test_stage_floor_counts_the_forwards_each_stage_needs(tmp_path):
     assert st["boundary cache"]["token_forwards"] == 200
     assert st["judge"]["floor_seconds"] == pytest.approx(15.0) and st["judge"]["projected_minutes"] == pytest.approx(5.0)
     assert res["scored_turns"] == 2 and res["voiced_turns"] == 1 and res["cpu"] == "test CPU"
+
+
+@pytest.mark.slow
+@requires_smollm2
+def test_bench_cache_from_judge_reads_the_judges_conversations(tmp_path, smol):
+    """A real 135M run (3 builtin items, greedy + 1 sample): the benchmark's judged copy caches from the judge's pool
+    (hits, fewer tokens run) and its vectors match the copy cached from nothing."""
+    from mechprobe.turns.pipeline import ProbeConfig, run_probe
+
+    cfg = ProbeConfig(model="smollm2-135m-instruct", dataset="builtin", limit=3, samples=1, temperatures=[0.0, 1.0],
+                      max_assistant_tokens=24, max_user_tokens=12, batch_size=8)
+    run = run_probe(cfg, tmp_path / "run", lm=smol, progress=False)
+    out = tmp_path / "res.json"
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_cache_from_judge.py"), str(run),
+                        "--out", str(out)], capture_output=True, text=True, timeout=900, cwd=REPO,
+                       env={**os.environ, "MECHPROBE_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["prefix_hits"] >= 1 and res["forward_tokens_from_judge"] < res["forward_tokens_from_nothing"]
+    assert res["max_rel_l2_diff"] < 1e-2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -304,7 +305,9 @@ def test_after_a_llamacpp_probe_the_judge_and_cache_share_one_load(smol, monkeyp
     monkeypatch.setattr(factory, "judge_dtype", lambda device: torch.float32)  # smol is fp32
     loads, lent = [], []
     monkeypatch.setattr(stages_mod, "load_model", lambda *a, **k: loads.append(a) or smol)
-    monkeypatch.setattr(stages_mod, "judge_run", lambda run, judge, **opts: lent.append(opts.get("loaded")))
+    monkeypatch.setattr(stages_mod, "judge_run", lambda run, judge, **opts: lent.append(
+        opts.get("loaded") if isinstance(judge, str) else judge.lm))
+    monkeypatch.setattr(stages_mod, "pool_bytes_for", lambda run, model: 0)  # no user_turns.jsonl in tmp_path
     cfg = ProbeConfig(model="smollm2-135m-instruct", engine="llamacpp")
     st = stages_mod.Stages(tmp_path, cfg)
     st.labels("hybrid2:smollm2-135m-instruct")
@@ -319,3 +322,35 @@ def test_after_a_llamacpp_probe_the_judge_and_cache_share_one_load(smol, monkeyp
     done = stages_mod.Stages(tmp_path, cfg)
     done.labels("hybrid2:smollm2-135m-instruct")
     assert lent[3] is None and len(loads) == 1
+
+
+@requires_smollm2
+def test_the_cache_stage_reads_the_judges_kept_conversations(smol, monkeypatch, tmp_path):
+    """probe -> hybrid2 judge of the run's own model -> cache, as ``ensure_stages`` runs them: the cache stage takes
+    each conversation the judge prefilled from the judge's KV pool (one token per prompt instead of the whole
+    prompt) and writes the same vectors as a cache built from nothing (float16 storage: one ulp, 1e-3)."""
+    import shutil
+
+    from mechprobe import stages as stages_mod
+    from mechprobe.activations.cache import ActivationCache, cache_run
+    from mechprobe.judges import factory
+
+    monkeypatch.setattr(factory, "judge_dtype", lambda device: torch.float32)  # smol is fp32
+    monkeypatch.setenv("MECHPROBE_CACHE", str(tmp_path / "mc"))  # an empty judge cache: the judge runs its model
+    monkeypatch.setattr(stages_mod, "load_model", lambda *a, **k: smol)
+    cfg = ProbeConfig(model="smollm2-135m-instruct", dataset="builtin", limit=4, samples=2,
+                      temperatures=[0.0, 1.0], max_assistant_tokens=24, max_user_tokens=12, batch_size=8)
+    run = tmp_path / "run"
+    st = stages_mod.Stages(run, cfg)
+    stages_mod.ensure_stages(run, cfg, "hybrid2:smollm2-135m-instruct", stages=st)
+    man = json.loads((run / "activations" / "manifest.json").read_text())
+    hybrid_runs = json.loads((run / "labels_manifest.json").read_text())
+    assert man["timing"]["prefix_hits"] >= 1, (man["timing"], hybrid_runs["timing"])
+    assert st.prefixes is None  # the pool is dropped after the cache stage
+
+    ref = tmp_path / "ref"
+    shutil.copytree(run, ref, ignore=shutil.ignore_patterns("activations"))
+    cache_run(ref, smol, progress=False)
+    assert "prefix_hits" not in json.loads((ref / "activations" / "manifest.json").read_text())["timing"]
+    torch.testing.assert_close(ActivationCache.load(run).stack(), ActivationCache.load(ref).stack(),
+                               rtol=1e-3, atol=1e-3)

@@ -36,8 +36,9 @@ import torch
 from torch import nn
 
 from mechprobe.errors import UsageError
+from mechprobe.lm.choice import KV, cache_of
 from mechprobe.lm.generation import left_pad
-from mechprobe.lm.models import get_blocks
+from mechprobe.lm.models import get_blocks, kv_kw
 
 BACKENDS = ("hooks", "nnsight", "transformer-lens")
 CACHE_POSITIONS = ("boundary", "assistant_last", "assistant_mean")
@@ -178,11 +179,50 @@ class HooksBackend(Backend):
     @torch.inference_mode()
     def _run(self, prompts: Sequence[Sequence[int]], token_pos: Sequence[TokenPos], positions: list[str],
              layers: list[int]) -> dict[str, torch.Tensor]:
-        model = self.model
         dev = self.device
         ids, mask, pos = left_pad(prompts, 0, dev)
         idx = padded_indices(prompts, token_pos, dev)
-        blocks = get_blocks(model)
+        return self._hooked(positions, layers, idx,
+                            lambda: self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False))
+
+    @torch.inference_mode()
+    def capture_continued(self, prompt: Sequence[int], boundary: int, layers: Sequence[int], kv: KV
+                          ) -> torch.Tensor:
+        """Residuals at ``boundary`` of one prompt whose first ``n`` tokens' keys and values are given.
+
+        Why: the judge of a run already prefilled each conversation; with its KV only the tokens from ``n`` to the
+        boundary run (usually one), instead of the whole prompt. Same values as :meth:`capture` up to float
+        summation order (tested).
+
+        Args:
+            prompt: the prompt's token ids.
+            boundary: the position to read (``n <= boundary < len(prompt)``).
+            layers: residual indices.
+            kv: (keys, values) per layer of ``prompt[:n]``, as :class:`~mechprobe.lm.choice.ChoiceScorer` keeps them.
+        Returns:
+            ``[len(layers), d_model]`` in the model's dtype.
+        """
+        n = int(kv[0][0].shape[2]) if kv else 0
+        if not 0 <= n <= boundary < len(prompt):
+            raise ValueError(f"boundary {boundary} must lie in [{n}, {len(prompt)}): the given keys and values cover "
+                             f"{n} tokens of a {len(prompt)}-token prompt")
+        dev = self.device
+        layers = list(layers)
+        _check_request([prompt], [{"boundary": boundary, "span": (0, 1)}], ["boundary"], layers, self.n_layers)
+        ids = torch.tensor([list(prompt[n:boundary + 1])], device=dev)
+        pos = torch.arange(n, boundary + 1, device=dev)[None]
+        idx = {"boundary": torch.tensor([boundary - n], device=dev)}
+        cache = cache_of(kv) if n else None
+        got = self._hooked(["boundary"], layers, idx, lambda: self.model(
+            input_ids=ids, position_ids=pos, use_cache=cache is not None, **kv_kw(self.model, cache)))
+        return got["boundary"][0]
+
+    def _hooked(self, positions: list[str], layers: list[int], idx: dict[str, torch.Tensor], forward: Any
+                ) -> dict[str, torch.Tensor]:
+        """Run ``forward`` with hooks reading ``positions`` at residual indices ``layers``; the hooks are removed
+        whatever happens, and the forward stops after the last layer read."""
+        blocks = get_blocks(self.model)
+        dev = self.device
         got: dict[int, dict[str, torch.Tensor]] = {}
         last = max(layers)
         handles = []
@@ -208,7 +248,7 @@ class HooksBackend(Backend):
                 if r > 0:
                     handles.append(blocks[r - 1].register_forward_hook(post_hook(r)))
             try:
-                model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
+                forward()
             except _StopForward:
                 pass
         finally:

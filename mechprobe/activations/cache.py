@@ -38,9 +38,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from mechprobe.activations.backends import BACKENDS, CACHE_POSITIONS, Backend, make_backend
+from mechprobe.activations.backends import BACKENDS, CACHE_POSITIONS, Backend, HooksBackend, make_backend
 from mechprobe.errors import MissingInput, UsageError, UserError
 from mechprobe.io import read_json, read_jsonl, sha256_file, write_json
+from mechprobe.lm.choice import ChoiceScorer, crop_kv
 from mechprobe.lm.models import LoadedModel, load_model
 from mechprobe.records import LabelRecord, UserTurnRecord
 
@@ -391,6 +392,7 @@ def cache_run(
     layers: str | Sequence[int] | None = "all",
     shard_rows: int = 512,
     progress: bool = True,
+    prefixes: ChoiceScorer | None = None,
 ) -> Path:
     """Cache activations of every user turn of ``run_dir`` into ``run_dir/activations``; returns that path.
 
@@ -417,6 +419,11 @@ def cache_run(
             (``r`` = input of block ``r``, 0 = embeddings, ``L`` = output of the last block).
         shard_rows: records per safetensors shard (default 512); peak memory is about one shard.
         progress: show a tqdm progress bar (default True).
+        prefixes: a judge's KV store (``HybridJudge.store``) over the same loaded model; None (default). A prompt
+            whose conversation it pooled runs only from there to its boundary instead of from its first token
+            (boundary position, ``hooks`` backend; otherwise ignored). Why: the judge of a run already prefilled
+            each conversation with the same weights; reading its keys and values makes the cache stage nearly
+            free. Same vectors up to float summation order (tested); ``timing.prefix_hits`` counts the uses.
 
     Returns:
         The cache directory ``run_dir/activations`` (a :class:`~pathlib.Path`), ready for
@@ -502,9 +509,17 @@ def cache_run(
     # (one forward to the boundary vs sampling and judging k turns). Wall time, so it includes padding.
     timing = meta.setdefault("timing", {"forward_seconds": 0.0, "forward_prompts": 0, "rows": 0})
 
+    # The judge's pooled conversations serve only the same weights (the very model object) and the boundary.
+    pool = prefixes if (prefixes is not None and prefixes.model is lm.model and positions == ["boundary"]
+                        and isinstance(cap, HooksBackend)) else None
+
     def write_shard(fname: str, a: int, b: int) -> dict[str, Any]:
         t = time.perf_counter()
-        rows = _capture_records(cap, recs[a:b], positions, layer_list, lm.d_model, batch_size, bar)
+        rows, hits, tokens = _capture_records(cap, recs[a:b], positions, layer_list, lm.d_model, batch_size, bar,
+                                              pool)
+        timing["forward_tokens"] = int(timing.get("forward_tokens", 0)) + tokens
+        if pool is not None:
+            timing["prefix_hits"] = int(timing.get("prefix_hits", 0)) + hits
         timing["forward_seconds"] = round(timing["forward_seconds"] + time.perf_counter() - t, 3)
         timing["forward_prompts"] += _n_unique_prompts(recs[a:b])
         timing["rows"] += b - a
@@ -584,8 +599,11 @@ def _n_unique_prompts(recs: list[UserTurnRecord]) -> int:
 
 
 def _capture_records(cap: Backend, recs: list[UserTurnRecord], positions: list[str], layers: list[int],
-                     d_model: int, batch_size: int, bar: Any) -> dict[str, torch.Tensor]:
-    """Capture one shard: each unique prompt runs once, sorted by length to limit padding."""
+                     d_model: int, batch_size: int, bar: Any, pool: ChoiceScorer | None = None
+                     ) -> tuple[dict[str, torch.Tensor], int, int]:
+    """Capture one shard: each unique prompt runs once, sorted by length to limit padding; prompts whose KV
+    ``pool`` holds run alone from it (:meth:`HooksBackend.capture_continued`). Returns (rows, pool hits, prompt
+    tokens run, padding not counted)."""
     uniq: dict[tuple[int, ...], int] = {}
     order: list[int] = []
     prompts: list[UserTurnRecord] = []
@@ -596,8 +614,21 @@ def _capture_records(cap: Backend, recs: list[UserTurnRecord], positions: list[s
             prompts.append(r)
         order.append(uniq[key])
     uses = np.bincount(order, minlength=len(prompts))
-    by_len = sorted(range(len(prompts)), key=lambda i: len(prompts[i].prompt_ids))
     res = {p: torch.empty(len(prompts), len(layers), d_model) for p in positions}
+    hits = tokens = 0
+    rest = []
+    for i, r in enumerate(prompts):
+        kv = pool.pooled(r.prompt_ids) if pool is not None else None
+        if kv is None or not isinstance(cap, HooksBackend):
+            rest.append(i)
+            continue
+        n = min(int(kv[0][0].shape[2]), r.boundary_index)
+        res["boundary"][i] = cap.capture_continued(r.prompt_ids, r.boundary_index, layers, crop_kv(kv, n)).float().cpu()
+        hits += 1
+        tokens += r.boundary_index + 1 - n
+        bar.update(int(uses[i]))
+    by_len = sorted(rest, key=lambda i: len(prompts[i].prompt_ids))
+    tokens += sum(len(prompts[i].prompt_ids) for i in rest)
     for b in range(0, len(by_len), batch_size):
         idx = by_len[b:b + batch_size]
         got = cap.capture([prompts[i].prompt_ids for i in idx], [_token_pos(prompts[i]) for i in idx], positions,
@@ -605,7 +636,7 @@ def _capture_records(cap: Backend, recs: list[UserTurnRecord], positions: list[s
         for p in positions:
             res[p][idx] = got[p].float().cpu()
         bar.update(int(uses[idx].sum()))
-    return {p: res[p][order] for p in positions}
+    return {p: res[p][order] for p in positions}, hits, tokens
 
 
 # ---------- CLI ----------

@@ -43,6 +43,16 @@ def crop_kv(kv: KV, n: int) -> KV:
     return [(k[:, :, :n], v[:, :, :n]) for k, v in kv]
 
 
+def kv_bytes_per_token(model: Any) -> int:
+    """Bytes of keys and values one token adds to a decoder's KV cache (all layers), from its config."""
+    c = model.config
+    c = getattr(c, "text_config", None) or c
+    heads = c.num_attention_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    kv_heads = getattr(c, "num_key_value_heads", None) or heads
+    return 2 * c.num_hidden_layers * kv_heads * head_dim * next(model.parameters()).element_size()
+
+
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -119,6 +129,19 @@ class ChoiceScorer:
             return
         kv, _ = self._run(ids, "prefix_tokens")
         self._kept[slot] = (list(ids), kv)
+
+    def pooled(self, ids: Sequence[int]) -> KV | None:
+        """The pooled KV of exactly ``ids`` (None when not pooled); leaves the pool's order alone.
+
+        Why public: the activation cache of a run reads the conversations the judge already ran
+        (:func:`mechprobe.activations.cache.cache_run` ``prefixes=``), so their prefill is not paid twice."""
+        hit = self._pool.get(tuple(ids))
+        return None if hit is None else hit[0]
+
+    def clear_pool(self) -> None:
+        """Drop every pooled prefix (frees their memory)."""
+        self._pool.clear()
+        self._pool_used = 0
 
     def forget(self, slot: str, pool: bool = False) -> None:
         """Drop ``slot``; with ``pool`` (and ``pool_bytes`` > 0) keep its prefix for a later exact
