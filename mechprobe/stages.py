@@ -10,7 +10,6 @@ stage needs it.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -23,7 +22,8 @@ from mechprobe.judges.base import JudgeMismatch
 from mechprobe.judges.factory import default_judge, judges_model, make_judge, shared_judge_model
 from mechprobe.judges.hybrid import HybridJudge
 from mechprobe.judges.run import judge_run
-from mechprobe.lm.choice import ChoiceScorer, kv_bytes_per_token
+from mechprobe.lm.choice import ChoiceScorer
+from mechprobe.lm.generation import free_memory_bytes, kv_bytes_per_token
 from mechprobe.lm.llamacpp import resolve_gguf
 from mechprobe.lm.models import DEFAULT_MODEL, LoadedModel, load_model, native_bf16_dtype
 from mechprobe.splits import STEERING_SPLIT
@@ -60,14 +60,11 @@ JUDGE_RUN_OPTS = frozenset({"labels_file", "retry_errors", "limit", "progress", 
 
 def pool_bytes_for(run: Path, model: Any, share: float = 0.25) -> int:
     """Bytes of KV that keep every distinct conversation prompt of ``run`` (its user turns' ``prompt_ids``), capped
-    at ``share`` of the memory free now: what a judge's pool needs so the cache stage finds each one again."""
+    at ``share`` of the memory free now on the model's device: what a judge's pool needs so the cache stage finds
+    each one again."""
     seen = {tuple(r["prompt_ids"]) for r in read_jsonl(run / USER_TURNS, key="record_id")}
     need = sum(len(p) for p in seen) * kv_bytes_per_token(model)
-    try:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # not on this OS: stay within the default pool
-        return 0
-    return int(min(need, share * free))
+    return int(min(need, share * free_memory_bytes(next(model.parameters()).device)))
 
 
 @dataclass

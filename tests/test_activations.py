@@ -458,3 +458,14 @@ def test_continued_capture_removes_its_hooks_after_an_error(tiny_tok):
     assert all(not b._forward_hooks and not b._forward_pre_hooks for b in get_blocks(lm.model))
     with pytest.raises(ValueError, match="boundary 3 must lie"):
         cap.capture_continued(ids + [5], 3, [1], kv)  # the boundary lies inside the given keys
+
+
+def test_the_judges_pool_is_sized_for_the_runs_conversations_within_free_memory(tmp_path, tiny_tok, monkeypatch):
+    from mechprobe import stages
+
+    lm = tiny_lm(tiny_tok)  # 3 layers x 2 KV heads x head_dim 16, fp32: 768 bytes of keys and values per token
+    run = tiny_run(tmp_path)  # 4 items (prompts of 6, 9, 12, 15 tokens), 3 turns each
+    monkeypatch.setattr(stages, "free_memory_bytes", lambda device: 10**9)
+    assert stages.pool_bytes_for(run, lm.model) == (6 + 9 + 12 + 15) * 768
+    monkeypatch.setattr(stages, "free_memory_bytes", lambda device: 40_000)
+    assert stages.pool_bytes_for(run, lm.model) == 10_000  # a quarter of the free memory

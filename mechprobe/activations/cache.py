@@ -619,10 +619,11 @@ def _capture_records(cap: Backend, recs: list[UserTurnRecord], positions: list[s
     rest = []
     for i, r in enumerate(prompts):
         kv = pool.pooled(r.prompt_ids) if pool is not None else None
-        if kv is None or not isinstance(cap, HooksBackend):
+        if kv is None:
             rest.append(i)
             continue
         n = min(int(kv[0][0].shape[2]), r.boundary_index)
+        assert isinstance(cap, HooksBackend)  # cache_run passes a pool with the hooks backend only
         res["boundary"][i] = cap.capture_continued(r.prompt_ids, r.boundary_index, layers, crop_kv(kv, n)).float().cpu()
         hits += 1
         tokens += r.boundary_index + 1 - n

@@ -43,16 +43,6 @@ def crop_kv(kv: KV, n: int) -> KV:
     return [(k[:, :, :n], v[:, :, :n]) for k, v in kv]
 
 
-def kv_bytes_per_token(model: Any) -> int:
-    """Bytes of keys and values one token adds to a decoder's KV cache (all layers), from its config."""
-    c = model.config
-    c = getattr(c, "text_config", None) or c
-    heads = c.num_attention_heads
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
-    kv_heads = getattr(c, "num_key_value_heads", None) or heads
-    return 2 * c.num_hidden_layers * kv_heads * head_dim * next(model.parameters()).element_size()
-
-
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     i = 0

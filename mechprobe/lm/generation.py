@@ -232,25 +232,40 @@ def auto_batch_size(model: Any, prompt_len: int, max_new_tokens: int, *, free_by
     as prefilled even though rows sharing a prompt are prefilled once, so the estimate errs on the
     safe side. Capped at ``max_rows``: beyond it, per-step attention and padding eat the gain.
     """
+    cfg = _text_config(model)
+    nbytes, dev = _dtype_bytes_and_device(model)
+    vocab = int(getattr(cfg, "vocab_size", 0) or 50_000)
+    hidden = int(getattr(cfg, "hidden_size", 0) or 1024)
+    inter = int(getattr(cfg, "intermediate_size", 0) or 4 * hidden)
+    per_row = (prompt_len * vocab * nbytes + (prompt_len + max_new_tokens) * kv_bytes_per_token(model)
+               + 3 * prompt_len * inter * nbytes)
+    free = free_memory_bytes(dev) if free_bytes is None else free_bytes
+    return max(1, min(max_rows, int(fraction * free // max(per_row, 1))))
+
+
+def _text_config(model: Any) -> Any:
     cfg = getattr(model, "config", None)
-    cfg = getattr(cfg, "get_text_config", lambda: cfg)() if cfg is not None else None
+    return getattr(cfg, "get_text_config", lambda: cfg)() if cfg is not None else None
+
+
+def _dtype_bytes_and_device(model: Any) -> tuple[int, torch.device]:
     try:
         p = next(model.parameters())
-        nbytes, dev = p.element_size(), p.device
+        return p.element_size(), p.device
     except (StopIteration, AttributeError, TypeError):
-        nbytes, dev = 4, torch.device("cpu")
-    vocab = int(getattr(cfg, "vocab_size", 0) or 50_000)
+        return 4, torch.device("cpu")
+
+
+def kv_bytes_per_token(model: Any) -> int:
+    """Bytes of keys and values one token adds to the model's KV cache, all layers (config defaults if absent)."""
+    cfg = _text_config(model)
+    nbytes, _ = _dtype_bytes_and_device(model)
     hidden = int(getattr(cfg, "hidden_size", 0) or 1024)
     layers = int(getattr(cfg, "num_hidden_layers", 0) or 24)
     heads = int(getattr(cfg, "num_attention_heads", 0) or 16)
     kv_heads = int(getattr(cfg, "num_key_value_heads", 0) or heads)
     head_dim = int(getattr(cfg, "head_dim", 0) or hidden // max(heads, 1))
-    inter = int(getattr(cfg, "intermediate_size", 0) or 4 * hidden)
-    kv_per_token = 2 * layers * kv_heads * head_dim * nbytes
-    per_row = (prompt_len * vocab * nbytes + (prompt_len + max_new_tokens) * kv_per_token
-               + 3 * prompt_len * inter * nbytes)
-    free = free_memory_bytes(dev) if free_bytes is None else free_bytes
-    return max(1, min(max_rows, int(fraction * free // max(per_row, 1))))
+    return 2 * layers * kv_heads * head_dim * nbytes
 
 
 def batches_by_length(lengths: Sequence[int], batch_size: int, token_budget: int | None = None) -> list[list[int]]:
