@@ -26,6 +26,7 @@ from .estimate import (
     judge_only_difference,
     judge_only_rate,
 )
+from .identify import identification_markdown
 from .labels import LabellerLabels
 from .sample import AuditSample, audit_dir
 from .table import TurnTable
@@ -255,6 +256,7 @@ def report_markdown(rep: dict[str, Any]) -> str:
         for j in LABELS:
             if any(conf[j][c] for c in used):
                 lines.append(f"| {j} | " + " | ".join(str(conf[j][c]) for c in used) + " |")
+    lines += identification_markdown(rep)
     lines += ["", f"Assumptions: {rep['assumptions']}.", ""]
     return "\n".join(lines)
 

@@ -6,6 +6,11 @@ id, so a reload resumes and two samples never mix) and exports a labels file tha
 :func:`mechprobe.audit.labels.import_labels` reads. Why blind: rows are shuffled with a seed and carry an
 opaque row key, and neither the condition nor the judge's label is in the page, so a labeller cannot label
 towards a hypothesis. ``sheet.csv`` holds the same rows for spreadsheet users and imports the same way.
+
+Why the layout: a sheet of 200 rows is labelled over hours, so the codebook sits beside the row, each label's
+definition under its button, the answer scrolls (and opens at full length) with the keyboard, a label moves
+on to the next unlabelled row, and a row overview marks the unlabelled and borderline rows. The same template
+serves the answer-identification page (:mod:`mechprobe.audit.identify`) in its ``identify`` mode.
 """
 
 from __future__ import annotations
@@ -26,21 +31,23 @@ from .labels import LABELS_FORMAT
 from .sample import AuditSample, audit_dir
 from .table import TurnTable
 
-__all__ = ["SheetRow", "sheet_rows", "render_sheet_html", "write_sheet", "CSV_COLUMNS"]
+__all__ = ["SheetRow", "sheet_rows", "render_sheet_html", "render_page", "write_sheet", "CSV_COLUMNS"]
 
 CSV_COLUMNS = ("sample_id", "row", "query", "answer", "user_turn", "label", "borderline", "note", "labeller",
                "labeller_kind")
-_PLACEHOLDER = re.compile(r"\{\{(TITLE|CODEBOOK_HTML|DATA_JSON)\}\}")
+_PLACEHOLDER = re.compile(r"\{\{(TITLE|MODE|CODEBOOK_HTML|DATA_JSON)\}\}")
 
 
 @dataclass(frozen=True)
 class SheetRow:
-    """What a labeller sees of one sampled turn: the opaque row key and the three texts, nothing else."""
+    """What a labeller sees of one sampled turn: the opaque row key, the three texts and whether the answer was
+    cut at the token cap (a property of the answer, the same in every condition), nothing else."""
 
     row: str
     query: str
     answer: str
     turn: str
+    truncated: bool = False
 
 
 def sheet_rows(sample: AuditSample, table: TurnTable, seed: int | None = None) -> list[SheetRow]:
@@ -59,7 +66,7 @@ def sheet_rows(sample: AuditSample, table: TurnTable, seed: int | None = None) -
     rows = []
     for rid in sample.record_ids:
         t = table.get(rid)
-        rows.append(SheetRow(sample.row_key(rid), t.query, t.answer, t.turn))
+        rows.append(SheetRow(sample.row_key(rid), t.query, t.answer, t.turn, t.answer_stop_reason == "max_tokens"))
     rows.sort(key=lambda r: r.row)
     random.Random(f"sheet|{sample.sample_id}|{sample.seed if seed is None else seed}").shuffle(rows)
     return rows
@@ -78,19 +85,34 @@ def render_sheet_html(sample: AuditSample, rows: list[SheetRow], codebook: str |
     Args:
         sample: the recorded sample (its id keys the browser's saved state and the export).
         rows: :func:`sheet_rows` output.
-        codebook: the markdown shown in the collapsible panel; default :func:`codebook_text` (tests pass
+        codebook: the markdown shown beside the row; default :func:`codebook_text` (tests pass
             nothing: the page must show exactly the package's codebook).
     Returns:
         HTML with no external resource (no CDN, no font, no script URL).
     Example:
         >>> Path("sheet.html").write_text(render_sheet_html(sample, sheet_rows(sample, table)))
     """
-    data = {"format": LABELS_FORMAT, "sample_id": sample.sample_id,
+    data = {"mode": "label", "format": LABELS_FORMAT, "sample_id": sample.sample_id,
             "labels": [{"name": lab.name, "definition": lab.definition} for lab in TAXONOMY],
-            "rows": [{"row": r.row, "query": r.query, "answer": r.answer, "turn": r.turn} for r in rows]}
-    values = {"TITLE": html.escape(f"mechprobe audit sheet {sample.sample_id}"),
-              "CODEBOOK_HTML": html.escape(codebook_text() if codebook is None else codebook, quote=False),
-              "DATA_JSON": _json_for_script(data)}
+            "rows": [{"row": r.row, "query": r.query, "answer": r.answer, "turn": r.turn, "truncated": r.truncated}
+                     for r in rows]}
+    return render_page(f"mechprobe audit sheet {sample.sample_id}", data,
+                       codebook_text() if codebook is None else codebook)
+
+
+def render_page(title: str, data: dict[str, object], codebook: str = "") -> str:
+    """The sheet template filled with ``data`` (its ``mode``: ``label`` or ``identify``) and a codebook text.
+
+    Args:
+        title: the page title (escaped here).
+        data: what the page's script reads: ``mode``, ``format``, ``sample_id``, ``labels`` (the buttons:
+            ``name``, ``definition``, optional ``title``) and ``rows``.
+        codebook: markdown shown beside the row (escaped here); empty in the identify mode.
+    Returns:
+        HTML with no external resource.
+    """
+    values = {"TITLE": html.escape(title), "MODE": html.escape(str(data["mode"])),
+              "CODEBOOK_HTML": html.escape(codebook, quote=False), "DATA_JSON": _json_for_script(data)}
     template = resources.files(__package__).joinpath("sheet_template.html").read_text(encoding="utf-8")
     return _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
 

@@ -36,6 +36,8 @@ class LabelledTurn:
 
     ``turn`` is the raw user turn (special tokens kept: a turn that opens an assistant header must look like
     one to the labeller). ``judge_label`` is a taxonomy label (turns the judge failed on are not in a table).
+    ``answer_stop_reason`` is the assistant record's ``stop_reason`` (``"max_tokens"``: the answer was cut at the
+    token cap, which the sheet shows so a labeller does not take the cut for the model's choice).
     """
 
     record_id: str
@@ -48,6 +50,7 @@ class LabelledTurn:
     condition: str
     decoding: str
     dataset: str
+    answer_stop_reason: str = ""
 
     @property
     def judge_genuine(self) -> bool:
@@ -132,7 +135,7 @@ def _probe_rows(run: Path, by_item: dict[str, AssistantRecord], sources: dict[st
             continue
         cond = BASE_CONDITION if t.variant == "full" else f"{BASE_CONDITION}:{t.variant}"
         rows.append(LabelledTurn(t.record_id, t.item_id, a.prompt, a.response, t.raw_text, lab.label, lab.judge,
-                                 cond, _decoding(t.decoding, t.temperature), t.dataset))
+                                 cond, _decoding(t.decoding, t.temperature), t.dataset, a.stop_reason))
     return rows, skipped
 
 
@@ -169,7 +172,8 @@ def _steer_rows(run: Path, by_item: dict[str, AssistantRecord], sources: dict[st
             if several:
                 cond = f"{top}/{cond}"
             rows.append(LabelledTurn(f"{rel}#{d['item_id']}", d["item_id"], a.prompt, a.response, d["raw_text"],
-                                     d["label"], str(d.get("judge") or "unknown"), cond, "greedy", a.dataset))
+                                     d["label"], str(d.get("judge") or "unknown"), cond, "greedy", a.dataset,
+                                     a.stop_reason))
     return rows, skipped
 
 
@@ -231,6 +235,7 @@ def table_from_rows(rows: Iterable[dict[str, Any]], label_field: str = "judge_la
         out.append(LabelledTurn(str(d["record_id"]), str(d["item_id"]), d.get("query", d.get("prompt", "")),
                                 d.get("answer", d.get("response", "")), d.get("turn", d.get("raw_text", "")),
                                 lab, str(d.get("judge", judge)), str(d.get("condition", BASE_CONDITION)),
-                                str(d.get("decoding", "greedy")), str(d.get("dataset", "unknown"))))
+                                str(d.get("decoding", "greedy")), str(d.get("dataset", "unknown")),
+                                str(d.get("answer_stop_reason", ""))))
     return TurnTable(out, dict(sources or {}), skipped)
 

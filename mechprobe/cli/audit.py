@@ -1,6 +1,6 @@
 """``mechprobe audit``: draw the blind sample and write the sheet, or import labels and print the report.
 
-    mechprobe audit RUN --n 80 --by condition [--seed 0] [--redraw]     # writes audit/sheet.html + sheet.csv
+    mechprobe audit RUN --n 80 --by condition [--seed 0] [--redraw]     # audit/sheet.html + sheet.csv + identify.html
     mechprobe audit RUN --labels alice.json bob.csv [--labeller-kind person|model]   # imports, then reports
 
 Why one command with two modes: both act on the same recorded sample (``<run>/audit/sample.json``), and the
@@ -12,6 +12,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from mechprobe.audit.identify import (
+    identification_report,
+    import_identify,
+    is_identify_file,
+    store_identify,
+    write_identify_sheet,
+)
 from mechprobe.audit.labels import LABELLER_KINDS, import_labels, load_labellers
 from mechprobe.audit.report import build_report, report_markdown, write_report
 from mechprobe.audit.sample import load_or_draw, load_sample
@@ -30,8 +37,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     common.add_seed(p)
     p.add_argument("--redraw", action="store_true", help="replace a sample drawn with other --n/--by/--seed")
     p.add_argument("--labels", nargs="+", metavar="FILE",
-                   help="import these labels files (one per labeller: the sheet's JSON export or a filled "
-                        "sheet.csv), then write and print the report")
+                   help="import these files (one per labeller: sheet.html's JSON export or a filled sheet.csv; "
+                        "identify.html's export), then write and print the report")
     p.add_argument("--labeller-kind", choices=LABELLER_KINDS, default=None,
                    help="person or model, for files that do not say (CSV)")
     p.add_argument("--alpha", type=float, default=0.05, help="1 - confidence level (default 0.05)")
@@ -50,20 +57,41 @@ def run(a: argparse.Namespace) -> int:
     table = load_run_table(run_dir)
     if a.labels:
         sample = load_sample(run_dir)
-        stored = import_labels(run_dir, a.labels, sample, kind=a.labeller_kind)
-        for p in stored:
+        ident = [p for p in a.labels if is_identify_file(p)]
+        checked = import_identify(run_dir, ident, sample, kind=a.labeller_kind) if ident else []
+        coded = [p for p in a.labels if p not in ident]
+        stored = import_labels(run_dir, coded, sample, kind=a.labeller_kind) if coded else []
+        for p in stored + store_identify(checked):
             print(f"imported {p}")
         rep = build_report(table, sample, load_labellers(run_dir, sample), alpha=a.alpha, n_boot=a.n_boot,
                            seed=a.seed)
+        rep["identification"] = identification_report(run_dir, table, sample, alpha=a.alpha)
         md, js = write_report(run_dir, rep)
         print(report_markdown(rep))
         print(f"report: {md}\nreport data: {js}")
         return 0
     sample, drawn = load_or_draw(run_dir, table, a.n, a.by, a.seed, a.redraw)
     html_p, csv_p = write_sheet(run_dir, sample, table)
+    ident_p, pairs = write_identify_sheet(run_dir, sample, table)
     verb = "drew" if drawn else "reused"
     print(f"{verb} sample {sample.sample_id}: {len(sample.record_ids)} turns by {sample.by} "
           + ", ".join(f"{k} {v}" for k, v in sample.per_stratum.items()))
     print(html_p)
     print(csv_p)
+    print(ident_p)
+    print(_next_steps(run_dir, html_p, csv_p, ident_p, len(pairs["pairs"]), len(pairs["left_out"])))
     return 0
+
+
+def _next_steps(run_dir: Path, html_p: Path, csv_p: Path, ident_p: Path, n_pairs: int, n_left: int) -> str:
+    """What to do with the files just written: which to open, and the command that imports the result."""
+    left = f"; {n_left} turns have no distractor and are left out" if n_left else ""
+    return "\n".join([
+        "next:",
+        f"  1. label: open {html_p} in a browser (offline, from file://), type your name, label every row "
+        f"(keys 1-8), press Export (e); or fill the label column of a copy of {csv_p.name}",
+        f"  2. optional, a codebook-free check by someone who has not seen {html_p.name}: open {ident_p} "
+        f"({n_pairs} pairs{left}), pick the answer each turn follows, Export",
+        f"  3. import and report: mechprobe audit {run_dir} --labels <exported .json or filled .csv> ... "
+        f"[--labeller-kind person|model]",
+    ])

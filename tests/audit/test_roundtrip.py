@@ -117,7 +117,9 @@ def test_python_c_wrapper(tmp_path):
                          capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
                          timeout=120)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip().splitlines()[-1].endswith("sheet.csv")
+    lines = res.stdout.strip().splitlines()
+    assert any(line.endswith("sheet.csv") for line in lines) and any(line.endswith("identify.html") for line in lines)
+    assert lines[-1].startswith("  3. import and report: mechprobe audit ")  # the next step is printed last
     res = subprocess.run([sys.executable, "-m", "mechprobe", "audit", str(tmp_path / "run"), "--n", "9"],
                          capture_output=True, text=True, cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
                          timeout=120)
