@@ -14,9 +14,10 @@ import time
 import pytest
 
 from mechprobe.audit import load_run_table, load_sample
+from mechprobe.audit.identify import load_pairs
 from mechprobe.cli.audit import add_args, run
 from mechprobe.io import read_json
-from mechprobe.taxonomy import LABELS
+from mechprobe.taxonomy import DEFINITIONS, LABELS
 
 from .run_fixture import build_run
 
@@ -68,14 +69,39 @@ def _wait(cond, timeout=20.0):
     raise AssertionError("timed out waiting in the browser test")
 
 
+def _pos(browser) -> int:
+    return int(browser.find_element("tag name", "body").get_attribute("data-pos"))
+
+
+def _key(browser) -> str:
+    return browser.execute_script("return document.getElementById('position').textContent").split("(")[1][:-1]
+
+
+def _cells(browser) -> list[str]:
+    return browser.execute_script(
+        "return Array.from(document.querySelectorAll('#overview button')).map(b => b.dataset.state)")
+
+
+def _set_stop_reasons(run_dir, cut: set[str]) -> None:
+    """Only the items in ``cut`` keep ``stop_reason == "max_tokens"`` (the fixture cuts every answer)."""
+    p = run_dir / "assistant.jsonl"
+    rows = [json.loads(line) for line in p.read_text().splitlines()]
+    for r in rows:
+        r["stop_reason"] = "max_tokens" if r["item_id"] in cut else "end_of_turn"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
 def test_label_reload_export_import(browser, tmp_path, capsys):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
     run_dir = tmp_path / "run"
     truth = build_run(run_dir, n_steer_items=6, n_probe_items=2)
+    items = sorted({json.loads(line)["item_id"] for line in (run_dir / "assistant.jsonl").read_text().splitlines()})
+    _set_stop_reasons(run_dir, set(items[::2]))
     assert run(_ns(str(run_dir), "--n", "8", "--by", "condition")) == 0
-    capsys.readouterr()
+    out = capsys.readouterr().out
+    assert "open " + str(run_dir / "audit" / "sheet.html") in out and f"mechprobe audit {run_dir} --labels" in out
     sample = load_sample(run_dir)
     keys = sample.keys()
     want = {k: truth["E"].get(rid) or truth["C"][rid] for k, rid in keys.items()}
@@ -84,39 +110,123 @@ def test_label_reload_export_import(browser, tmp_path, capsys):
     browser.get((run_dir / "audit" / "sheet.html").as_uri())
     body = browser.find_element(By.TAG_NAME, "body")
     assert browser.find_element(By.ID, "progress").text == "0 / 8 labelled"
+    # the codebook is beside the row, not folded away below it; every definition is shown next to its button
+    book, turn_box = browser.find_element(By.ID, "codebook-pane"), browser.find_element(By.ID, "turn-box")
+    assert book.is_displayed() and book.rect["x"] > turn_box.rect["x"] + turn_box.rect["width"]
+    assert book.rect["y"] < turn_box.rect["y"] + turn_box.rect["height"]
+    assert "decision order" in browser.find_element(By.ID, "codebook").text.lower()
+    defs = [d.text for d in browser.find_elements(By.CSS_SELECTOR, "#labels button.choice .def")]
+    assert defs == [DEFINITIONS[lab] for lab in LABELS] and all(
+        d.is_displayed() for d in browser.find_elements(By.CSS_SELECTOR, "#labels button.choice .def"))
+    assert _cells(browser) == ["open"] * 8
+
+    # export without a name: one accurate message, gone as soon as the name is typed
+    body.send_keys("e")
+    msg = browser.find_element(By.ID, "status").text
+    assert "Labeller name" in msg and "export again" in msg
     name = browser.find_element(By.ID, "labeller-name")
     name.send_keys("alice")
+    assert browser.find_element(By.ID, "status").text == ""
     name.send_keys("1")  # typing in a field must not label
     name.send_keys(Keys.BACKSPACE, Keys.ESCAPE)
     assert browser.find_element(By.ID, "progress").text == "0 / 8 labelled"
 
+    # the answer scrolls with j/k and opens at full length with f; the badge marks answers cut at the cap
+    longest = browser.execute_script("var r = JSON.parse(document.getElementById('sheet-data').textContent).rows;"
+                                     "var l = r.map(x => x.answer.length); return l.indexOf(Math.max(...l));")
+    browser.find_elements(By.CSS_SELECTOR, "#overview button")[longest].click()
+    browser.set_window_size(1300, 600)  # so that the longest answer overflows its box
+    answer = browser.find_element(By.ID, "answer")
+    assert answer.text.strip() == table.get(keys[_key(browser)]).answer.strip()
+    height = "return [arguments[0].scrollHeight, arguments[0].clientHeight, arguments[0].scrollTop]"
+    full, box, top = browser.execute_script(height, answer)
+    assert full > box and top == 0
+    body.send_keys("j")
+    assert browser.execute_script(height, answer)[2] > 0
+    body.send_keys("k")
+    assert browser.execute_script(height, answer)[2] == 0
+    body.send_keys("f")
+    assert "full" in answer.get_attribute("class")
+    full, box, _ = browser.execute_script(height, answer)
+    assert box >= full - 1  # the whole answer, no inner scroll
+    body.send_keys("f")
+    browser.set_window_size(1300, 1000)
+    badges = set()
+    for _ in range(8):
+        cut = table.get(keys[_key(browser)]).answer_stop_reason == "max_tokens"
+        assert browser.find_element(By.ID, "cut-badge").is_displayed() == cut
+        badges.add(cut)
+        body.send_keys("n")
+    assert badges == {True, False}
+    body.send_keys(Keys.HOME)
+    for _ in range(8):
+        body.send_keys("p")
+    assert _pos(browser) == 0
+
+    # label with keys: each label moves on to the next unlabelled row; b goes before the label
     seen, shown = [], []
-    for i in range(8):
-        key = browser.execute_script("return document.getElementById('position').textContent").split("(")[1][:-1]
+    for i in range(6):
+        key = _key(browser)
+        assert _pos(browser) == i
         seen.append(key)
         turn = browser.find_element(By.ID, "turn").text
         assert turn.strip() == table.get(keys[key]).turn.strip()  # special tokens shown literally
         shown.append(turn)
         if "<|im_" in turn:  # highlighted as tokens, still plain text
             assert browser.find_elements(By.CSS_SELECTOR, "#turn span.tok")
-        body.send_keys(str(LABELS.index(want[key]) + 1))
         if i == 0:
             body.send_keys("b")
-        body.send_keys(Keys.ARROW_RIGHT if i % 2 else "n")
+        body.send_keys(str(LABELS.index(want[key]) + 1))
+    assert _pos(browser) == 6
+    assert browser.find_element(By.ID, "progress").text == "6 / 8 labelled"
+    assert _cells(browser) == ["done"] * 6 + ["open"] * 2
+    assert "bl" in browser.find_elements(By.CSS_SELECTOR, "#overview button")[0].get_attribute("class")
+    assert browser.find_element(By.ID, "overview-summary").text == "2 unlabelled, 1 borderline"
+
+    # clear a label (key 0), then the overview jumps back to it
+    browser.find_elements(By.CSS_SELECTOR, "#overview button")[2].click()
+    assert _pos(browser) == 2
+    body.send_keys("0")
+    assert browser.find_element(By.ID, "progress").text == "5 / 8 labelled"
+    assert _cells(browser)[2] == "open" and _pos(browser) == 2
+    assert not browser.find_elements(By.CSS_SELECTOR, "#labels button.choice.on")
+
+    # export with rows unlabelled: a warning that can be declined, and a warning when it is accepted
+    body.send_keys("e")
+    alert = _wait(lambda: _alert(browser))
+    assert "3 of 8 rows unlabelled" in alert.text
+    alert.dismiss()
+    assert "not exported" in browser.find_element(By.ID, "status").text
+    assert not list(browser.downloads.glob("*.json"))
+    body.send_keys("e")
+    _wait(lambda: _alert(browser)).accept()
+    partial = _wait(lambda: list(browser.downloads.glob("*.json")))[0]
+    assert "3 of 8 rows unlabelled" in browser.find_element(By.ID, "status").text
+    data = json.loads(_wait(lambda: partial.read_text() or None))
+    assert sum(r["label"] is None for r in data["rows"]) == 3
+    partial.unlink()
+
+    # the remaining rows: jump to each open cell from the overview
+    for i, state in enumerate(_cells(browser)):
+        if state == "open":
+            browser.find_elements(By.CSS_SELECTOR, "#overview button")[i].click()
+            key = _key(browser)
+            seen.append(key) if key not in seen else None
+            body.send_keys(str(LABELS.index(want[key]) + 1))
     assert sorted(seen) == sorted(keys)
     assert browser.find_element(By.ID, "progress").text == "8 / 8 labelled"
+    assert "every row is labelled" in browser.find_element(By.ID, "status").text
     assert any("<|im_" in t for t in shown)
 
     browser.refresh()  # localStorage keyed by the sample id: everything is still there
     assert _wait(lambda: browser.find_element(By.ID, "progress").text) == "8 / 8 labelled"
     assert browser.find_element(By.ID, "labeller-name").get_attribute("value") == "alice"
     body = browser.find_element(By.TAG_NAME, "body")
-    body.send_keys("p")
-    for _ in range(8):
-        body.send_keys("p")
+    browser.find_elements(By.CSS_SELECTOR, "#overview button")[0].click()
     assert browser.find_element(By.ID, "borderline").is_selected()  # row 1 kept its borderline flag
     browser.find_element(By.ID, "note").send_keys("the answer's step")
-    body.send_keys("e")
+    browser.find_element(By.ID, "note").send_keys(Keys.ESCAPE)
+    body.send_keys("e")  # everything labelled: no question asked
     got = _wait(lambda: [p for p in browser.downloads.glob("*.json")])
     exported = got[0]
     assert exported.name == f"labels_alice_{sample.sample_id}.json"
@@ -134,3 +244,50 @@ def test_label_reload_export_import(browser, tmp_path, capsys):
     assert sum(r["n_audited"] for r in rep["rates"].values()) == 8
     assert {k["stratum"] for k in rep["judge_vs_labeller"]} == {*rep["rates"], "all"}
     assert all(k["binary"]["n"] == 2 for k in rep["judge_vs_labeller"] if k["stratum"] != "all")
+
+
+def _alert(browser):
+    try:
+        return browser.switch_to.alert
+    except Exception:  # selenium's NoAlertPresentException: not open yet
+        return None
+
+
+def test_identify_mode_round_trip(browser, tmp_path, capsys):
+    from selenium.webdriver.common.by import By
+
+    run_dir = tmp_path / "run"
+    build_run(run_dir, n_steer_items=6, n_probe_items=2)
+    assert run(_ns(str(run_dir), "--n", "8", "--by", "condition")) == 0
+    capsys.readouterr()
+    sample = load_sample(run_dir)
+    pairs = {q.row: q for q in load_pairs(run_dir, sample)}
+    table = load_run_table(run_dir)
+
+    browser.get((run_dir / "audit" / "identify.html").as_uri())
+    body = browser.find_element(By.TAG_NAME, "body")
+    assert not browser.find_element(By.ID, "codebook-pane").is_displayed()  # codebook-free
+    assert not browser.find_element(By.ID, "query").is_displayed()
+    browser.find_element(By.ID, "labeller-name").send_keys("ida")
+    body.send_keys("u")
+    body.send_keys("p")
+    plan = {}
+    for i in range(len(pairs)):
+        q = pairs[_key(browser)]
+        assert browser.find_element(By.ID, "iturn").text.strip() == table.get(q.record_id).turn.strip()
+        assert browser.find_element(By.ID, "answer-a").text.strip() == q.a.strip()
+        assert browser.find_element(By.ID, "answer-b").text.strip() == q.b.strip()
+        choice = q.real if i < 4 else ("3" if i < 6 else {"A": "B", "B": "A"}[q.real])
+        plan[q.row] = choice
+        body.send_keys({"A": "1", "B": "2"}.get(choice, choice))  # then the next open row opens
+    assert browser.find_element(By.ID, "progress").text == f"{len(pairs)} / {len(pairs)} answered"
+    body.send_keys("e")
+    exported = _wait(lambda: list(browser.downloads.glob("identify_*.json")))[0]
+    data = json.loads(_wait(lambda: exported.read_text() or None))
+    assert {r["row"]: r["choice"] for r in data["rows"]} == {k: "cant_tell" if v == "3" else v for k, v in plan.items()}
+
+    assert run(_ns(str(run_dir), "--labels", str(exported), "--n-boot", "20")) == 0
+    assert "Answer identification" in capsys.readouterr().out
+    rep = read_json(run_dir / "audit" / "report.json")
+    allrow = next(r for r in rep["identification"]["by_stratum"] if r["stratum"] == "all")
+    assert (allrow["labeller"], allrow["n"], allrow["correct"], allrow["cant_tell"]) == ("ida", 8, 4, 2)

@@ -60,6 +60,8 @@ def test_sheet_is_blind_and_complete(drawn):
         assert sample.row_key(rid) in page
     for secret in ("diff_means", "random|L14", "hybrid:test", "hand-D", "alpha_0"):
         assert secret not in page
+    data = json.loads(page.split('id="sheet-data">')[1].split("</script>")[0])
+    assert all(set(r) == {"row", "query", "answer", "turn", "truncated"} for r in data["rows"])
     assert "http://" not in page and "https://" not in page and "<script src" not in page
     # special tokens are data, escaped inside the JSON script block, never raw HTML
     assert "\\u003c|im_end|\\u003e" in page
