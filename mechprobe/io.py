@@ -193,36 +193,59 @@ def read_jsonl(path: str | Path, key: str | None = None) -> list[dict[str, Any]]
 
 
 @contextlib.contextmanager
-def writer_lock(path: str | Path) -> Iterator[Path]:
+def writer_lock(path: str | Path, remove: bool = False,
+                clash: str = "two writers would duplicate rows") -> Iterator[Path]:
     """Hold an exclusive, non-blocking lock on ``<path>.lock`` while writing ``path``.
 
     Why: two processes appending to one stage file (two ``mechprobe judge`` on one run) each skip the
     keys *they* saw at start and then both append, so rows get duplicated. ``flock`` is released by
     the kernel when the holder dies, so a crashed writer never leaves a stale lock behind. The lock
     file records the holder's pid and program for the refusal message. The directory must exist.
+
+    Args:
+        path: the file (or directory) the caller writes; the lock is ``<path>.lock`` beside it.
+        remove: delete the lock file on exit (while still holding it), so nothing is left behind. Safe
+            because every acquirer checks, after locking, that the file it locked is still the one at
+            the path (a holder may have removed it between our open and our lock); if not, it retries.
+        clash: what would go wrong with two writers, for the refusal message.
     """
     path = Path(path)
     lock = path.with_name(path.name + ".lock")
-    try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
-            raise
-        raise UserError(f"{path.parent} is read-only ({e.strerror}: {lock}), and this command writes into it "
-                        f"({path.name}). Copy the run somewhere writable (cp -r) and point the command there, "
-                        "or make it writable (chmod -R u+w)") from None
-    try:
+    for _ in range(20):
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise
+            raise UserError(f"{path.parent} is read-only ({e.strerror}: {lock}), and this command writes into it "
+                            f"({path.name}). Copy the run somewhere writable (cp -r) and point the command there, "
+                            "or make it writable (chmod -R u+w)") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "unknown process"
+            os.close(fd)
             raise UserError(f"{path} is being written by another process ({holder}; lock {lock}). Wait for it "
-                            f"to finish, or stop it, then re-run; two writers would duplicate rows") from None
+                            f"to finish, or stop it, then re-run; {clash}") from None
+        try:
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # we locked a file its holder removed on exit: lock the one at the path now
+    else:
+        raise UserError(f"{lock} keeps being replaced by other processes; stop the other writers of {path} and "
+                        f"re-run")
+    try:
         os.ftruncate(fd, 0)
         # pid and program only: a command line may carry a secret.
         os.pwrite(fd, f"pid {os.getpid()}, {Path(sys.argv[0]).name or 'python'}".encode(), 0)
         yield lock
     finally:
+        if remove:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock)  # still held: a process that opened it meanwhile sees the inode change
         os.close(fd)  # closing the descriptor releases the flock
 
 

@@ -19,7 +19,14 @@ from .estimate import (
     judge_only_rate,
 )
 from .identify import identification_report, write_identify_sheet
-from .labels import LabellerLabels, RowLabel, import_labels, load_labellers, read_labels_file
+from .labels import (
+    LabellerLabels,
+    RowLabel,
+    import_labels,
+    load_labellers,
+    read_labellers_file,
+    read_labels_file,
+)
 from .report import build_report, report_markdown, write_report
 from .sample import AuditSample, draw_sample, load_or_draw, load_sample
 from .sheet import render_sheet_html, sheet_rows, write_sheet
@@ -28,7 +35,8 @@ from .table import LabelledTurn, TurnTable, load_run_table, table_from_rows
 __all__ = [
     "AuditSample", "Estimate", "Kappa", "LabelledTurn", "LabellerLabels", "RowLabel", "TurnTable",
     "build_report", "codebook_path", "codebook_text", "corrected_paired_difference", "corrected_rate",
-    "draw_sample", "identification_report", "import_labels", "judge_only_difference", "judge_only_rate", "kappa_with_ci",
-    "load_labellers", "load_or_draw", "load_run_table", "load_sample", "read_labels_file", "render_sheet_html",
-    "report_markdown", "sheet_rows", "table_from_rows", "write_identify_sheet", "write_report", "write_sheet",
+    "draw_sample", "identification_report", "import_labels", "judge_only_difference", "judge_only_rate",
+    "kappa_with_ci", "load_labellers", "load_or_draw", "load_run_table", "load_sample", "read_labellers_file",
+    "read_labels_file", "render_sheet_html", "report_markdown", "sheet_rows", "table_from_rows",
+    "write_identify_sheet", "write_report", "write_sheet",
 ]

@@ -10,12 +10,13 @@ rates become once the judge's errors are corrected with the audit (prediction-po
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mechprobe.io import write_json
+from mechprobe.errors import UsageError
 from mechprobe.taxonomy import GENUINE, LABELS
 
 from .agreement import Kappa, kappa_with_ci
@@ -29,10 +30,11 @@ from .estimate import (
 from .identify import identification_markdown
 from .labels import LabellerLabels
 from .sample import AuditSample, audit_dir
+from .store import write_json_atomic, write_text_atomic
 from .table import TurnTable
 
 __all__ = ["AuditRow", "audit_rows", "build_report", "report_markdown", "write_report", "NO_MAJORITY",
-           "BASE_FOR_DIFFERENCES"]
+           "BASE_FOR_DIFFERENCES", "check_report_args", "check_sample_judged", "MIN_N_BOOT"]
 
 NO_MAJORITY = "no_majority"
 BASE_FOR_DIFFERENCES = "none"  # the unsteered condition of a steering run
@@ -40,6 +42,34 @@ _ASSUMPTIONS = ("audited turns are a seeded random sample of their stratum, draw
                 "the labellers' consensus (mean of their genuine calls) is taken as the truth; corrected = PPI++ "
                 "(ppi_py) with the judge's verdicts on the non-audited turns as the unlabelled set; CLT intervals, "
                 "unreliable with fewer than ~30 audited turns or no audited positive")
+MIN_N_BOOT = 20  # fewer bootstrap draws give no usable percentile interval (none at all below one)
+
+
+def check_report_args(alpha: float, n_boot: int) -> None:
+    """Refuse an ``alpha`` or ``n_boot`` that would fill the report with NaN or inverted intervals.
+
+    Why here and not only in the CLI: ``alpha`` outside (0, 1) gives ``[inf%, -inf%]`` Wilson bounds and NaN
+    quantiles without any error, so every caller of :func:`build_report` needs the check.
+    """
+    if not (isinstance(alpha, int | float) and math.isfinite(alpha) and 0 < alpha < 1):
+        raise UsageError(f"--alpha {alpha}: must be a number strictly between 0 and 1 (1 - confidence level); "
+                         f"pass --alpha 0.05 for 95% intervals")
+    if not isinstance(n_boot, int) or n_boot < MIN_N_BOOT:
+        raise UsageError(f"--n-boot {n_boot}: the kappa intervals need at least {MIN_N_BOOT} bootstrap draws; pass "
+                         f"--n-boot 500 (the default)")
+
+
+def check_sample_judged(sample: AuditSample, table: TurnTable, run: str | Path = "RUN") -> None:
+    """Refuse when a sampled turn has no judge label now (re-judged as ``judge_error``, or removed).
+
+    Why before anything is imported: the report compares every audited turn with the judge's label; a
+    sampled turn without one cannot be compared, and dropping it would bias the stratum's audit.
+    """
+    missing = [r for r in sample.record_ids if not table.has(r)]
+    if missing:
+        raise UsageError(f"{len(missing)} sampled turn(s) have no judge label in the run now (first {missing[0]!r}: "
+                         f"a judge_error or a removed turn); re-run `mechprobe judge {run}` (judge errors are "
+                         f"retried), or draw a new sample with --redraw; nothing was imported")
 
 
 @dataclass(frozen=True)
@@ -121,6 +151,8 @@ def build_report(table: TurnTable, sample: AuditSample, labellers: list[Labeller
         >>> rep = build_report(load_run_table(run), load_sample(run), load_labellers(run, sample))
         >>> rep["rates"]["none"]["corrected"]["point"]
     """
+    check_report_args(alpha, n_boot)
+    check_sample_judged(sample, table)
     rows = audit_rows(sample, table, labellers)
     names = [lab.name for lab in labellers]
     strata = sorted(table.strata(sample.by))
@@ -262,10 +294,9 @@ def report_markdown(rep: dict[str, Any]) -> str:
 
 
 def write_report(run: str | Path, rep: dict[str, Any]) -> tuple[Path, Path]:
-    """Write ``<run>/audit/report.md`` and ``report.json``; returns their paths."""
+    """Write ``<run>/audit/report.md`` and ``report.json`` (each whole or not at all); returns their paths."""
     d = audit_dir(run)
-    d.mkdir(parents=True, exist_ok=True)
     md, js = d / "report.md", d / "report.json"
-    md.write_text(report_markdown(rep), encoding="utf-8")
-    write_json(js, rep)
+    write_json_atomic(js, rep)
+    write_text_atomic(md, report_markdown(rep))
     return md, js

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from mechprobe.errors import UsageError
-from mechprobe.io import read_json, write_json
+from mechprobe.io import read_json
 
+from .store import write_json_atomic
 from .table import STRATA, LabelledTurn, TurnTable
 
 __all__ = ["AuditSample", "draw_sample", "load_or_draw", "load_sample", "audit_dir", "SAMPLE_FILE"]
@@ -175,5 +176,5 @@ def load_or_draw(run: str | Path, table: TurnTable, n: int, by: str = "condition
         raise UsageError(f"{p} was drawn with --n {old.n} --by {old.by} --seed {old.seed}, not --n {n} --by {by} "
                          f"--seed {seed}; repeat those arguments to reuse it, or pass --redraw to replace it")
     sample = draw_sample(table, n, by, seed)
-    write_json(p, sample.to_dict())
+    write_json_atomic(p, sample.to_dict())
     return sample, True

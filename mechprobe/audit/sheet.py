@@ -11,12 +11,18 @@ Why the layout: a sheet of 200 rows is labelled over hours, so the codebook sits
 definition under its button, the answer scrolls (and opens at full length) with the keyboard, a label moves
 on to the next unlabelled row, and a row overview marks the unlabelled and borderline rows. The same template
 serves the answer-identification page (:mod:`mechprobe.audit.identify`) in its ``identify`` mode.
+Why texts starting with ``=``, ``+``, ``-``, ``@``, a tab or a CR get a leading ``'`` in ``sheet.csv`` (the OWASP
+advice for CSV injection): a spreadsheet evaluates such a cell, so a generated turn ``=HYPERLINK(...)`` becomes a
+live link and ``-2+3`` shows as ``1``; the quote makes it text. The import reads only the labeller's columns,
+never these texts back, so nothing has to be undone there. Why a filled ``sheet.csv`` is never rewritten: labellers
+fill it in place, and a re-run with the same arguments would otherwise replace their work with a blank sheet.
 """
 
 from __future__ import annotations
 
 import csv
 import html
+import io
 import json
 import random
 import re
@@ -24,18 +30,23 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from mechprobe.errors import UsageError
 from mechprobe.taxonomy import TAXONOMY
 
 from .codebook import codebook_text
 from .labels import LABELS_FORMAT
 from .sample import AuditSample, audit_dir
+from .store import write_text_atomic
 from .table import TurnTable
 
-__all__ = ["SheetRow", "sheet_rows", "render_sheet_html", "render_page", "write_sheet", "CSV_COLUMNS"]
+__all__ = ["SheetRow", "sheet_rows", "render_sheet_html", "render_page", "write_sheet", "CSV_COLUMNS", "csv_cell",
+           "refuse_filled_sheet", "FORMULA_START"]
 
 CSV_COLUMNS = ("sample_id", "row", "query", "answer", "user_turn", "label", "borderline", "note", "labeller",
                "labeller_kind")
 _PLACEHOLDER = re.compile(r"\{\{(TITLE|MODE|CODEBOOK_HTML|DATA_JSON)\}\}")
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_TOOL_COLUMNS = {"sample_id", "row", "query", "answer", "user_turn"}  # what the tool writes; the rest is the labeller's
 
 
 @dataclass(frozen=True)
@@ -117,6 +128,36 @@ def render_page(title: str, data: dict[str, object], codebook: str = "") -> str:
     return _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
 
 
+def csv_cell(text: str) -> str:
+    """``text`` as a spreadsheet shows it verbatim: a leading ``'`` when it starts like a formula."""
+    return "'" + text if text.startswith(FORMULA_START) else text
+
+
+def _filled_rows(path: Path) -> str | None:
+    """What a labeller put into ``path`` (e.g. ``"3 filled rows"``), or None when it is a blank sheet.
+
+    Any non-empty cell outside the tool's own columns counts. A file that no longer reads as the tool's
+    UTF-8 CSV was edited (a spreadsheet saved it in another encoding), so it counts as filled too.
+    """
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            rows = list(csv.DictReader(f))
+    except (UnicodeDecodeError, csv.Error) as e:
+        return f"edits ({type(e).__name__})"
+    n = sum(any((v or "").strip() for k, v in r.items() if k not in _TOOL_COLUMNS) for r in rows)
+    return f"{n} filled row(s)" if n else None
+
+
+def refuse_filled_sheet(run: str | Path) -> None:
+    """Refuse (one line) when ``<run>/audit/sheet.csv`` holds a labeller's work, before anything is written."""
+    csv_p = audit_dir(run) / "sheet.csv"
+    filled = _filled_rows(csv_p) if csv_p.is_file() else None
+    if filled:
+        raise UsageError(f"{csv_p} holds labels ({filled}) and is never overwritten; import them with "
+                         f"`mechprobe audit {run} --labels {csv_p}`, then move the file away (e.g. to <labeller>.csv) "
+                         f"if you need a blank sheet.csv")
+
+
 def write_sheet(run: str | Path, sample: AuditSample, table: TurnTable, seed: int | None = None
                 ) -> tuple[Path, Path]:
     """Write ``<run>/audit/sheet.html`` and ``<run>/audit/sheet.csv`` for ``sample``.
@@ -125,18 +166,21 @@ def write_sheet(run: str | Path, sample: AuditSample, table: TurnTable, seed: in
         run: the run directory.
         sample: the recorded sample; table: the run's table; seed: shuffle seed (default the sample's).
     Returns:
-        ``(html_path, csv_path)``.
+        ``(html_path, csv_path)``. A ``sheet.csv`` that holds labels is refused (:func:`refuse_filled_sheet`)
+        before either file is written; texts that start like a formula are written through :func:`csv_cell`.
     Example:
         >>> html_p, csv_p = write_sheet(run, sample, table)
     """
+    refuse_filled_sheet(run)
     rows = sheet_rows(sample, table, seed)
     out = audit_dir(run)
-    out.mkdir(parents=True, exist_ok=True)
     html_p, csv_p = out / "sheet.html", out / "sheet.csv"
-    html_p.write_text(render_sheet_html(sample, rows), encoding="utf-8")
-    with open(csv_p, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(CSV_COLUMNS)
-        for r in rows:
-            w.writerow([sample.sample_id, r.row, r.query, r.answer, r.turn, "", "", "", "", ""])
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(CSV_COLUMNS)
+    for r in rows:
+        w.writerow([sample.sample_id, r.row, csv_cell(r.query), csv_cell(r.answer), csv_cell(r.turn),
+                    "", "", "", "", ""])
+    write_text_atomic(html_p, render_sheet_html(sample, rows))
+    write_text_atomic(csv_p, buf.getvalue(), newline="")
     return html_p, csv_p

@@ -5,6 +5,8 @@
 
 Why one command with two modes: both act on the same recorded sample (``<run>/audit/sample.json``), and the
 second is meaningless without the first; keeping them together keeps the sample's arguments in one place.
+Both modes write under the audit directory's lock (:func:`mechprobe.audit.store.audit_lock`), and check every
+input (flags, the sample against the run's judge labels, a filled sheet.csv) before they write anything.
 """
 
 from __future__ import annotations
@@ -20,10 +22,17 @@ from mechprobe.audit.identify import (
     write_identify_sheet,
 )
 from mechprobe.audit.labels import LABELLER_KINDS, import_labels, load_labellers
-from mechprobe.audit.report import build_report, report_markdown, write_report
-from mechprobe.audit.sample import load_or_draw, load_sample
-from mechprobe.audit.sheet import write_sheet
-from mechprobe.audit.table import STRATA, load_run_table
+from mechprobe.audit.report import (
+    build_report,
+    check_report_args,
+    check_sample_judged,
+    report_markdown,
+    write_report,
+)
+from mechprobe.audit.sample import audit_dir, load_or_draw, load_sample
+from mechprobe.audit.sheet import FORMULA_START, refuse_filled_sheet, sheet_rows, write_sheet
+from mechprobe.audit.store import audit_lock
+from mechprobe.audit.table import STRATA, TurnTable, load_run_table
 from mechprobe.cli import common
 
 __all__ = ["add_args", "run"]
@@ -37,12 +46,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
     common.add_seed(p)
     p.add_argument("--redraw", action="store_true", help="replace a sample drawn with other --n/--by/--seed")
     p.add_argument("--labels", nargs="+", metavar="FILE",
-                   help="import these files (one per labeller: sheet.html's JSON export or a filled sheet.csv; "
-                        "identify.html's export), then write and print the report")
+                   help="import these files (sheet.html's JSON export, or a filled sheet.csv: one stored "
+                        "labeller per name in its labeller column; identify.html's export), then write and print "
+                        "the report")
     p.add_argument("--labeller-kind", choices=LABELLER_KINDS, default=None,
                    help="person or model, for files that do not say (CSV)")
-    p.add_argument("--alpha", type=float, default=0.05, help="1 - confidence level (default 0.05)")
-    p.add_argument("--n-boot", type=int, default=500, help="bootstrap draws for kappa intervals (default 500)")
+    p.add_argument("--alpha", type=float, default=0.05, help="1 - confidence level, strictly between 0 and 1 (default 0.05)")
+    p.add_argument("--n-boot", type=int, default=500, help="bootstrap draws for kappa intervals (default 500, at least 20)")
 
 
 def run(a: argparse.Namespace) -> int:
@@ -54,28 +64,46 @@ def run(a: argparse.Namespace) -> int:
         0
     """
     run_dir = Path(a.run)
+    if a.labels:
+        check_report_args(a.alpha, a.n_boot)
     table = load_run_table(run_dir)
     if a.labels:
-        sample = load_sample(run_dir)
-        ident = [p for p in a.labels if is_identify_file(p)]
-        checked = import_identify(run_dir, ident, sample, kind=a.labeller_kind) if ident else []
-        coded = [p for p in a.labels if p not in ident]
-        stored = import_labels(run_dir, coded, sample, kind=a.labeller_kind) if coded else []
-        for p in stored + store_identify(checked):
-            print(f"imported {p}")
-        rep = build_report(table, sample, load_labellers(run_dir, sample), alpha=a.alpha, n_boot=a.n_boot,
-                           seed=a.seed)
-        rep["identification"] = identification_report(run_dir, table, sample, alpha=a.alpha)
-        md, js = write_report(run_dir, rep)
-        print(report_markdown(rep))
-        print(f"report: {md}\nreport data: {js}")
-        return 0
+        load_sample(run_dir)  # no sample: say how to draw one before making audit/
+    with audit_lock(audit_dir(run_dir)):
+        return _labels(a, run_dir, table) if a.labels else _sheet(a, run_dir, table)
+
+
+def _labels(a: argparse.Namespace, run_dir: Path, table: TurnTable) -> int:
+    sample = load_sample(run_dir)
+    check_sample_judged(sample, table, run_dir)
+    load_labellers(run_dir, sample)  # a damaged stored file is refused before anything new is stored
+    ident = [p for p in a.labels if is_identify_file(p)]
+    checked = import_identify(run_dir, ident, sample, kind=a.labeller_kind) if ident else []
+    coded = [p for p in a.labels if p not in ident]
+    stored = import_labels(run_dir, coded, sample, kind=a.labeller_kind) if coded else []
+    for p in stored + store_identify(checked):
+        print(f"imported {p}")
+    rep = build_report(table, sample, load_labellers(run_dir, sample), alpha=a.alpha, n_boot=a.n_boot,
+                       seed=a.seed)
+    rep["identification"] = identification_report(run_dir, table, sample, alpha=a.alpha)
+    md, js = write_report(run_dir, rep)
+    print(report_markdown(rep))
+    print(f"report: {md}\nreport data: {js}")
+    return 0
+
+
+def _sheet(a: argparse.Namespace, run_dir: Path, table: TurnTable) -> int:
+    refuse_filled_sheet(run_dir)  # before a redraw replaces the sample the filled sheet belongs to
     sample, drawn = load_or_draw(run_dir, table, a.n, a.by, a.seed, a.redraw)
     html_p, csv_p = write_sheet(run_dir, sample, table)
     ident_p, pairs = write_identify_sheet(run_dir, sample, table)
     verb = "drew" if drawn else "reused"
     print(f"{verb} sample {sample.sample_id}: {len(sample.record_ids)} turns by {sample.by} "
           + ", ".join(f"{k} {v}" for k, v in sample.per_stratum.items()))
+    quoted = sum(t.startswith(FORMULA_START) for r in sheet_rows(sample, table) for t in (r.query, r.answer, r.turn))
+    if quoted:
+        print(f"note: {quoted} text(s) in sheet.csv start like a spreadsheet formula (= + - @ tab CR) and carry a "
+              f"leading ' so that spreadsheets show them as text; the ' is not part of the turn")
     print(html_p)
     print(csv_p)
     print(ident_p)
