@@ -20,6 +20,7 @@ from mechprobe.errors import UsageError
 from mechprobe.io import read_json, write_json
 from mechprobe.taxonomy import DEFINITIONS, LABELS
 
+from .readings import parse_strict
 from .sample import AuditSample, audit_dir
 
 __all__ = ["RowLabel", "LabellerLabels", "read_labels_file", "import_labels", "load_labellers", "LABELLER_KINDS",
@@ -34,15 +35,23 @@ _FALSE = {"", "0", "false", "no", "n"}
 
 @dataclass(frozen=True)
 class RowLabel:
-    """One labeller's verdict on one sheet row (``row`` is the sheet's opaque row key)."""
+    """One labeller's verdict on one sheet row (``row`` is the sheet's opaque row key).
+
+    ``strict``: on a ``genuine_followup`` row, ``"yes"`` or the label under the codebook's strict reading; None
+    when the labeller did not say (:mod:`mechprobe.audit.readings`).
+    """
 
     row: str
     label: str
     borderline: bool = False
     note: str = ""
+    strict: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"row": self.row, "label": self.label, "borderline": self.borderline, "note": self.note}
+        d: dict[str, Any] = {"row": self.row, "label": self.label, "borderline": self.borderline, "note": self.note}
+        if self.strict is not None:
+            d["strict"] = self.strict
+        return d
 
 
 @dataclass(frozen=True)
@@ -66,7 +75,7 @@ class LabellerLabels:
     def from_dict(cls, d: dict[str, Any]) -> LabellerLabels:
         lab = d.get("labeller") or {}
         rows = tuple(RowLabel(str(r["row"]), str(r["label"]), bool(r.get("borderline", False)),
-                              str(r.get("note") or "")) for r in d.get("rows", []))
+                              str(r.get("note") or ""), r.get("strict")) for r in d.get("rows", []))
         return cls(str(lab.get("name") or ""), str(lab.get("kind") or ""), str(d.get("sample_id") or ""), rows)
 
 
@@ -96,7 +105,7 @@ def _read_csv(path: Path) -> dict[str, Any]:
                 continue  # not labelled (yet)
             rows.append({"row": r["row"].strip(), "label": label,
                          "borderline": _flag(r.get("borderline") or "", f"{path}:{i}"),
-                         "note": (r.get("note") or "").strip(), "_line": i})
+                         "note": (r.get("note") or "").strip(), "strict": r.get("strict"), "_line": i})
     sample_ids.discard("")
     if len(sample_ids) > 1:
         raise UsageError(f"{path}: rows of several samples ({sorted(sample_ids)}); keep the rows of one sheet.csv")
@@ -159,7 +168,8 @@ def read_labels_file(path: str | Path, kind: str | None = None, name: str | None
         if row in seen:
             raise UsageError(f"{where}: row {row!r} is labelled twice; keep one label per row")
         seen.add(row)
-        rows.append(RowLabel(row, label, bool(r.get("borderline", False)), str(r.get("note") or "")))
+        rows.append(RowLabel(row, label, bool(r.get("borderline", False)), str(r.get("note") or ""),
+                             parse_strict(r.get("strict"), label, where)))
     return LabellerLabels(who, k, str(d.get("sample_id") or ""), tuple(rows))
 
 
