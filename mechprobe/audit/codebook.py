@@ -8,12 +8,16 @@ points at it.
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["codebook_text", "codebook_core", "codebook_path", "CODEBOOK_FILE", "CORE_SECTIONS"]
+__all__ = ["codebook_text", "codebook_core", "codebook_path", "codebook_version", "CODEBOOK_FILE", "CORE_SECTIONS",
+           "CODEBOOK_VERSION", "LEGACY_CODEBOOK_VERSION"]
 
 CODEBOOK_FILE = "labeling_guide.md"
+LEGACY_CODEBOOK_VERSION = "v1"  # samples and reports written before the codebook carried a version
+_VERSION_LINE = re.compile(r"^Codebook version: \*\*(v\d+)\*\*", re.M)
 
 
 def codebook_path() -> Path:
@@ -61,3 +65,21 @@ def codebook_core() -> str:
         end = text.find("\n## ", start + 1)
         out.append(text[start + 1: end if end >= 0 else len(text)].rstrip())
     return "\n\n".join(out)
+
+
+def codebook_version(text: str | None = None) -> str:
+    """The codebook's version, read from its ``Codebook version: **vN**`` line (the file is the one source).
+
+    Why recorded: a labeller's verdicts mean what the codebook they read said; each audit sample and report
+    records the version so labels collected under different codebooks are never pooled unnoticed.
+    Example:
+        >>> codebook_version()
+        'v2'
+    """
+    m = _VERSION_LINE.search(codebook_text() if text is None else text)
+    if not m:
+        raise ValueError(f"{CODEBOOK_FILE} has no 'Codebook version: **vN**' line; add one under its title")
+    return m.group(1)
+
+
+CODEBOOK_VERSION = codebook_version()

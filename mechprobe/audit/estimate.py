@@ -12,7 +12,12 @@ Assumptions the corrected numbers rest on (also printed in the report):
 - the audit labels are the truth (a consensus of labellers; their own disagreement is reported, not modelled);
 - the non-audited turns are treated as a sample from the same stratum (PPI's i.i.d. unlabeled set); with a
   finite stratum this makes the interval slightly conservative;
-- the interval is a CLT interval: with few audited turns (< ~30) or no audited positive it can be too narrow.
+- the interval is a CLT interval: with few audited turns (< ~30) it can be too narrow; with no audited
+  positive (or only positives) it is widened to include the exact Clopper-Pearson interval of the audit alone.
+
+Where a stratum holds several turns of one item (k samples, several audited turns per item), every interval
+here is item-clustered instead (:mod:`mechprobe.stats.clustered`): pass the turns' items and the functions
+switch to a cluster bootstrap over items.
 """
 
 from __future__ import annotations
@@ -25,6 +30,13 @@ from typing import Any
 import numpy as np
 
 from mechprobe.stats import paired_bootstrap
+from mechprobe.stats.clustered import (
+    ClusteredEstimate,
+    clopper_pearson,
+    cluster_bootstrap_ppi,
+    cluster_bootstrap_rate,
+    has_repeats,
+)
 
 __all__ = ["Estimate", "corrected_rate", "judge_only_rate", "corrected_paired_difference", "judge_only_difference"]
 
@@ -54,16 +66,23 @@ class Estimate:
         return f"{self.point:.1%} [{self.lo:.1%}, {self.hi:.1%}]"
 
 
+def _from_clustered(c: ClusteredEstimate, n_audited: int, n_total: int, prefix: str = "") -> Estimate:
+    return Estimate(c.point, c.lo, c.hi, n_audited, prefix + c.method, n_total)
+
+
 def _nan(method: str, n_audited: int = 0, n_total: int = 0) -> Estimate:
     return Estimate(float("nan"), float("nan"), float("nan"), n_audited, method, n_total)
 
 
-def judge_only_rate(judge_all: Any, alpha: float = 0.05) -> Estimate:
-    """The judge's own rate over all turns, with statsmodels' Wilson interval.
+def judge_only_rate(judge_all: Any, alpha: float = 0.05, items: Any = None, n_boot: int = 2000,
+                    seed: int = 0) -> Estimate:
+    """The judge's own rate over all turns, with statsmodels' Wilson interval (item-clustered when items repeat).
 
     Args:
         judge_all: 0/1 judge verdicts (genuine or not) for every turn of the stratum.
         alpha: 1 - confidence level.
+        items: the item of each turn; when an item holds several turns the interval is a cluster bootstrap
+            over items (Clopper-Pearson over items when every verdict is equal). n_boot, seed: that bootstrap.
     Returns:
         the rate; ``n_audited`` is 0 because no audit enters it.
     Example:
@@ -75,6 +94,9 @@ def judge_only_rate(judge_all: Any, alpha: float = 0.05) -> Estimate:
     y = np.asarray(judge_all, dtype=float).ravel()
     if y.size == 0:
         return _nan("judge-only wilson")
+    if items is not None and has_repeats(list(items)):
+        return _from_clustered(cluster_bootstrap_rate(y, list(items), alpha, n_boot, seed), 0, int(y.size),
+                               "judge-only ")
     k = int(round(y.sum()))
     lo, hi = proportion_confint(k, y.size, alpha=alpha, method="wilson")
     return Estimate(k / y.size, float(lo), float(hi), 0, "judge-only wilson", int(y.size))
@@ -103,10 +125,18 @@ def _ppi(y: np.ndarray, yhat: np.ndarray, yhat_u: np.ndarray, alpha: float, lo_c
         point = float(np.asarray(ppi_mean_pointestimate(y, yhat, yhat_u, lam=lam)).ravel()[0])
     lo, hi = ppi_mean_ci(y, yhat, yhat_u, alpha=alpha, lam=lam)
     lo_f, hi_f = float(np.asarray(lo).ravel()[0]), float(np.asarray(hi).ravel()[0])
-    return point, max(lo_clip, lo_f), min(hi_clip, hi_f), method
+    if lo_clip == 0.0 and y.size and (bool(np.all(y == 0)) or bool(np.all(y == 1))):
+        # No audited follow-up (or only follow-ups): the CLT interval rests on the judge's spread alone and can be
+        # nearly zero-width; the audit by itself says at least as much as its exact interval.
+        clo, chi = clopper_pearson(float(y.sum()), y.size, alpha)
+        lo_f, hi_f = min(lo_f, clo), max(hi_f, chi)
+        method += " widened to the audit-only clopper-pearson (all audited values equal)"
+    point = min(hi_clip, max(lo_clip, point))  # a rate below 0 (PPI can land there by rounding) reads as 0
+    return point, min(point, max(lo_clip, lo_f)), max(point, min(hi_clip, hi_f)), method
 
 
-def corrected_rate(judge_all: Any, judge_audited: Any, labels_audited: Any, alpha: float = 0.05) -> Estimate:
+def corrected_rate(judge_all: Any, judge_audited: Any, labels_audited: Any, alpha: float = 0.05,
+                   items_all: Any = None, items_audited: Any = None, n_boot: int = 2000, seed: int = 0) -> Estimate:
     """The true genuine-follow-up rate of one stratum, corrected by the audit (PPI++ via ``ppi_py``).
 
     Args:
@@ -117,8 +147,12 @@ def corrected_rate(judge_all: Any, judge_audited: Any, labels_audited: Any, alph
         labels_audited: the audit's truth on the same turns (``Y``): 0/1, or a consensus in [0, 1] (the mean
             of the labellers' genuine calls).
         alpha: 1 - confidence level.
+        items_all, items_audited: the item of each turn of ``judge_all`` and of the audited turns; when an item
+            holds several turns the interval is an item-cluster bootstrap of the same PPI++ estimate
+            (:func:`mechprobe.stats.clustered.cluster_bootstrap_ppi`). n_boot, seed: that bootstrap.
     Returns:
-        point, interval (clipped to [0, 1]), ``n_audited`` and the method. NaN with no audited turn.
+        point, interval (clipped to [0, 1]), ``n_audited`` and the method. NaN with no audited turn. With no
+        audited positive (or only positives) the interval includes the audit-only Clopper-Pearson interval.
     Example:
         >>> est = corrected_rate(judge_all=[1, 0, 0, 1, 0, 0], judge_audited=[1, 0], labels_audited=[0, 0])
         >>> est.method
@@ -132,6 +166,9 @@ def corrected_rate(judge_all: Any, judge_audited: Any, labels_audited: Any, alph
     n_total = int(y.size + yhat_u.size)
     if y.size == 0:
         return _nan("no audited turns", 0, n_total)
+    if items_all is not None and items_audited is not None and has_repeats(list(items_audited) + list(items_all)):
+        return _from_clustered(cluster_bootstrap_ppi(y, yhat, list(items_audited), yhat_u, list(items_all), alpha,
+                                                     n_boot, seed), int(y.size), n_total)
     point, lo, hi, method = _ppi(y, yhat, yhat_u, alpha, 0.0, 1.0)
     return Estimate(point, lo, hi, int(y.size), method, n_total)
 

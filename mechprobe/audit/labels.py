@@ -23,6 +23,7 @@ from typing import Any
 from mechprobe.errors import UsageError
 from mechprobe.taxonomy import DEFINITIONS, LABELS
 
+from .readings import parse_strict
 from .sample import AuditSample, audit_dir
 from .store import write_json_atomic
 
@@ -38,15 +39,23 @@ _FALSE = {"", "0", "false", "no", "n"}
 
 @dataclass(frozen=True)
 class RowLabel:
-    """One labeller's verdict on one sheet row (``row`` is the sheet's opaque row key)."""
+    """One labeller's verdict on one sheet row (``row`` is the sheet's opaque row key).
+
+    ``strict``: on a ``genuine_followup`` row, ``"yes"`` or the label under the codebook's strict reading; None
+    when the labeller did not say (:mod:`mechprobe.audit.readings`).
+    """
 
     row: str
     label: str
     borderline: bool = False
     note: str = ""
+    strict: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"row": self.row, "label": self.label, "borderline": self.borderline, "note": self.note}
+        d: dict[str, Any] = {"row": self.row, "label": self.label, "borderline": self.borderline, "note": self.note}
+        if self.strict is not None:
+            d["strict"] = self.strict
+        return d
 
 
 @dataclass(frozen=True)
@@ -72,7 +81,7 @@ class LabellerLabels:
         if not isinstance(d, dict) or d.get("format") != LABELS_FORMAT:
             raise UsageError(f"{where}: not a labels file of the audit (format {LABELS_FORMAT!r} missing)")
         lab = _labeller(d, where)
-        rows = tuple(RowLabel(r["row"], r["label"], r["borderline"], r["note"]) for r in _rows(d, where))
+        rows = tuple(RowLabel(r["row"], r["label"], r["borderline"], r["note"], r["strict"]) for r in _rows(d, where))
         return cls(lab["name"], lab["kind"], _text(d.get("sample_id"), f"{where}: sample_id"), rows)
 
 
@@ -111,7 +120,7 @@ def _labeller(d: dict[str, Any], where: str) -> dict[str, str]:
 
 
 def _rows(d: dict[str, Any], where: str) -> list[dict[str, Any]]:
-    """The labelled rows of a parsed file, each ``{row, label, borderline, note}`` checked (unlabelled skipped)."""
+    """The labelled rows of a parsed file, each ``{row, label, borderline, note, strict}`` checked (unlabelled skipped)."""
     rows = d.get("rows", [])
     if not isinstance(rows, list):
         raise UsageError(f"{where}: 'rows' is {type(rows).__name__}, not a list; export the file again from the sheet")
@@ -131,7 +140,8 @@ def _rows(d: dict[str, Any], where: str) -> list[dict[str, Any]]:
             raise UsageError(f"{at}: row {row!r} is labelled twice; keep one label per row")
         seen.add(row)
         out.append({"row": row, "label": label, "borderline": _flag(r.get("borderline"), at),
-                    "note": _text(r.get("note"), f"{at}: note"), "labeller": r.get("labeller"),
+                    "note": _text(r.get("note"), f"{at}: note"), "strict": parse_strict(r.get("strict"), label, at),
+                    "labeller": r.get("labeller"),
                     "labeller_kind": r.get("labeller_kind"), "_line": r.get("_line")})
     return out
 
@@ -162,7 +172,7 @@ def _read_csv(path: Path) -> dict[str, Any]:
             if not (r.get("label") or "").strip():
                 continue  # not labelled (yet)
             rows.append({"row": (r.get("row") or "").strip(), "label": r.get("label"),
-                         "borderline": r.get("borderline") or "", "note": r.get("note") or "",
+                         "borderline": r.get("borderline") or "", "note": r.get("note") or "", "strict": r.get("strict"),
                          "labeller": (r.get("labeller") or "").strip(),
                          "labeller_kind": (r.get("labeller_kind") or "").strip(), "_line": i})
     except csv.Error as e:
@@ -196,7 +206,7 @@ def _one_labeller(path: Path, who: str, kind: str | None, file_kind: str, sample
     if k not in LABELLER_KINDS:
         raise UsageError(f"{path}: labeller kind {k or 'missing'!r}; pass --labeller-kind person or model")
     return LabellerLabels(who, k, sample_id,
-                          tuple(RowLabel(r["row"], r["label"], r["borderline"], r["note"]) for r in rows))
+                          tuple(RowLabel(r["row"], r["label"], r["borderline"], r["note"], r["strict"]) for r in rows))
 
 
 def read_labellers_file(path: str | Path, kind: str | None = None, name: str | None = None

@@ -10,6 +10,13 @@ Why coordinated over items: within every stratum the turns are taken in one seed
 *items*, shared by all strata. The choice still ignores every label (so each stratum's audited turns are
 a simple random sample of it, which the correction assumes), and two conditions of a steering run are
 audited on the same items as far as possible, which the paired steered-vs-unsteered correction needs.
+
+Why at most one turn per item and stratum (by default): turns of one item (k samples at T1, perturbed variants)
+share a query and an answer, so a second audited turn of an item carries less information than a turn of a new
+item. Spreading the audit over items makes the audited turns close to independent; ``turns_per_item`` allows
+more (taken round-robin: every item's first turn before any item's second), and the report's intervals are
+item-clustered whenever an item holds several turns. With the same number of turns per item in a stratum
+(a probe run's k samples) every turn still has the same chance to be audited.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from typing import Any
 from mechprobe.errors import UsageError
 from mechprobe.io import read_json
 
+from .codebook import CODEBOOK_VERSION, LEGACY_CODEBOOK_VERSION
 from .store import write_json_atomic
 from .table import STRATA, LabelledTurn, TurnTable
 
@@ -40,6 +48,9 @@ class AuditSample:
     ``record_ids`` are in draw order (stratum by stratum); ``per_stratum`` how many turns each stratum
     gave; ``labels_sha256`` the hash of the judge-label files at draw time (:attr:`TurnTable.labels_sha256`).
     ``sample_id`` is derived from all of it, so a labels file names the sample it belongs to.
+    ``turns_per_item``: the most turns of one item drawn per stratum (0: no limit; None: a sample recorded before
+    the limit existed, which took whole items). ``codebook_version``: the codebook the sheet showed (``v1`` for a
+    sample recorded before versions).
     """
 
     seed: int
@@ -51,6 +62,8 @@ class AuditSample:
     labels_sha256: str
     sources: dict[str, str] = field(default_factory=dict)
     sample_id: str = ""
+    turns_per_item: int | None = None
+    codebook_version: str = ""
 
     def __post_init__(self) -> None:
         if not self.sample_id:
@@ -80,6 +93,7 @@ class AuditSample:
         d = {k: v for k, v in d.items() if k != "format"}
         d["record_ids"] = tuple(d["record_ids"])
         d["judges"] = tuple(d["judges"])
+        d.setdefault("codebook_version", LEGACY_CODEBOOK_VERSION)  # samples recorded before codebook versions
         return cls(**d)
 
 
@@ -103,14 +117,31 @@ def _quotas(sizes: dict[str, int], n: int) -> dict[str, int]:
     return quota
 
 
-def draw_sample(table: TurnTable, n: int, by: str = "condition", seed: int = 0) -> AuditSample:
-    """Draw a seeded, stratified random sample of ``n`` turns of ``table``.
+def _spread(rows: list[LabelledTurn], rank: dict[str, int], tiebreak: dict[str, float],
+            turns_per_item: int) -> list[LabelledTurn]:
+    """A stratum's turns in draw order: items in the shared order, one turn of each item per pass (at most
+    ``turns_per_item`` passes; 0 = until every turn is placed)."""
+    by_item: dict[str, list[LabelledTurn]] = {}
+    for r in sorted(rows, key=lambda r: (rank[r.item_id], tiebreak[r.record_id])):
+        by_item.setdefault(r.item_id, []).append(r)
+    items = list(by_item)  # already in the shared item order
+    passes = max(len(v) for v in by_item.values()) if by_item else 0
+    if turns_per_item > 0:
+        passes = min(passes, turns_per_item)
+    return [by_item[it][k] for k in range(passes) for it in items if k < len(by_item[it])]
+
+
+def draw_sample(table: TurnTable, n: int, by: str = "condition", seed: int = 0,
+                turns_per_item: int = 1) -> AuditSample:
+    """Draw a seeded, stratified random sample of ``n`` turns of ``table``, spread over items.
 
     Args:
         table: the run's judged turns (:func:`~mechprobe.audit.table.load_run_table`).
         n: total number of turns; spread evenly over the strata (fewer if the table is smaller).
         by: the stratum field, one of ``condition``, ``decoding``, ``dataset``.
-        seed: the random seed; the same table, ``n``, ``by`` and seed give the same sample.
+        seed: the random seed; the same table, ``n``, ``by``, seed and ``turns_per_item`` give the same sample.
+        turns_per_item: at most this many turns of one item per stratum (default 1; 0 = no limit). A stratum
+            with fewer items than its share gives one turn per item and its remainder goes to the other strata.
     Returns:
         the sample (not yet written; see :func:`load_or_draw`).
     Example:
@@ -122,19 +153,22 @@ def draw_sample(table: TurnTable, n: int, by: str = "condition", seed: int = 0) 
         raise UsageError(f"--by {by!r} is not a stratum; use one of {', '.join(STRATA)}")
     if n < 1:
         raise UsageError(f"--n {n}: the audit needs at least one turn; pass --n 80 or so")
+    if turns_per_item < 0:
+        raise UsageError(f"--turns-per-item {turns_per_item}: pass 1 (the default), a larger limit, or 0 for no limit")
     rng = random.Random(seed)
     items = sorted({r.item_id for r in table.rows})
     rng.shuffle(items)
     rank = {it: i for i, it in enumerate(items)}
     tiebreak = {r.record_id: rng.random() for r in sorted(table.rows, key=lambda r: r.record_id)}
     groups = table.strata(by)
-    quota = _quotas({s: len(rows) for s, rows in groups.items()}, n)
+    order = {s: _spread(rows, rank, tiebreak, turns_per_item) for s, rows in groups.items()}
+    quota = _quotas({s: len(o) for s, o in order.items()}, n)
     ids: list[str] = []
-    for s, rows in groups.items():
-        order: list[LabelledTurn] = sorted(rows, key=lambda r: (rank[r.item_id], tiebreak[r.record_id]))
-        ids += [r.record_id for r in order[:quota[s]]]
+    for s, o in order.items():
+        ids += [r.record_id for r in o[:quota[s]]]
     return AuditSample(seed=seed, n=n, by=by, record_ids=tuple(ids), per_stratum=quota,
-                       judges=tuple(table.judges), labels_sha256=table.labels_sha256, sources=dict(table.sources))
+                       judges=tuple(table.judges), labels_sha256=table.labels_sha256, sources=dict(table.sources),
+                       turns_per_item=turns_per_item, codebook_version=CODEBOOK_VERSION)
 
 
 def audit_dir(run: str | Path) -> Path:
@@ -150,13 +184,15 @@ def load_sample(run: str | Path) -> AuditSample:
 
 
 def load_or_draw(run: str | Path, table: TurnTable, n: int, by: str = "condition", seed: int = 0,
-                 redraw: bool = False) -> tuple[AuditSample, bool]:
+                 redraw: bool = False, turns_per_item: int = 1) -> tuple[AuditSample, bool]:
     """Reuse the run's sample when it was drawn with these arguments, else draw and record one.
 
     Args:
         run: the run directory; the sample goes to ``<run>/audit/sample.json``.
         table: the run's table (the sample must be drawn from it).
-        n, by, seed: see :func:`draw_sample`.
+        n, by, seed, turns_per_item: see :func:`draw_sample`. A sample recorded before the per-item limit
+            existed is reused whatever ``turns_per_item`` says (its labels name it; the report's intervals are
+            item-clustered either way).
         redraw: replace a sample drawn with other arguments (labels already collected for the old sample
             will no longer import: they name its sample id).
     Returns:
@@ -167,14 +203,16 @@ def load_or_draw(run: str | Path, table: TurnTable, n: int, by: str = "condition
     p = audit_dir(run) / SAMPLE_FILE
     if p.exists() and not redraw:
         old = AuditSample.from_dict(read_json(p))
-        if old.args() == {"seed": seed, "n": n, "by": by}:
+        same_limit = old.turns_per_item is None or old.turns_per_item == turns_per_item
+        if old.args() == {"seed": seed, "n": n, "by": by} and same_limit:
             missing = [r for r in old.record_ids if not table.has(r)]
             if missing:
                 raise UsageError(f"{p} names {len(missing)} turns the run no longer has (first {missing[0]!r}); "
                                  f"pass --redraw to draw a new sample from the run as it is now")
             return old, False
-        raise UsageError(f"{p} was drawn with --n {old.n} --by {old.by} --seed {old.seed}, not --n {n} --by {by} "
-                         f"--seed {seed}; repeat those arguments to reuse it, or pass --redraw to replace it")
-    sample = draw_sample(table, n, by, seed)
+        raise UsageError(f"{p} was drawn with --n {old.n} --by {old.by} --seed {old.seed} --turns-per-item "
+                         f"{old.turns_per_item}, not --n {n} --by {by} --seed {seed} --turns-per-item {turns_per_item}; "
+                         f"repeat those arguments to reuse it, or pass --redraw to replace it")
+    sample = draw_sample(table, n, by, seed, turns_per_item)
     write_json_atomic(p, sample.to_dict())
     return sample, True

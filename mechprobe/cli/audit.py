@@ -44,6 +44,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", type=int, default=80, help="turns to audit in total, spread evenly over strata (default 80)")
     p.add_argument("--by", choices=STRATA, default="condition", help="stratum field (default condition)")
     common.add_seed(p)
+    p.add_argument("--turns-per-item", type=int, default=1, metavar="K",
+                   help="at most K turns of one item per stratum in the sample (default 1: spread over items; "
+                        "0 = no limit); intervals are item-clustered whenever an item has several turns")
     p.add_argument("--redraw", action="store_true", help="replace a sample drawn with other --n/--by/--seed")
     p.add_argument("--labels", nargs="+", metavar="FILE",
                    help="import these files (sheet.html's JSON export, or a filled sheet.csv: one stored "
@@ -94,7 +97,7 @@ def _labels(a: argparse.Namespace, run_dir: Path, table: TurnTable) -> int:
 
 def _sheet(a: argparse.Namespace, run_dir: Path, table: TurnTable) -> int:
     refuse_filled_sheet(run_dir)  # before a redraw replaces the sample the filled sheet belongs to
-    sample, drawn = load_or_draw(run_dir, table, a.n, a.by, a.seed, a.redraw)
+    sample, drawn = load_or_draw(run_dir, table, a.n, a.by, a.seed, a.redraw, a.turns_per_item)
     html_p, csv_p = write_sheet(run_dir, sample, table)
     ident_p, pairs = write_identify_sheet(run_dir, sample, table)
     verb = "drew" if drawn else "reused"

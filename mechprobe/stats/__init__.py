@@ -9,6 +9,8 @@ from typing import Any
 from statsmodels.stats.contingency_tables import mcnemar
 from statsmodels.stats.proportion import proportion_confint
 
+from . import clustered  # noqa: F401  item-clustered intervals: mechprobe.stats.clustered
+
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """Wilson score interval for a binomial proportion k/n (sane at k=0, k=n and small n, unlike Wald).

@@ -95,18 +95,26 @@ def test_import_and_report(drawn, tmp_path, capsys):
     rep = read_json(run_dir / "audit" / "report.json")
     assert set(rep["rates"]) == {"probe", "none", "diff_means|L14|a0.8", "random|L14|a0.8"}
     dm = rep["rates"]["diff_means|L14|a0.8"]
-    assert dm["n_turns"] == 16 and dm["n_audited"] == 6
-    assert dm["judge_only"]["n_audited"] == 0 and dm["corrected"]["n_audited"] == 6
+    # the probe stratum has 4 items: one turn each, and its remainder goes to the steered strata (7, 7, 6)
+    assert sample.per_stratum == {"diff_means|L14|a0.8": 7, "none": 7, "probe": 4, "random|L14|a0.8": 6}
+    assert dm["n_turns"] == 16 and dm["n_audited"] == 7
+    assert dm["judge_only"]["n_audited"] == 0 and dm["corrected"]["n_audited"] == 7
+    assert rep["rates"]["probe"]["clustered"] and "cluster" in rep["rates"]["probe"]["judge_only"]["method"]
+    assert rep["codebook_version"] == "v2" and rep["sample"]["codebook_version"] == "v2"
+    assert set(dm["strict"]) == {"audited_genuine", "corrected", "corrected_by_labeller"}
     assert [x["labeller"] for x in dm["corrected_by_labeller"]] == ["eve", "fred"]
     assert len(rep["inter_labeller"]) == 1 and rep["inter_labeller"][0]["binary"]["n"] == 24
     assert {(k["labeller"], k["stratum"]) for k in rep["judge_vs_labeller"]} >= {("eve", "none"), ("fred", "all")}
     assert sum(sum(v.values()) for v in rep["confusion"]["counts"].values()) == 24
     diffs = {d["condition"]: d for d in rep["differences"]}
     assert set(diffs) == {"diff_means|L14|a0.8", "random|L14|a0.8"}
-    assert diffs["diff_means|L14|a0.8"]["corrected"]["n_audited"] == 6
+    assert diffs["diff_means|L14|a0.8"]["corrected"]["n_audited"] == 7
+    assert diffs["diff_means|L14|a0.8"]["corrected_strict"]["n_audited"] == 7
     assert diffs["diff_means|L14|a0.8"]["judge_only"]["n_total"] == 16
     md = (run_dir / "audit" / "report.md").read_text()
     assert "| diff_means\\|L14\\|a0.8 | 16 |" in md and "Paired difference" in md
+    assert "corrected, strict" in md and "binary, strict" in md and "Corrected rate per labeller" in md
+    assert "codebook v2" in md
     # importing the same files again is a no-op
     assert run(_ns(str(run_dir), "--labels", str(tmp_path / "fred.json"), "--n-boot", "20")) == 0
 

@@ -106,7 +106,7 @@ def test_formula_cells_are_quoted_in_sheet_csv(tmp_path, capsys):
 
     assert main(["audit", str(run), "--n", "100"]) == 0  # every turn of the run
     out = capsys.readouterr().out
-    assert "leading '" in out and out.strip().splitlines()[-1].endswith("sheet.csv")
+    assert "leading '" in out and any(line.endswith("sheet.csv") for line in out.splitlines())
     sheet = _sheet(run)
     texts = [r[c] for r in sheet for c in ("query", "answer", "user_turn")]
     assert not [t for t in texts if t[:1] in ("=", "+", "-", "@", "\t", "\r")]

@@ -33,17 +33,53 @@ def test_table_reads_probe_and_steering_turns(run):
 
 def test_sample_is_stratified_seeded_and_coordinated(run):
     t = load_run_table(run)
-    s = draw_sample(t, 20, "condition", seed=3)
+    s = draw_sample(t, 20, "condition", seed=3, turns_per_item=0)
     assert sum(s.per_stratum.values()) == 20 and set(s.per_stratum.values()) == {5}
-    assert draw_sample(t, 20, "condition", seed=3) == s
-    assert draw_sample(t, 20, "condition", seed=4).record_ids != s.record_ids
+    assert draw_sample(t, 20, "condition", seed=3, turns_per_item=0) == s
+    assert draw_sample(t, 20, "condition", seed=4, turns_per_item=0).record_ids != s.record_ids
     steered = {c: {t.get(r).item_id for r in s.record_ids if t.get(r).condition == c}
                for c in CONDITION_NAMES.values()}
     # one seeded item order for every stratum: the conditions of a steering run are audited on the same items
     assert steered["none"] == steered["diff_means|L14|a0.8"] == steered["random|L14|a0.8"]
     # a stratum smaller than its share gives all it has, the rest goes to the others
-    s2 = draw_sample(t, 60, "condition", seed=0)
+    s2 = draw_sample(t, 60, "condition", seed=0, turns_per_item=0)
     assert s2.per_stratum["probe"] == 12 and sum(s2.per_stratum.values()) == 60
+
+
+def _per_item(t, s, by="condition"):
+    return Counter((t.get(r).stratum(by), t.get(r).item_id) for r in s.record_ids)
+
+
+def test_sample_takes_at_most_one_turn_per_item_and_stratum_by_default(run):
+    """The probe stratum holds 3 turns of each of its 4 items; the default draw takes one of each, spreads the
+    audit over items, and gives the rest of the probe's share to the other strata."""
+    t = load_run_table(run)
+    for n, by in ((20, "condition"), (60, "condition"), (24, "decoding"), (40, "condition+decoding")):
+        s = draw_sample(t, n, by, seed=1)
+        assert max(_per_item(t, s, by).values()) == 1, (n, by)
+        assert s.turns_per_item == 1
+    s = draw_sample(t, 60, "condition", seed=0)
+    assert s.per_stratum["probe"] == 4 and sum(s.per_stratum.values()) == 52  # 4 + 3 x 16: every item once
+    # a larger limit takes every item's first turn before any item's second
+    s2 = draw_sample(t, 20, "condition", seed=0, turns_per_item=2)
+    probe = Counter(t.get(r).item_id for r in s2.record_ids if t.get(r).condition == "probe")
+    assert s2.per_stratum["probe"] == 5 and sorted(probe.values()) == [1, 1, 1, 2]  # all 4 items before a repeat
+    with pytest.raises(UsageError, match="turns-per-item"):
+        draw_sample(t, 10, "condition", turns_per_item=-1)
+
+
+def test_old_samples_without_a_limit_are_reused(run):
+    """A sample.json written before the per-item limit (whole items) keeps its labels: it is reused, and reads
+    as codebook v1."""
+    t = load_run_table(run)
+    s, _ = load_or_draw(run, t, 20, "condition", 0, turns_per_item=0)
+    rec = read_json(run / "audit" / "sample.json")
+    for k in ("turns_per_item", "codebook_version"):
+        rec.pop(k)
+    (run / "audit" / "sample.json").write_text(json.dumps(rec))
+    old, drawn = load_or_draw(run, t, 20, "condition", 0)
+    assert not drawn and old.record_ids == s.record_ids and old.sample_id == s.sample_id
+    assert old.turns_per_item is None and old.codebook_version == "v1"
 
 
 def test_sample_recorded_reused_and_refused(run):
