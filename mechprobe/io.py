@@ -22,6 +22,7 @@ import math
 import os
 import platform
 import sys
+import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -110,14 +111,35 @@ class JsonlStore:
         return set(self._keys)
 
     def append(self, row: dict[str, Any]) -> None:
+        """Append one row durably, or leave the file exactly as it was.
+
+        Why: a full disk (or quota) failing the write left a partial line, or an empty file created by the first
+        append, and ended in an ``OSError`` traceback. The file is cut back to its size before the append (and
+        removed if this append created it), and the error is one line: the rows already written stay.
+        """
         k = str(row[self.key])
         if k in self._keys:
             raise ValueError(f"duplicate {self.key}={k!r} in {self.path}")
-        line = dumps_row(row) + "\n"
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+        data = (dumps_row(row) + "\n").encode("utf-8")
+        created = not self.path.exists()
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise _write_error(self.path, e, len(self._keys)) from None
+        size = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+                if created:
+                    self.path.unlink()
+            raise _write_error(self.path, e, len(self._keys)) from None
+        finally:
+            os.close(fd)
         self._keys.add(k)
 
     def extend(self, rows: Iterable[dict[str, Any]]) -> None:
@@ -126,6 +148,43 @@ class JsonlStore:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(read_jsonl(self.path))
+
+
+def _write_error(path: Path, e: OSError, n_kept: int) -> UserError:
+    full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+    fix = "free disk space" if full else "make it writable"
+    return UserError(f"cannot write {path} ({e.strerror or e}); {fix} and re-run: the {n_kept} rows already in it "
+                     f"are kept and the stage resumes after them")
+
+
+def check_writable_dir(path: str | Path, flag: str) -> Path:
+    """Refuse, before anything runs, a directory a stage cannot write: one that is a file, a symlink loop, or
+    read-only (tried with a real temporary file, so it holds for root and read-only mounts too). A directory
+    that does not exist yet is checked at its nearest existing parent. ``flag`` names the option in the error.
+
+    Why: each of these ended in a traceback (``FileExistsError``, ``RuntimeError: Symlink loop``,
+    ``PermissionError``) after the model was loaded, or after the first stage had run.
+    """
+    p = Path(path)
+    try:
+        p.resolve()
+    except (RuntimeError, OSError) as e:
+        raise UsageError(f"{flag} {p}: cannot be resolved ({e}); point it at a real directory") from None
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"{flag} {p} is a file, not a directory: pass a directory (a new name is created)")
+    probe = p
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UsageError(f"{flag} {p}: {probe} is a file, not a directory: pass a path under a directory")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=probe, prefix=".mechprobe-write-check-")
+    except OSError as e:
+        raise UsageError(f"{flag} {p}: {probe} is not writable ({e.strerror or e}); copy the run somewhere "
+                         f"writable (cp -r) or make it writable (chmod -R u+w)") from None
+    os.close(fd)
+    os.unlink(tmp)
+    return p
 
 
 def dumps_row(row: dict[str, Any]) -> str:
@@ -253,10 +312,26 @@ def write_json(path: str | Path, obj: Any) -> None:
     """Write JSON atomically (tmp + rename) so a crash never leaves half a manifest."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
     text = json.dumps(finite(redact(obj)), indent=2, sort_keys=True, default=str, allow_nan=False)
-    tmp.write_text(text + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, text + "\n")
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file and a rename: a full disk leaves the old file (or none),
+    never an empty or cut-off one. A failure is a one-line :class:`UserError` and the temporary file is removed."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        fix = "free disk space" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "make it writable"
+        raise UserError(f"cannot write {path} ({e.strerror or e}); {fix} and re-run") from None
 
 
 def finite(obj: Any) -> Any:

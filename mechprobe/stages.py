@@ -270,7 +270,12 @@ def resolve_run(run: str | Path | None, model: str | None = None, dataset: str |
     unknown = sorted(set(over) - set(PASSTHROUGH))
     if unknown:
         raise TypeError(f"resolve_run: unknown overrides {unknown}")
+    every_item = over.get("limit") == 0  # the command line's --limit 0: no limit, as on every command
+    if every_item:
+        over.pop("limit")
     cfg = probe_config(model or DEFAULT_MODEL, dataset, preset=preset, **over)
+    if every_item:
+        cfg.limit = None
     path = Path(run) if run else default_run_dir(cfg)
     own = run_config(path)
     if own is None and run is not None and not new:
@@ -286,6 +291,8 @@ def resolve_run(run: str | Path | None, model: str | None = None, dataset: str |
                             f"pass another --run")
         kw = {f.name: getattr(own, f.name) for f in fields(ProbeConfig)}
         kw.update(over)
+        if every_item:
+            kw["limit"] = None
         if model:
             kw["model"] = model
         cfg = ProbeConfig(**kw)

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from mechprobe.audit.agreement import kappa_with_ci  # noqa: E402
 from mechprobe.judges.base import JudgeInput  # noqa: E402
-from mechprobe.judges.trained import DEFAULT_WEIGHTS, WEIGHTS_FORMAT, predict_proba, verdict  # noqa: E402
+from mechprobe.judges.trained import DEFAULT_WEIGHTS, WEIGHTS_FORMAT, predict_proba, verdict, weights_digest  # noqa: E402
 from mechprobe.judges.turn_features import FEATURE_NAMES, vector  # noqa: E402
 from mechprobe.taxonomy import GENUINE, LABELS  # noqa: E402
 
@@ -328,6 +328,7 @@ def cmd_fit(args: argparse.Namespace) -> None:
                    "cv": {f"{c:g}": {"threshold": v["threshold"], "kappa": round(v["kappa"], 4)}
                           for c, v in cv.items()},
                    "oof_kappa": oof_k.to_dict(), "lomo": lomo, "dev_kappa_other_judges": others}}
+    fit = {k: v for k, v in fit.items() if k != "fit"} | {"weights_sha256": weights_digest(fit), "fit": fit["fit"]}
     WEIGHTS.write_text(json.dumps(fit, indent=1) + "\n", encoding="utf-8")
     lines = ["# Trained judge: fit on the dev split", "",
              f"Dev split of `reports/labelled_turns`: {len(rows)} turns ({int(y.sum())} genuine by the reference) "

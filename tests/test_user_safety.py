@@ -41,7 +41,7 @@ def test_study_report_only_never_replaces_a_report_with_an_empty_one(tmp_path, c
     (["--variant-samples", "-2"], "--variant-samples"),
     (["--max-user-tokens", "0"], "max_user_tokens"),
     (["--max-assistant-tokens", "0"], "max_assistant_tokens"),
-    (["--limit", "0"], "--limit"),
+    (["--limit", "-1"], "--limit"),
     (["--samples", "-1"], "samples"),
     (["--temperatures", "nan"], "temperatures"),
     (["--datasets", "nosuch"], "nosuch"),

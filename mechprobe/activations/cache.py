@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 
 from mechprobe.activations.backends import BACKENDS, CACHE_POSITIONS, Backend, HooksBackend, make_backend
 from mechprobe.errors import MissingInput, UsageError, UserError
-from mechprobe.io import read_json, read_jsonl, sha256_file, write_json
+from mechprobe.io import check_writable_dir, read_json, read_jsonl, sha256_file, write_json
 from mechprobe.lm.choice import ChoiceScorer, crop_kv
 from mechprobe.lm.models import LoadedModel, load_model
 from mechprobe.records import LabelRecord, UserTurnRecord
@@ -449,6 +449,8 @@ def cache_run(
     dtype = _CANON.get(dtype, dtype)
     if batch_size < 1 or shard_rows < 1:
         raise UsageError("--batch-size and shard_rows must be >= 1")
+    if run_dir.exists() or run_dir.is_symlink():  # a file, a loop or a read-only run: refused before the model loads
+        check_writable_dir(run_dir / CACHE_DIR if (run_dir / CACHE_DIR).is_dir() else run_dir, "RUN")
     turns = run_dir / "user_turns.jsonl"
     if not turns.exists():
         raise MissingInput(f"{turns} not found: run `mechprobe probe --out {run_dir}` first")

@@ -31,7 +31,7 @@ def add_judge_args(p: argparse.ArgumentParser) -> None:
                    help="LLM judge cache (default: $MECHPROBE_CACHE/judge or ~/.cache/mechprobe/judge)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the LLM judge cache")
     p.add_argument("--labels", default=LABELS_FILE, help="labels file name inside RUN_DIR")
-    p.add_argument("--limit", type=int, default=None, help="judge at most N new rows")
+    p.add_argument("--limit", type=int, default=None, help="judge at most N new rows (0 = no limit, as on every command)")
     p.add_argument("--keep-errors", action="store_true", help="do not retry earlier judge_error rows")
     common.add_no_progress(p)
 
@@ -51,7 +51,7 @@ def run_judge_cli(a: argparse.Namespace) -> int:
     elif spec.startswith(("local:", "hybrid:", "hybrid2:")):
         opts = {"cache_dir": False if a.no_cache else a.cache_dir}
     try:
-        s = judge_run(a.run_dir, spec, labels_file=a.labels, retry_errors=not a.keep_errors, limit=a.limit,
+        s = judge_run(a.run_dir, spec, labels_file=a.labels, retry_errors=not a.keep_errors, limit=a.limit or None,
                       progress=not a.no_progress, **opts)
     except UserError as e:  # configuration errors with a fix (JudgeMismatch, JudgeFatal, ModelLoadError): one line
         print(f"mechprobe judge: error: {e}", file=sys.stderr)

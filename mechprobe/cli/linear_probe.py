@@ -42,7 +42,7 @@ def add_probes_args(p: Any, figures: str | None = None) -> None:
     g = p.add_argument_group("probe stage (only used when turns are missing)")
     g.add_argument("--limit", type=int, default=None,
                    help="items per run (default: 60 for the embedded default model; for other models 200 items in "
-                        "all, split over --datasets)")
+                        "all, split over --datasets; 0 = no limit: every item)")
     g.add_argument("--samples", type=int, default=None)
     g.add_argument("--temperatures", type=float, nargs="+", default=None)
     g.add_argument("--max-assistant-tokens", type=int, default=None)

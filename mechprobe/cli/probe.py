@@ -22,7 +22,7 @@ def add_probe_args(p: Any) -> None:
     p.add_argument("--dataset", default="builtin",
                    help="builtin | gsm8k | math500 | ifeval | mt_bench | hh_rlhf | topical_chat")
     common.add_data_path(p)
-    p.add_argument("--limit", type=int, default=50, help="first N items (0 = all)")
+    p.add_argument("--limit", type=int, default=50, help="first N items (0 = no limit: every item)")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], help="0 = greedy")
     p.add_argument("--samples", type=int, default=3, help="samples per temperature > 0")
     p.add_argument("--max-assistant-tokens", type=int, default=256)

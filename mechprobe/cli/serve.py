@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from mechprobe.cli import common
-from mechprobe.lm.models import DEFAULT_MODEL, load_model
-from mechprobe.lm.server import ChatServer, HFResponder, check_port_free
+from mechprobe.lm.models import DEFAULT_MODEL, check_device, load_model
+from mechprobe.lm.server import ChatServer, HFResponder, check_max_new_tokens, check_port_free
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -19,10 +19,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
 
 def run_serve_cli(a: argparse.Namespace) -> int:
     """Check the port, then load the model and serve it on loopback until interrupted."""
+    check_max_new_tokens(a.max_new_tokens)
+    check_device(a.device)
     check_port_free(a.port)
     lm = load_model(a.model or DEFAULT_MODEL, device=a.device)
     srv = ChatServer(HFResponder(lm.model, lm.tokenizer, max_new_tokens=a.max_new_tokens), port=a.port,
-                     model_name=lm.name)
+                     model_name=lm.name, keep_requests=0)  # a long-running server remembers no request
     srv.start()
     print(f"serving {lm.name} at {srv.base_url} (Ctrl-C to stop)", flush=True)
     srv.wait()

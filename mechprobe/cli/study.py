@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_engine(p, default="hf")
     common.add_dtype(p, help="HF weights dtype (default: bfloat16 on a CPU with native bf16, AVX512-BF16/AMX: "
                                  "2-5x fp32, benchmarks/README.md; else the model's default)")
-    p.add_argument("--limit", type=int, default=None, help="items per dataset (default: the profile's)")
+    p.add_argument("--limit", type=int, default=None, help="items per dataset (default: the profile's; 0 = no limit: every item)")
     p.add_argument("--samples", type=int, default=None, help="samples per temperature > 0 (default: the profile's)")
     p.add_argument("--variant-samples", type=int, default=None,
                    help="samples at T=1.0 per perturbation variant, beside its greedy turn (default: the profile's: "

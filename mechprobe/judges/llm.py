@@ -159,18 +159,35 @@ class JudgeCache:
         return self.root / key[:2] / f"{key}.json"
 
     def get(self, key: str) -> dict[str, Any] | None:
+        """The cached verdict, or None (a miss) when there is none or the entry is unusable.
+
+        Why an entry with ``NaN``/``Infinity`` (or that is not an object) is a miss: a cached NaN score flowed
+        into the labels and stopped the run only when ``labels.jsonl`` refused it, after the turns before it
+        were judged; recomputing the one turn is cheap and the entry is then overwritten.
+        """
         p = self._path(key)
         try:
-            return json.loads(p.read_text(encoding="utf-8"))
-        except (FileNotFoundError, json.JSONDecodeError):
+            hit = json.loads(p.read_text(encoding="utf-8"), parse_constant=_reject_constant)
+        except (FileNotFoundError, NotADirectoryError, ValueError, UnicodeDecodeError):
             return None
+        return hit if isinstance(hit, dict) else None
 
     def put(self, key: str, value: dict[str, Any]) -> None:
+        """Store ``value`` atomically; a value holding a non-finite number is not stored (see :meth:`get`)."""
+        try:
+            text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+        except ValueError:
+            return
         p = self._path(key)
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(value, ensure_ascii=False), encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, p)
+
+
+def _reject_constant(name: str) -> Any:
+    """``json.loads`` hook for ``NaN``/``Infinity``/``-Infinity``: refuse them (they are not JSON)."""
+    raise ValueError(f"non-finite number {name} in a judge cache entry")
 
 
 class ParseError(ValueError):

@@ -29,7 +29,17 @@ from pathlib import Path
 from typing import Any
 
 from mechprobe.errors import UsageError, UserError
-from mechprobe.io import JsonlStore, dumps_row, read_json, read_jsonl, versions, write_json, writer_lock
+from mechprobe.io import (
+    JsonlStore,
+    check_writable_dir,
+    dumps_row,
+    read_json,
+    read_jsonl,
+    versions,
+    write_json,
+    write_text_atomic,
+    writer_lock,
+)
 from mechprobe.judges.base import Judge, JudgeInput, JudgeMismatch, inputs_from_run
 from mechprobe.judges.factory import make_judge
 from mechprobe.records import truncated_item_ids, truncation_note
@@ -280,6 +290,8 @@ def judge_run(run_dir: str | Path, judge: str | Judge | None = "offline", *, lab
         >>> judge_run("runs/smol-gsm8k", "openai:gpt-4o-mini", labels_file="labels_llm.jsonl")  # doctest: +SKIP
     """
     _check_counts(limit, opts)
+    if Path(run_dir).exists() or Path(run_dir).is_symlink():  # a missing run gets the stage's own message
+        check_writable_dir(run_dir, "RUN")
     _check_labels_file(run_dir, labels_file)
     kw = dict(labels_file=labels_file, retry_errors=retry_errors, limit=limit, progress=progress,
               include_truncated=include_truncated, **opts)
@@ -337,7 +349,7 @@ def _judge_run(run_dir: str | Path, judge: str | Judge | None = "offline", *, la
                                truncated=truncated_item_ids(answers), n_answers=len(answers),
                                include_truncated=include_truncated)
     stem = _stem(labels_file)
-    (run_dir / f"{stem}_summary.md").write_text(summary.table() + "\n", encoding="utf-8")
+    write_text_atomic(run_dir / f"{stem}_summary.md", summary.table() + "\n")
     # Cumulative judging time over commands that judged rows (a resumed or reused run adds, not overwrites):
     # the propensity probe's cost comparison reads seconds per judged turn from it.
     man_path = run_dir / f"{stem}_manifest.json"

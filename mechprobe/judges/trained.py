@@ -16,6 +16,7 @@ what the weights were fit for; the seven failure labels are the rules'.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Iterator, Sequence
@@ -29,37 +30,98 @@ from mechprobe.errors import UsageError
 from mechprobe.judges.base import JudgeInput
 from mechprobe.judges.hybrid import HybridJudge
 from mechprobe.judges.offline import split_roles
-from mechprobe.judges.turn_features import model_feature_row, text_features, vector
+from mechprobe.judges.turn_features import FEATURE_NAMES, model_feature_row, text_features, vector
 from mechprobe.records import LabelRecord
 from mechprobe.taxonomy import GENUINE, is_genuine
 
-__all__ = ["TrainedJudge", "feature_rows", "load_weights", "predict_proba", "verdict", "WEIGHTS_FORMAT",
+__all__ = ["TrainedJudge", "check_weights", "feature_rows", "load_weights", "weights_digest", "predict_proba", "verdict", "WEIGHTS_FORMAT",
            "DEFAULT_WEIGHTS"]
 
 WEIGHTS_FORMAT = "mechprobe-trained-judge-v1"
 DEFAULT_WEIGHTS = "trained_judge.json"
 
 
+def weights_digest(weights: dict[str, Any]) -> str:
+    """SHA-256 of the values that decide a label (features, standardisation, coefficients, intercept, threshold).
+
+    Why: the fit script records it as ``weights_sha256``; a file whose numbers were edited after the fit (by hand
+    or by a bad merge) no longer matches, and :func:`load_weights` refuses it instead of judging with them.
+    """
+    core = {k: weights.get(k) for k in ("features", "mean", "scale", "coef", "intercept", "threshold")}
+    return hashlib.sha256(json.dumps(core, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _finite_list(d: dict[str, Any], key: str, n: int, where: str, fix: str) -> list[float]:
+    v = d.get(key)
+    if not isinstance(v, list) or len(v) != n:
+        got = f"{len(v)} values" if isinstance(v, list) else type(v).__name__
+        raise UsageError(f"{where}: '{key}' must list one number per feature ({n}), got {got}; {fix}")
+    for x in v:
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+            raise UsageError(f"{where}: '{key}' holds {x!r}, not a finite number; {fix}")
+    return v
+
+
+def check_weights(d: Any, where: str) -> dict[str, Any]:
+    """Refuse a weights dict that would judge wrongly without failing (``where`` names the file in the message).
+
+    Why: ``predict_proba`` clamps the logit, so a NaN coefficient or intercept labels every turn genuine; ``zip``
+    truncates a short ``coef``; a zero scale divides by zero; a threshold outside [0, 1] makes every turn one
+    label. Each is refused with a line that names the file and the fix.
+    """
+    fix = "refit with python scripts/fit_trained_judge.py fit (never edit the weights by hand)"
+    if not isinstance(d, dict):
+        raise UsageError(f"{where}: not a trained-judge weights file (a JSON object); {fix}")
+    if d.get("format") != WEIGHTS_FORMAT:
+        raise UsageError(f"{where}: not a {WEIGHTS_FORMAT} file (format {d.get('format')!r}); {fix}")
+    for key in ("version", "scoring_model"):
+        if not isinstance(d.get(key), str) or not d[key]:
+            raise UsageError(f"{where}: '{key}' missing or not a string; {fix}")
+    names = d.get("features")
+    if (not isinstance(names, list) or not names or len(set(map(str, names))) != len(names)
+            or not set(names) <= set(FEATURE_NAMES)):
+        raise UsageError(f"{where}: 'features' must be a list of distinct feature names from "
+                         f"mechprobe.judges.turn_features.FEATURE_NAMES; {fix}")
+    n = len(names)
+    _finite_list(d, "coef", n, where, fix)
+    _finite_list(d, "mean", n, where, fix)
+    if any(s <= 0 for s in _finite_list(d, "scale", n, where, fix)):
+        raise UsageError(f"{where}: 'scale' holds a value <= 0 (features are divided by it); {fix}")
+    for key, lo, hi in (("intercept", -math.inf, math.inf), ("threshold", 0.0, 1.0)):
+        v = d.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+            rng = " in [0, 1]" if key == "threshold" else ""
+            raise UsageError(f"{where}: '{key}' is {v!r}, not a finite number{rng}; {fix}")
+    if "weights_sha256" in d and d["weights_sha256"] != weights_digest(d):
+        raise UsageError(f"{where}: the weights do not match their recorded weights_sha256 (edited after the fit); "
+                         f"{fix}")
+    return d
+
+
 def load_weights(path: str | Path | None = None) -> dict[str, Any]:
     """The fitted weights: a path, or None for the package's own file (written by the fit script).
 
     Raises:
-        UsageError: the file is missing or not a trained-judge weights file.
+        UsageError: the file is missing, not JSON, or not a valid trained-judge weights file
+            (:func:`check_weights`).
     """
     if path is None:
         ref = resources.files("mechprobe") / "data" / DEFAULT_WEIGHTS
         if not ref.is_file():
             raise UsageError(f"no fitted weights in the package ({DEFAULT_WEIGHTS}); run "
                              "python scripts/fit_trained_judge.py, or pass weights=PATH")
-        d = json.loads(ref.read_text(encoding="utf-8"))
+        where, text = f"mechprobe/data/{DEFAULT_WEIGHTS}", ref.read_bytes()
     else:
         p = Path(path)
         if not p.is_file():
             raise UsageError(f"{p}: trained-judge weights not found; pass the JSON scripts/fit_trained_judge.py wrote")
-        d = json.loads(p.read_text(encoding="utf-8"))
-    if d.get("format") != WEIGHTS_FORMAT:
-        raise UsageError(f"{path or DEFAULT_WEIGHTS}: not a {WEIGHTS_FORMAT} file (format {d.get('format')!r})")
-    return d
+        where, text = str(p), p.read_bytes()
+    try:
+        d = json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise UsageError(f"{where}: not valid UTF-8 JSON ({type(e).__name__}); refit with python "
+                         "scripts/fit_trained_judge.py fit") from None
+    return check_weights(d, where)
 
 
 def predict_proba(weights: dict[str, Any], rows: Sequence[dict[str, float]]) -> list[float]:

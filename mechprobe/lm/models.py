@@ -13,6 +13,7 @@ snapshot under the cache dir and later loads take well under a second (see :func
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib.util
 import inspect
@@ -210,6 +211,46 @@ def cpu_threads() -> int:
 
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def check_device(device: str | torch.device | None, flag: str = "--device") -> torch.device:
+    """The device to use, refusing one this machine cannot run on before any weights load.
+
+    Why: ``torch.device("nope")`` raises a RuntimeError listing every backend, and ``cuda`` on a machine
+    without a GPU fails only after the model was loaded (an AssertionError from ``.to``).
+
+    Raises:
+        UsageError: an unknown device name, or an accelerator that is not available here.
+    """
+    if device is None:
+        return default_device()
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise UsageError(f"{flag} {device!r} is not a device: pass cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise UsageError(f"{flag} {device}: no CUDA GPU is visible here; pass --device cpu")
+        if dev.index is not None and dev.index >= n:
+            raise UsageError(f"{flag} {device}: only {n} CUDA GPU(s) visible (cuda:0..cuda:{n - 1})")
+    elif dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise UsageError(f"{flag} {device}: MPS is not available here; pass --device cpu")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise UsageError(f"{flag} {device}: mechprobe runs on cpu, cuda or mps")
+    return dev
+
+
+def close_embedded_name(name: str) -> str | None:
+    """The embedded model name a mistyped ``name`` most likely meant, or None.
+
+    Why: a name that is not embedded, not a file and not ``org/name`` is handed to the hub, which retries for
+    about a minute before failing; a near miss of an embedded name is caught at once, without the network.
+    """
+    if name in EMBEDDED or "/" in name or name.endswith(".gguf") or Path(name).expanduser().exists():
+        return None
+    close = difflib.get_close_matches(name.lower(), list(EMBEDDED), n=1, cutoff=0.75)
+    return close[0] if close else None
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
@@ -531,6 +572,9 @@ def check_model_source(name: str, flag: str = "--model") -> None:
     name = str(name)
     if name in EMBEDDED or Path(name).expanduser().exists():
         return
+    close = close_embedded_name(name)
+    if close is not None:
+        raise UsageError(f"{flag} {name!r} is not a model; did you mean the embedded {close!r}?")
     hub_like = re.fullmatch(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*", name) is not None and not name.endswith(".gguf")
     offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
     if hub_like and (not offline or _hubsnapshot_dir(name) is not None):
@@ -616,7 +660,9 @@ def load_model(
         A :class:`LoadedModel` in eval mode with gradients off, with its ``weight_hash``.
 
     Raises:
-        ModelLoadError: an unknown name, a missing ``.gguf`` file, or a model that cannot be loaded.
+        ModelLoadError: an unknown name (a near miss of an embedded name is named at once, before any hub
+            lookup), a missing ``.gguf`` file, or a model that cannot be loaded.
+        UsageError: a device that does not exist here (:func:`check_device`).
 
     Example:
         >>> from mechprobe import load_model
@@ -626,7 +672,11 @@ def load_model(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dev = torch.device(device) if device is not None else default_device()
+    dev = check_device(device)
+    close = close_embedded_name(str(name_or_path))
+    if close is not None:
+        raise ModelLoadError(f"unknown model {name_or_path!r}: did you mean the embedded {close!r}? "
+                             f"(embedded: {', '.join(EMBEDDED)})")
     if isinstance(dtype, str):
         dtype = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
                  "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]

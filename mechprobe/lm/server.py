@@ -13,17 +13,21 @@ Two uses:
   malformed body, a reply that is valid JSON but the wrong schema, a 400 for ``response_format``).
 
 It binds only to 127.0.0.1 (port 0 picks a free port): it has no authentication and is not meant to
-be reachable from other machines. Request bodies are kept in memory for tests; the Authorization
-header is never stored or logged (only whether one was sent).
+be reachable from other machines. A request body over ``max_body_bytes`` is refused (413) unread; the
+server remembers only the last ``keep_requests`` requests (tests read them), and of those only the bodies
+up to :data:`KEPT_BODY_BYTES`, so a long-running ``mechprobe serve`` (which keeps none) does not grow with
+its traffic. The Authorization header is never stored or logged (only whether one was sent).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,6 +40,9 @@ from mechprobe.lm.choice import ChoiceScorer, normalise, prompt_ids
 from mechprobe.lm.generation import decode, generate
 
 LOOPBACK = ("127.0.0.1", "localhost")
+MAX_BODY_BYTES = 8 * 1024 * 1024  # a chat request for a local model; far above any judge or chat prompt
+KEPT_BODY_BYTES = 64 * 1024  # a remembered request keeps its parsed body only up to this raw size
+READ_TIMEOUT_S = 30.0  # a client that announced more body than it sends is dropped after this
 
 
 @dataclass
@@ -155,6 +162,7 @@ class HFResponder:
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, max_new_tokens: int = 256):
+        check_max_new_tokens(max_new_tokens)
         self.model = model
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
@@ -176,9 +184,12 @@ class HFResponder:
 
     def __call__(self, body: dict[str, Any]) -> str | Reply:
 
+        problem = request_problem(body)
         msgs = body.get("messages")
-        if not isinstance(msgs, list) or not msgs:
-            return Reply(400, error_body("'messages' must be a non-empty list", "invalid_request_error"))
+        if problem is None and not msgs:
+            problem = "'messages' must be a non-empty list"
+        if problem is not None:
+            return Reply(400, error_body(problem, "invalid_request_error"))
         messages = [{"role": str(m.get("role", "user")), "content": _text_content(m.get("content"))} for m in msgs]
         choices = _label_enum(body.get("response_format"))
         if choices:
@@ -223,6 +234,35 @@ class HFResponder:
         return Reply(200, body=None, content=content, headers={"X-Mechprobe-Tokens": f"{len(ids)},0"})
 
 
+def check_max_new_tokens(n: Any) -> int:
+    """Refuse a reply-length cap that is not a positive integer (``--max-new-tokens``), before the model loads."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise UsageError(f"--max-new-tokens must be a positive integer, got {n!r}: pass e.g. --max-new-tokens 256")
+    return n
+
+
+def request_problem(body: dict[str, Any]) -> str | None:
+    """What is wrong with a chat request's fields, in a short line for a 400 (None when nothing is).
+
+    Why here and not in each responder: a malformed field (``max_tokens: "ten"``, ``NaN``, a message that is a
+    string) would otherwise raise inside the responder and reach the client as a 500 carrying exception text.
+    """
+    msgs = body.get("messages")
+    if msgs is not None and not isinstance(msgs, list):
+        return "'messages' must be a list of message objects"
+    if msgs and not all(isinstance(m, dict) for m in msgs):
+        return "each entry of 'messages' must be an object with 'role' and 'content'"
+    for key in ("max_tokens", "max_completion_tokens"):
+        v = body.get(key)
+        if v is None:
+            continue
+        ok = (not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and v >= 1
+              and float(v).is_integer())
+        if not ok:
+            return f"'{key}' must be a positive integer"
+    return None
+
+
 def _label_enum(rf: Any) -> list[str] | None:
     """The ``label`` property's enum of a ``json_schema`` response_format (the LLM judge's schema)."""
     try:
@@ -248,10 +288,14 @@ def _text_content(c: Any) -> str:
 
 @dataclass
 class SeenRequest:
+    """What the server remembers of one request: ``body`` is the parsed JSON only when its raw size was at
+    most :data:`KEPT_BODY_BYTES` (else None; ``body_bytes`` still says how large it was)."""
+
     method: str
     path: str
     body: dict[str, Any] | None
     had_authorization: bool
+    body_bytes: int = 0
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -285,20 +329,59 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._json(404, error_body(f"no route {self.path}", "not_found"))
 
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer and close: the rest of the body (if any) was never read, so the connection cannot be reused."""
+        self.close_connection = True
+        self._json(status, error_body(message, "invalid_request_error"), {"Connection": "close"})
+
+    def _read_body(self) -> bytes | None:
+        """The request body, or None after refusing it (bad or too-large ``Content-Length``, a short body).
+
+        Why: ``int()`` of a bad header raised in the handler thread; a negative length read until the client
+        closed; a huge one was read whole into memory. The length is checked before anything is read, and a
+        body that stops short of its length ends at the socket timeout instead of holding the thread.
+        """
+        srv = self.server.owner
+        given = self.headers.get("Content-Length")
+        if given is None:
+            return b""
+        if not given.strip().isdigit():
+            self._refuse(400, "Content-Length must be a non-negative integer")
+            return None
+        n = int(given)
+        if n > srv.max_body_bytes:
+            self._refuse(413, f"request body of {n} bytes is over this server's limit of {srv.max_body_bytes}")
+            return None
+        try:
+            raw = self.rfile.read(n) if n else b""
+        except (TimeoutError, OSError):
+            raw = b""
+        if len(raw) != n:
+            self._refuse(400, "request body is shorter than its Content-Length")
+            return None
+        return raw
+
     def do_POST(self) -> None:  # noqa: N802 - stdlib name
         srv = self.server.owner
-        n = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(n) if n else b""
+        raw = self._read_body()
+        if raw is None:
+            srv._record(SeenRequest("POST", self.path, None, "Authorization" in self.headers))
+            return
         try:
             body = json.loads(raw or b"{}")
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, UnicodeDecodeError):
             body = None
-        srv._record(SeenRequest("POST", self.path, body, "Authorization" in self.headers))
+        kept = body if len(raw) <= KEPT_BODY_BYTES else None
+        srv._record(SeenRequest("POST", self.path, kept, "Authorization" in self.headers, len(raw)))
         if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
             self._json(404, error_body(f"no route {self.path}", "not_found"))
             return
         if not isinstance(body, dict):
             self._json(400, error_body("request body is not a JSON object", "invalid_request_error"))
+            return
+        problem = request_problem(body)
+        if problem is not None:
+            self._json(400, error_body(problem, "invalid_request_error"))
             return
         try:
             out = srv.responder(body)
@@ -324,23 +407,40 @@ class _Server(ThreadingHTTPServer):
     block_on_close = False
     owner: ChatServer
 
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        request.settimeout(self.owner.read_timeout)  # a stalled client cannot hold a handler thread forever
+        super().finish_request(request, client_address)
+
 
 class ChatServer:
     """An OpenAI-compatible server in a background thread; use as a context manager.
+
+    Args:
+        responder: answers each chat request's parsed body.
+        host, port: loopback only; port 0 picks a free one.
+        model_name: the id ``/v1/models`` lists.
+        keep_requests: how many of the latest requests :attr:`requests` remembers (0 = none; the counts in
+            :attr:`n_chat_requests` are kept regardless).
+        max_body_bytes: a larger request body is refused with 413 before it is read.
+        read_timeout: seconds a connection may sit without sending what it announced before it is dropped.
 
     >>> with ChatServer(ScriptedResponder("hi")) as srv:
     ...     client = openai.OpenAI(base_url=srv.base_url, api_key="x")
     """
 
     def __init__(self, responder: Responder, *, host: str = "127.0.0.1", port: int = 0,
-                 model_name: str = "mechprobe-local"):
+                 model_name: str = "mechprobe-local", keep_requests: int = 64,
+                 max_body_bytes: int = MAX_BODY_BYTES, read_timeout: float = READ_TIMEOUT_S):
         if host not in LOOPBACK:
             raise UsageError(f"host {host!r}: this server has no authentication and binds to loopback only "
                              "(127.0.0.1); put a real reverse proxy in front if you need remote access")
         self.responder = responder
         self.model_name = model_name
         self.host, self.port = "127.0.0.1", port
-        self.requests: list[SeenRequest] = []
+        self.max_body_bytes = max_body_bytes
+        self.read_timeout = read_timeout
+        self.requests: deque[SeenRequest] = deque(maxlen=max(0, keep_requests))
+        self._n_chat = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._httpd: _Server | None = None
@@ -348,6 +448,7 @@ class ChatServer:
 
     def _record(self, r: SeenRequest) -> None:
         with self._lock:
+            self._n_chat += r.method == "POST" and r.path.endswith("/chat/completions")
             self.requests.append(r)
 
     @property
@@ -357,7 +458,7 @@ class ChatServer:
     @property
     def n_chat_requests(self) -> int:
         with self._lock:
-            return sum(r.method == "POST" and r.path.endswith("/chat/completions") for r in self.requests)
+            return self._n_chat
 
     def start(self) -> ChatServer:
         self._stop.clear()

@@ -225,7 +225,10 @@ def check_setting(out_dir: Path, setting: dict[str, Any]) -> None:
     if not p.exists():
         return
     d = read_json(p)
-    old = d.get("setting", {})
+    if not isinstance(d, dict) or not isinstance(d.get("setting"), dict):
+        raise UserError(f"{p} is not a frozen setting (a JSON object with a 'setting' object); restore it, or pass "
+                        f"--steer-dir NEW_DIR for a fresh steering directory")
+    old = d["setting"]
     if d.get("sha256") != _setting_sha(old):
         raise UserError(f"{p} was edited by hand (its sha256 no longer matches its setting); restore it, or pass "
                         f"--steer-dir NEW_DIR for a fresh steering directory")

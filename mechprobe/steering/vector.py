@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import numbers
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -78,7 +79,8 @@ class SteeringVector:
         metadata: provenance (see above); empty by default. :attr:`meta` is an alias.
 
     Raises:
-        ValueError: ``vector`` is not a 1-D tensor or has NaN/inf entries, ``layer < 0``, unknown ``kind``.
+        ValueError: ``vector`` is not a 1-D real tensor or has NaN/inf entries, ``layer`` is not a whole number
+            >= 0 (:class:`~mechprobe.errors.UsageError`, a ``ValueError``), unknown ``kind``.
 
     Example:
         >>> import torch
@@ -103,11 +105,21 @@ class SteeringVector:
         if not isinstance(self.vector, torch.Tensor) or self.vector.dim() != 1:
             shape = tuple(self.vector.shape) if isinstance(self.vector, torch.Tensor) else type(self.vector).__name__
             raise ValueError(f"a steering vector must be a 1-D tensor [d_model], got {shape}")
+        if self.vector.is_complex() or self.vector.dtype == torch.bool:
+            # a complex vector would be added to real activations (its imaginary part dropped or an error mid-run)
+            raise UsageError(f"a steering vector must be a real tensor, got dtype {self.vector.dtype}: pass the real "
+                             "direction (e.g. vector.real if the imaginary part is zero)")
         if not torch.isfinite(self.vector).all():
             raise ValueError("steering vector has NaN/inf entries: check the activations it was built from")
-        if int(self.layer) < 0:
-            raise ValueError(f"layer is a residual index 0..n_layers, got {self.layer}")
-        self.layer = int(self.layer)
+        layer = self.layer.item() if isinstance(self.layer, torch.Tensor) and self.layer.numel() == 1 else self.layer
+        if isinstance(layer, float) and layer.is_integer():
+            layer = int(layer)
+        if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
+            # int(2.7) is 2: a fractional layer would steer a layer nobody asked for
+            raise UsageError(f"layer must be a whole residual index 0..n_layers, got {self.layer!r}")
+        if int(layer) < 0:
+            raise UsageError(f"layer is a residual index 0..n_layers, got {self.layer}")
+        self.layer = int(layer)
         if self.kind not in KINDS:
             raise ValueError(f"kind {self.kind!r} unknown; use one of {', '.join(KINDS)}")
 

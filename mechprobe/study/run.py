@@ -129,11 +129,11 @@ class StudyConfig:
     def probe_config(self, model: str, dataset: str) -> ProbeConfig:
         prof = PROFILES[self.profile]
         caps = CAPS[self.profile].get(model, DEFAULT_CAPS[self.profile])
-        # `is None`, not `or`: an explicit 0 must reach ProbeConfig.validate and be refused, not become the default.
+        # `is None`, not `or`: an explicit value is never replaced by the profile's (limit 0 = every item).
         def given(v: Any, default: Any) -> Any:
             return default if v is None else v
 
-        return ProbeConfig(model=model, dataset=dataset, data_path=self.data_path, limit=given(self.limit, prof.limit),
+        return ProbeConfig(model=model, dataset=dataset, data_path=self.data_path, limit=given(self.limit, prof.limit) or None,
                            temperatures=list(given(self.temperatures, prof.temperatures)),
                            samples=given(self.samples, prof.samples),
                            max_assistant_tokens=given(self.max_assistant_tokens, caps.assistant),
@@ -161,8 +161,8 @@ class StudyConfig:
         self.variants = check_variants(self.variants)
         if not self.models or not self.datasets:
             raise UsageError("nothing to do: pass at least one --models and one --datasets")
-        if self.limit is not None and self.limit < 1:
-            raise UsageError(f"--limit must be >= 1 (items per dataset), got {self.limit}")
+        if self.limit is not None and self.limit < 0:
+            raise UsageError(f"--limit must be >= 0 (items per dataset; 0 = every item), got {self.limit}")
         if self.variant_samples is not None and self.variant_samples < 0:
             raise UsageError(f"--variant-samples must be >= 0 (samples at T=1.0 per variant), got {self.variant_samples}")
         if self.data_path is not None and not Path(self.data_path).exists():

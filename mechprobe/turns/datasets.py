@@ -30,6 +30,7 @@ failing; ``HF_HUB_OFFLINE=1`` makes it fail at once.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import logging
@@ -319,10 +320,32 @@ def _not_found(name: str, spec: DatasetSpec, path: str | Path | None, hub_failur
 # Reading rows: (line, row or None, error or None)
 
 
+def _not_utf8(path: Path, e: UnicodeDecodeError) -> UsageError:
+    """One line naming the file, the first undecodable line and the fix (data files are read as UTF-8)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    line = "?"
+    with contextlib.suppress(OSError, EOFError), opener(path, "rb") as f:
+        for n, raw in enumerate(f, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                line = str(n)
+                break
+    return UsageError(f"{path}:{line}: not UTF-8 text ({e.reason} at byte {e.start} of that line or chunk); "
+                      f"convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8) and re-run")
+
+
 def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, str | None]]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
+        lines = enumerate(f, start=1)
+        while True:
+            try:
+                n, line = next(lines)
+            except StopIteration:
+                return
+            except UnicodeDecodeError as e:
+                raise _not_utf8(path, e) from None
             if not line.strip():
                 continue
             try:
@@ -341,7 +364,10 @@ def _json_object_rows(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, 
 
     A file that is not valid JSON as a whole cannot be read row by row, so that is an error, not a skip.
     """
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise _not_utf8(path, e) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:

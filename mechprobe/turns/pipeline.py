@@ -35,6 +35,7 @@ from mechprobe.io import (
     JsonlStore,
     check_manifest,
     check_or_write_manifest,
+    check_writable_dir,
     read_json,
     read_jsonl,
     writer_lock,
@@ -271,6 +272,7 @@ def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
     """
     out = Path(out)
     cfg.validate()
+    check_writable_dir(out, "--out")  # a file, a symlink loop or a read-only place: refused before the model loads
     plan = decoding_plan(cfg.temperatures, cfg.samples)
     if items is None:
         items, data_info = load_items(cfg)
