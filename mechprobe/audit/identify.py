@@ -128,7 +128,10 @@ def _new_value(n: int, places: int, taken: set[float], rng: random.Random) -> in
             cand = n + rng.randint(1, 9) + attempt
         if cand >= 0 and cand != n and cand / 10 ** places not in taken:
             return cand
-    raise AssertionError("no free value found")  # unreachable: the last tries move further than taken spans
+    cand = n + 1  # a text dense with nearby numbers (code, tables, lists of years): the next free value above
+    while cand / 10 ** places in taken:
+        cand += 1
+    return cand
 
 
 def perturb_numbers(answer: str, query: str = "", key: str = "") -> str | None:

@@ -215,3 +215,11 @@ def test_recorded_pairs_are_kept_for_the_same_sample(tmp_path, capsys):
     assert read_json(p) == rec
     assert run(_ns(str(run_dir), "--n", "6", "--seed", "1", "--redraw")) == 0
     assert read_json(p)["sample_id"] != rec["sample_id"]
+
+
+def test_perturbing_an_answer_dense_with_small_numbers_still_changes_them():
+    """An answer holding every small value (code, a numbered table) leaves no free value near each number; the
+    perturbation must still find one rather than fail."""
+    answer = "values: " + ", ".join(str(i) for i in range(0, 60)) + " and the total is 2"
+    out = perturb_numbers(answer, "list the values", "mt_bench-1")
+    assert out is not None and out != answer
