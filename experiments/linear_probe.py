@@ -1,10 +1,10 @@
 """Linear probes on the user-role boundary state, layer by layer, with controls.
 
     python experiments/linear_probe.py                          # embedded default model, builds every stage
-    python experiments/linear_probe.py --run runs/smol-gsm8k --judge offline --layers all
+    python experiments/linear_probe.py runs/smol-gsm8k --judge offline --layers all
     python experiments/linear_probe.py --transfer-datasets mt_bench ifeval   # + train-on-A/test-on-B matrix
 
-Thin wrapper over :mod:`mechprobe.cli.linear_probe` (the same code as the ``mechprobe`` command); see its module and README.md.
+The same code and flags as ``mechprobe probes`` (:mod:`mechprobe.cli.linear_probe`); see README.md.
 """
 
 import sys
@@ -13,8 +13,7 @@ from pathlib import Path
 # A fresh clone runs without `pip install -e .` too: the package sits next to this folder.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mechprobe.cli.common import friendly  # noqa: E402
 from mechprobe.cli.linear_probe import main  # noqa: E402
 
 if __name__ == "__main__":
-    raise SystemExit(friendly(lambda: main(sys.argv[1:])))
+    raise SystemExit(main(sys.argv[1:]))

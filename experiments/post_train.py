@@ -3,7 +3,7 @@
     python experiments/post_train.py --model smollm2-135m-instruct            # LoRA SFT on user turns
     python experiments/post_train.py --model qwen2.5-coder-0.5b-instruct --method dpo   # the DPO preference step
 
-Thin wrapper over :mod:`mechprobe.cli.post_train` (the same code as the ``mechprobe`` command); see its module and README.md.
+The same code and flags as ``mechprobe post-train`` (:mod:`mechprobe.cli.post_train`); see README.md.
 """
 
 import sys
@@ -12,8 +12,7 @@ from pathlib import Path
 # A fresh clone runs without `pip install -e .` too: the package sits next to this folder.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mechprobe.cli.common import friendly  # noqa: E402
 from mechprobe.cli.post_train import main  # noqa: E402
 
 if __name__ == "__main__":
-    raise SystemExit(friendly(lambda: main(sys.argv[1:])))
+    raise SystemExit(main(sys.argv[1:]))

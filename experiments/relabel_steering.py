@@ -1,8 +1,8 @@
 """Re-judge a finished steering run's turns with another judge, without generating anything again.
 
-    python experiments/relabel_steering.py --run RUN [--steer-dir RUN/steering_llamacpp] --judge hybrid2:MODEL
+    python experiments/relabel_steering.py RUN [--steer-dir RUN/steering_llamacpp] --judge hybrid2:MODEL
 
-Thin wrapper over :mod:`mechprobe.cli.relabel_steering` (the same code as the ``mechprobe`` command); see its module and README.md.
+The same code and flags as ``mechprobe relabel-steering`` (:mod:`mechprobe.cli.relabel_steering`); see README.md.
 """
 
 import sys
@@ -11,8 +11,7 @@ from pathlib import Path
 # A fresh clone runs without `pip install -e .` too: the package sits next to this folder.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mechprobe.cli.common import friendly  # noqa: E402
 from mechprobe.cli.relabel_steering import main  # noqa: E402
 
 if __name__ == "__main__":
-    raise SystemExit(friendly(lambda: main(sys.argv[1:])))
+    raise SystemExit(main(sys.argv[1:]))

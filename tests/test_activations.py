@@ -23,7 +23,7 @@ from mechprobe.activations.cache import (
     resid_name,
     shard_entry,
 )
-from mechprobe.cli.cache import add_cache_args, run_cache_cli
+from mechprobe.cli import cache as cache_cli
 from mechprobe.io import JsonlStore, write_json
 from mechprobe.lm import chat
 from mechprobe.lm.models import LoadedModel, tiny_model
@@ -321,13 +321,13 @@ def test_real_model_cli_and_float16_roundoff(smol, tmp_path, capsys, monkeypatch
     """`mechprobe cache` on real probe prompts; fp16 storage vs the fp32 oracle stays within 1e-3 relative."""
     run = _real_run(tmp_path, smol)
     p = argparse.ArgumentParser()
-    add_cache_args(p)
+    cache_cli.add_args(p)
     a = p.parse_args([str(run), "--positions", "boundary,assistant_last", "--no-progress"])
     # The CLI loads the run's model from its manifest; hand it the loaded one instead to keep the test short.
     import mechprobe.activations.cache as act
 
     monkeypatch.setattr(act, "load_model", lambda name, **kw: smol if name == smol.name else None)
-    assert run_cache_cli(a) == 0
+    assert cache_cli.run(a) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["rows"] == 4 and summary["layers"] == 31 and summary["dtype"] == "float16"
     cache = ActivationCache.load(run)

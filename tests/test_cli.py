@@ -1,17 +1,26 @@
 """The one command line: user errors are one line (exit 2), bugs keep their traceback, every subcommand is
-wired, RUN is positional, list flags take spaces or commas, damaged inputs are named (issue 11, "the house"
-and "clear errors")."""
+wired and documented (plain help text, defaults shown, exit codes, --version), RUN is positional, list flags
+take spaces or commas, damaged inputs are named."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import importlib.metadata
+import io
 import json
+import re
+import runpy
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
 from mechprobe import cli
+from mechprobe.cli import common
 from mechprobe.cli.common import merge_run
+from mechprobe.cli.main import COMMANDS
 from mechprobe.errors import UserError
 from tests.conftest import REPO, requires_smollm2
 
@@ -59,8 +68,9 @@ def test_cli_broken_import_of_a_stage_is_not_hidden():
 def test_cli_python_dash_m_and_every_subcommand():
     r = _py("-m", "mechprobe", "--help")
     assert r.returncode == 0, r.stderr
-    for cmd in ("probe", "judge", "cache", "probes", "steer", "agreement", "serve", "models"):
-        assert cmd in r.stdout
+    listed = set(re.findall(r"^    ([a-z][a-z-]*)", r.stdout, flags=re.M))
+    assert set(COMMANDS) <= listed, set(COMMANDS) - listed
+    assert {"post-train", "study", "relabel-steering"} <= listed
     r = _py("-m", "mechprobe", "models", "list")
     assert r.returncode == 0 and "smollm2-135m-instruct" in r.stdout
     r = _py("-m", "mechprobe", "cache", "--help")
@@ -78,7 +88,14 @@ def test_cli_run_is_positional_everywhere():
     a = p.parse_args(["probes", "runs/x", "--run", "runs/y"])
     with pytest.raises(UserError, match="two run directories"):
         merge_run(a)
-    assert p.parse_args(["judge", "runs/x"]).run_dir == "runs/x"
+    assert p.parse_args(["judge", "runs/x"]).run == "runs/x"
+    assert p.parse_args(["audit", "runs/x"]).run == "runs/x"
+    a = p.parse_args(["relabel-steering", "runs/x", "--judge", "offline"])
+    merge_run(a)
+    assert a.run == "runs/x"
+    a = p.parse_args(["probe", "runs/x"])
+    merge_run(a, "out")
+    assert a.out == "runs/x"
     assert p.parse_args(["cache", "runs/x"]).run == "runs/x"
     seen = []
     import mechprobe.cli.steer as cli_steer
@@ -92,6 +109,131 @@ def test_cli_run_is_positional_everywhere():
     finally:
         cli_steer.run_steer = orig
     assert seen == [("runs/x", [4.0, 4.5]), ("runs/x", [4.0])]
+
+
+
+def _help(argv: list[str]) -> str:
+    """What ``mechprobe ARGV --help`` prints (in-process: the parser is the same as the script's)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as e:
+        cli.main([*argv, "--help"])
+    assert e.value.code == 0, argv
+    return out.getvalue()
+
+
+def _subparsers(p: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """Every (command path, parser) under ``p``, nested ones (``models fetch``) included, aliases once."""
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            seen: set[int] = set()
+            for name, sp in action.choices.items():
+                if id(sp) not in seen:
+                    seen.add(id(sp))
+                    yield (*path, name), sp
+                    yield from _subparsers(sp, (*path, name))
+
+
+def _option_blocks(text: str) -> dict[str, str]:
+    """The help text of each option, keyed by its first flag (``--alpha``), from a rendered ``--help``."""
+    blocks: dict[str, str] = {}
+    key = None
+    for line in text.splitlines():
+        m = re.match(r"^  (-[-\w]+)", line)
+        if m:
+            key = m.group(1)
+            blocks[key] = line
+        elif key and line.startswith("    "):
+            blocks[key] += " " + line.strip()
+        else:
+            key = None
+    return blocks
+
+
+COMMAND_PATHS = [path for path, _ in _subparsers(cli.build_parser())]
+
+
+def test_every_command_is_registered_with_both_entry_points():
+    assert {"post-train", "study", "relabel-steering", "steer"} <= set(COMMANDS)
+    required = {"judge": ["r"], "cache": ["r"], "audit": ["r"], "relabel-steering": ["r", "--judge", "offline"],
+                "models": ["list"]}
+    p = cli.build_parser()
+    for name, mod in COMMANDS.items():
+        assert callable(mod.add_args) and callable(mod.run) and mod.HELP, name
+        assert p.parse_args([name, *required.get(name, [])]).func is mod.run, name
+    # The underscore spelling (the experiments/ script's name) reaches the same command.
+    assert p.parse_args(["post_train"]).func is COMMANDS["post-train"].run
+    assert p.parse_args(["relabel_steering", "r", "--judge", "offline"]).func is COMMANDS["relabel-steering"].run
+
+
+@pytest.mark.parametrize("path", COMMAND_PATHS, ids=" ".join)
+def test_every_command_help_is_plain_text_with_defaults(path):
+    text = _help(list(path))
+    assert text.startswith(f"usage: mechprobe {' '.join(path)} "), text[:200]
+    for markup in (":class:", ":mod:", ":func:", ":meth:", "``"):
+        assert markup not in text, (path, markup)
+    parser = dict(_subparsers(cli.build_parser()))[path]
+    blocks = _option_blocks(text)
+    for action in parser._actions:
+        d = action.default
+        if not action.option_strings or d in (None, False, [], argparse.SUPPRESS):
+            continue
+        block = blocks[action.option_strings[0]]
+        assert "default" in block, f"mechprobe {' '.join(path)} {action.option_strings[0]}: default {d!r} not shown"
+
+
+@pytest.mark.parametrize("cmd", ["judge", "cache", "probes", "steer", "audit", "relabel-steering", "probe"])
+def test_the_run_directory_is_the_positional_RUN(cmd):
+    usage = _help([cmd]).split("\n\n")[0]
+    assert re.search(r"\[?RUN\]?\s*$", usage), usage
+
+
+def test_top_level_help_documents_exit_codes_and_version(capsys):
+    text = _help([])
+    epilog = text[text.index("exit codes:"):]
+    for code, words in (("0", "ok"), ("2", "mistake"), ("3", "too small"), ("1", "bug")):
+        assert re.search(rf"^  {code}  .*{words}", epilog, flags=re.M), (code, epilog)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    want = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert capsys.readouterr().out.strip() == f"mechprobe {want}"
+
+
+def test_version_falls_back_to_pyproject_without_an_installed_distribution(monkeypatch):
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    want = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert common.package_version() == want
+
+
+def test_help_formatter_shows_defaults_and_strips_markup():
+    p = argparse.ArgumentParser(formatter_class=common.HelpFormatter, description=common.plain(
+        "See :class:`~mechprobe.x.Y` and ``--flag``."))
+    p.add_argument("--n", type=int, default=80, help="count")
+    p.add_argument("--pct", default="5%", help="a share")
+    p.add_argument("--k", default=3, help="k (default 3, the usual)")
+    p.add_argument("--off", action="store_true", help="a switch")
+    text = p.format_help()
+    assert "See mechprobe.x.Y and --flag." in text
+    blocks = _option_blocks(text)
+    assert "(default: 80)" in blocks["--n"] and "(default: 5%)" in blocks["--pct"]
+    assert blocks["--k"].count("default") == 1 and "default" not in blocks["--off"]
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (REPO / "experiments").glob("*.py")))
+def test_experiment_scripts_are_thin_wrappers_with_the_commands_flags(script, monkeypatch):
+    path = REPO / "experiments" / script
+    assert len(path.read_text().splitlines()) <= 40
+    cmd = {"linear_probe.py": "probes"}.get(script, path.stem.replace("_", "-"))
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "argv", [str(path), "--help"])
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as e:
+        runpy.run_path(str(path), run_name="__main__")
+    assert e.value.code == 0
+    flags = set(re.findall(r"^  (--[\w-]+)", out.getvalue(), flags=re.M))
+    assert flags and flags == set(re.findall(r"^  (--[\w-]+)", _help([cmd]), flags=re.M)), script
 
 
 @pytest.fixture

@@ -175,7 +175,7 @@ def test_steer_advice_names_only_flags_that_exist(system_run, tmp_path):
     import argparse
     import re
 
-    from mechprobe.cli.linear_probe import add_probes_args
+    from mechprobe.cli.linear_probe import add_args
 
     _write_labels(system_run, set())  # no genuine follow-up at all: a difference of means is impossible
     # its own steering directory: the fixture run's steering/ is frozen at another test's setting
@@ -188,7 +188,7 @@ def test_steer_advice_names_only_flags_that_exist(system_run, tmp_path):
     assert flags, err
     if "linear_probe.py" in err:
         parser = argparse.ArgumentParser()
-        add_probes_args(parser)
+        add_args(parser)
     else:  # advice without a command is advice about steer.py's own flags
         import mechprobe.cli.steer as mod
         parser = mod.build_parser()

@@ -208,7 +208,8 @@ def test_auto_batch_size_follows_free_memory_and_model_shape():
 def test_batch_size_argument_accepts_auto_and_refuses_nonsense():
     import argparse
 
-    from mechprobe.turns.pipeline import ProbeConfig, batch_size_arg
+    from mechprobe.cli.common import batch_size_arg
+    from mechprobe.turns.pipeline import ProbeConfig
 
     assert batch_size_arg("auto") is None and batch_size_arg("AUTO") is None
     assert batch_size_arg("16") == 16

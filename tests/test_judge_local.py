@@ -154,7 +154,7 @@ def test_local_and_served_judge_agree(smol):
 
 
 def test_judge_cli_with_a_missing_local_model_names_the_fetch_command(tmp_path, monkeypatch, capsys):
-    from mechprobe.cli.judge import main_judge
+    from mechprobe.cli.judge import main as main_judge
 
     monkeypatch.setenv("MECHPROBE_CACHE", str(tmp_path / "cache"))
     run = make_run(tmp_path)

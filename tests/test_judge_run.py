@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mechprobe.cli.judge import main_judge
+from mechprobe.cli.judge import main as main_judge
 from mechprobe.io import read_jsonl
 from mechprobe.judges.base import JudgeMismatch, inputs_from_run
 from mechprobe.judges.run import judge_run, summarize_labels

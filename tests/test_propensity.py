@@ -271,10 +271,10 @@ def test_cost_summary_ratio_and_missing_parts():
 def _probes_args(*argv):
     import argparse
 
-    from mechprobe.cli.linear_probe import add_probes_args, config_from_args
+    from mechprobe.cli.linear_probe import add_args, config_from_args
 
     p = argparse.ArgumentParser()
-    add_probes_args(p)
+    add_args(p)
     return config_from_args(p.parse_args(list(argv)))
 
 

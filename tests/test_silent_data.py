@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from mechprobe.activations.cache import ActivationCache
-from mechprobe.cli.judge import main_judge
+from mechprobe.cli.judge import main as main_judge
 from mechprobe.errors import UserError
 from mechprobe.io import JsonlStore, ManifestMismatch, check_or_write_manifest, read_jsonl, write_json
 from mechprobe.judges.run import judge_run
@@ -299,10 +299,10 @@ def test_mismatch_names_only_the_differing_nested_key(tmp_path):
 def _probes_args(*argv):
     import argparse
 
-    from mechprobe.cli.linear_probe import add_probes_args, config_from_args
+    from mechprobe.cli.linear_probe import add_args, config_from_args
 
     p = argparse.ArgumentParser()
-    add_probes_args(p)
+    add_args(p)
     return config_from_args(p.parse_args(list(argv)))
 
 
@@ -334,7 +334,8 @@ def _steer_module():
 def test_invalid_steer_flags_rejected_before_any_stage(tmp_path, flags, needle):
     run = tmp_path / "run"
     with pytest.raises(UserError, match=needle):
-        _steer_module().main(["--run", str(run), "--dataset", "no-such-dataset", *flags])
+        m = _steer_module()
+        m.run(m.build_parser().parse_args(["--run", str(run), "--dataset", "no-such-dataset", *flags]))
     assert not run.exists()
 
 

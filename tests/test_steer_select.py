@@ -268,7 +268,8 @@ def test_new_flags_are_checked_before_any_stage(tmp_path, flags, needle):
 
     run = tmp_path / "run"
     with pytest.raises(UserError, match=needle):
-        _script().main(["--run", str(run), "--dataset", "no-such-dataset", *flags])
+        m = _script()
+        m.run(m.build_parser().parse_args(["--run", str(run), "--dataset", "no-such-dataset", *flags]))
     assert not run.exists()
 
 

@@ -121,7 +121,7 @@ def test_split_file_ids_and_refusal_before_generation(smol, tmp_path):
         assert {i for ids, _ in calls for i in ids} & held
         n = len(calls)
         with pytest.raises(UserError, match="requested_alphas"):
-            cli_steer.main([*base, "--alpha", "0", "0.2"])
+            cli_steer.run(cli_steer.build_parser().parse_args([*base, "--alpha", "0", "0.2"]))
         assert len(calls) == n  # refused before any generation
     finally:
         exp.steered_user_turns = gen

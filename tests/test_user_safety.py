@@ -128,10 +128,10 @@ def test_agreement_refuses_to_join_different_turns(tmp_path, capsys):
 def _probes_args(*argv):
     import argparse
 
-    from mechprobe.cli.linear_probe import add_probes_args, config_from_args
+    from mechprobe.cli.linear_probe import add_args, config_from_args
 
     p = argparse.ArgumentParser()
-    add_probes_args(p)
+    add_args(p)
     return config_from_args(p.parse_args(list(argv)))
 
 
@@ -334,7 +334,7 @@ def test_all_judge_error_run_exits_2(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(judge, "make_judge", lambda *a, **kw: Broken())
     run = _judge_run_dir(tmp_path)
-    from mechprobe.cli.judge import main_judge
+    from mechprobe.cli.judge import main as main_judge
 
     assert main_judge([str(run), "--judge", "offline", "--no-progress"]) == 2
     assert "every judged turn" in capsys.readouterr().err

@@ -369,8 +369,11 @@ def _token_pos(rec: UserTurnRecord) -> dict[str, Any]:
     return {"boundary": rec.boundary_index, "span": (s, max(e, s + 1))}
 
 
-def _run_model(run_dir: Path, device: str | None = None) -> LoadedModel:
-    """Load the model a run was probed with (name, chat template and dtype from its manifest)."""
+def run_model(run_dir: Path, device: str | None = None) -> LoadedModel:
+    """Load the model a run was probed with (name, chat template and dtype from its manifest).
+
+    Public because the cache command loads it itself when ``--device`` is given, with the same manifest rules.
+    """
     man = run_dir / "manifest.json"
     if not man.exists():
         raise MissingInput(f"{man} not found: pass a model to cache_run, or run the probe first")
@@ -462,7 +465,7 @@ def cache_run(
     if man_path.exists():  # options that need no model: refuse before loading one (seconds to minutes)
         _refuse_diff(read_json(man_path).get("identity", {}),
                      {"backend": backend, "dtype": dtype, "positions": positions}, run_dir, out)
-    lm = model if model is not None else _run_model(run_dir)
+    lm = model if model is not None else run_model(run_dir)
     layer_list = parse_layers(layers, lm.n_layers)
     identity = {**lm.identity(), "backend": backend, "dtype": dtype, "positions": positions, "layers": layer_list,
                 "model_dtype": str(lm.dtype).replace("torch.", "")}

@@ -1,4 +1,9 @@
-"""`mechprobe agreement A B`: agreement between two label sources."""
+"""Agreement between two label sources (Cohen's kappa, confusion matrix), or a judge on real vs swapped turns.
+
+    mechprobe agreement runs/a runs/b                          # two runs' labels.jsonl
+    mechprobe agreement FIXTURE offline --split test           # a judge run on the rows of a labelled fixture
+    mechprobe agreement --human-reference hybrid2:MODEL --n 100
+"""
 
 from __future__ import annotations
 
@@ -7,44 +12,43 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mechprobe.cli import common
 from mechprobe.errors import UsageError
-from mechprobe.judges.agreement import (
-    _is_judge_spec,
-    compare,
-    judge_source,
-    load_labels,
-    report_markdown,  # FIXME ambiguous ['mechprobe.judges.agreement', 'mechprobe.post_train.evaluate']
-)
-from mechprobe.judges.human_reference import run
+from mechprobe.judges import human_reference
+from mechprobe.judges.agreement import compare, is_judge_spec, judge_source, load_labels, report_markdown
+
+HELP = "agreement between two label sources (kappa, confusion)"
 
 
-def add_agreement_args(p: argparse.ArgumentParser) -> None:
-    """Arguments of ``mechprobe agreement A B`` (also ``mechprobe agreement``)."""
-    p.add_argument("a", nargs="?", help="labels.jsonl, run dir, or model-written label fixture (the reference)")
-    p.add_argument("b", nargs="?", help="labels.jsonl, run dir, fixture, or a judge spec (offline, "
+def add_args(p: argparse.ArgumentParser) -> None:
+    """Add the agreement command's flags to ``p``."""
+    p.add_argument("a", nargs="?", metavar="A",
+                   help="labels.jsonl, run dir, or model-written label fixture (the reference)")
+    p.add_argument("b", nargs="?", metavar="B", help="labels.jsonl, run dir, fixture, or a judge spec (offline, "
                                         "offline-lexical, openai:MODEL, local:MODEL, hybrid:MODEL) to run on A's rows")
     p.add_argument("--human-reference", metavar="JUDGE", default=None,
                    help="instead of A/B: judge real vs swapped next human turns of HH-RLHF and Topical-Chat "
-                        "conversations with JUDGE (see mechprobe.judges.human_reference)")
+                        "conversations with JUDGE (docs/judge_agreement.md)")
     p.add_argument("--n", type=int, default=100, help="--human-reference: conversations per dataset")
     p.add_argument("--max-chars", type=int, default=1500,
                    help="--human-reference: skip conversations longer than this (prompt+reply+next turn)")
-    p.add_argument("--judge-dtype", "--dtype", dest="dtype", default=None, choices=["float32", "bfloat16", "float16"], help="local judge: float32 | bfloat16 (default: bf16 on CPU)")
+    p.add_argument("--judge-dtype", "--dtype", dest="dtype", default=None, choices=list(common.DTYPES),
+                   help="local or hybrid judge weights dtype (default: bf16 on CPU)")
     p.add_argument("--few-shot", type=int, default=None, help="local judge: dev-split examples in the prompt")
     p.add_argument("--threshold", type=float, default=None,
                    help="hybrid judge: grounding-PMI threshold (default: the one chosen on the dev split)")
     p.add_argument("--out", default=None, help="write the markdown report here")
     p.add_argument("--split", default=None, help="only rows of this split (dev|test) of a fixture")
-    p.add_argument("--name-a", default=None)
-    p.add_argument("--name-b", default=None)
-    p.add_argument("--title", default=None)
+    p.add_argument("--name-a", default=None, help="A's name in the report (default: from its path)")
+    p.add_argument("--name-b", default=None, help="B's name in the report (default: from its path or judge)")
+    p.add_argument("--title", default=None, help="the report's title")
     p.add_argument("--save-labels", default=None, help="when B is a judge: also write its labels here (JSONL)")
     p.add_argument("--base-url", default=None, help="LLM judge endpoint (default $OPENAI_BASE_URL)")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY", help="env var holding the LLM judge's API key")
-    p.add_argument("--concurrency", type=int, default=None)
+    p.add_argument("--concurrency", type=int, default=None, help="parallel requests of the LLM judge (default 4)")
 
 
-def run_agreement_cli(a: argparse.Namespace) -> int:
+def run(a: argparse.Namespace) -> int:
     """Compare the two sources of parsed arguments ``a`` and print (and optionally write) the report."""
     local_opts = {"dtype": a.dtype, "few_shot": a.few_shot}
     hybrid_opts = {"dtype": a.dtype, "threshold": a.threshold}
@@ -53,8 +57,7 @@ def run_agreement_cli(a: argparse.Namespace) -> int:
         return local_opts if spec.startswith("local:") else hybrid_opts if spec.startswith(("hybrid:", "hybrid2:")) else {}
 
     if a.human_reference:
-
-        text, _ = run(a.human_reference, n=a.n, save=a.save_labels, max_chars=a.max_chars,
+        text, _ = human_reference.run(a.human_reference, n=a.n, save=a.save_labels, max_chars=a.max_chars,
                       **opts_for(a.human_reference))
         if a.out:
             Path(a.out).parent.mkdir(parents=True, exist_ok=True)
@@ -64,7 +67,7 @@ def run_agreement_cli(a: argparse.Namespace) -> int:
     if a.a is None or a.b is None:
         raise UsageError("pass two label sources A and B, or --human-reference JUDGE")
     src_a = load_labels(a.a, a.split, a.name_a)
-    if _is_judge_spec(a.b):
+    if is_judge_spec(a.b):
         if not src_a.rows or "raw_text" not in src_a.rows[0]:
             raise UsageError(f"B={a.b!r} is a judge, so A must hold self-contained rows (prompt, response, "
                              "raw_text): pass the model-written label fixture as A")

@@ -1,4 +1,4 @@
-"""``mechprobe audit``: draw the blind sample and write the sheet, or import labels and print the report.
+"""Blind audit of the judge: draw a sample and write a sheet to label, or import labels and print the report.
 
     mechprobe audit RUN --n 80 --by condition [--seed 0] [--redraw]     # audit/sheet.html + sheet.csv + identify.html
     mechprobe audit RUN --labels alice.json bob.csv [--labeller-kind person|model]   # imports, then reports
@@ -35,31 +35,35 @@ from mechprobe.audit.store import audit_lock
 from mechprobe.audit.table import STRATA, TurnTable, load_run_table
 from mechprobe.cli import common
 
-__all__ = ["add_args", "run"]
+__all__ = ["HELP", "add_args", "run"]
+
+HELP = "blind audit of the judge: a sheet to label, then judge-only vs corrected rates"
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     """Add the audit command's arguments to ``p`` (the CLI's subparser, or a parser of its own)."""
-    p.add_argument("run", help="the run directory (assistant.jsonl, user_turns.jsonl, labels.jsonl, steering*/)")
+    common.add_run(p, "the run directory (assistant.jsonl, user_turns.jsonl, labels.jsonl, steering*/)")
     p.add_argument("--n", type=int, default=80, help="turns to audit in total, spread evenly over strata (default 80)")
     p.add_argument("--by", choices=STRATA, default="condition", help="stratum field (default condition)")
     common.add_seed(p)
     p.add_argument("--turns-per-item", type=int, default=1, metavar="K",
                    help="at most K turns of one item per stratum in the sample (default 1: spread over items; "
                         "0 = no limit); intervals are item-clustered whenever an item has several turns")
-    p.add_argument("--redraw", action="store_true", help="replace a sample drawn with other --n/--by/--seed")
+    p.add_argument("--redraw", action="store_true", help="replace a sample drawn with other --n, --by or --seed")
     p.add_argument("--labels", nargs="+", metavar="FILE",
                    help="import these files (sheet.html's JSON export, or a filled sheet.csv: one stored "
                         "labeller per name in its labeller column; identify.html's export), then write and print "
                         "the report")
     p.add_argument("--labeller-kind", choices=LABELLER_KINDS, default=None,
-                   help="person or model, for files that do not say (CSV)")
+                   help="person or model, for files that do not say which (CSV)")
     p.add_argument("--alpha", type=float, default=0.05, help="1 - confidence level, strictly between 0 and 1 (default 0.05)")
     p.add_argument("--n-boot", type=int, default=500, help="bootstrap draws for kappa intervals (default 500, at least 20)")
 
 
 def run(a: argparse.Namespace) -> int:
-    """Run the command; returns the exit code (errors the user can fix raise :class:`~mechprobe.errors.UserError`).
+    """Draw or reuse the sample and write the sheet, or import ``--labels`` and write the report; returns 0.
+
+    Errors the user can fix raise :class:`~mechprobe.errors.UserError`.
 
     Example:
         >>> p = argparse.ArgumentParser(); add_args(p)

@@ -1,18 +1,76 @@
-"""Flags, error handling and run-directory arguments shared by every command (each defined once)."""
+"""Flags, help formatting, error handling and the run-directory argument shared by every command.
+
+Every command module of this package has the same two entry points: ``add_args(parser)`` adds its flags to a
+parser (the ``mechprobe`` subcommand's, or a parser of its own for ``experiments/<script>.py``) and
+``run(args) -> int`` runs it. Each shared flag is defined once, here.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import re
 import sys
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from mechprobe.errors import UsageError, UserError
+
+EXIT_CODES = """exit codes:
+  0  ok
+  2  a usage or input mistake you can fix: one line on stderr naming the problem and the fix
+  3  the run is too small for the analysis: the outputs written so far are kept
+  1  an unexpected error: the traceback is a bug worth reporting"""
 
 # Any decimal or scientific number (-1, -.5, -1e308, -2.5E-3): argparse before Python 3.12 takes only -1 and -0.5
 # for numbers, so `--alpha 0 -1e308` read -1e308 as an unknown flag.
 _NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+# Sphinx roles (:class:`~a.B`, :func:`f`) and reST literals (``x``): module docstrings double as help texts, and a
+# terminal shows the markup verbatim.
+_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
+_LITERAL = re.compile(r"``([^`]*)``")
+
+
+def plain(text: str | None) -> str:
+    """``text`` without Sphinx roles and reST literal markup, for a terminal (``:class:`~x.Y``` -> ``x.Y``)."""
+    text = _ROLE.sub(lambda m: m.group(1), text or "")
+    return _LITERAL.sub(lambda m: m.group(1), text)
+
+
+def _show(value: Any) -> str:
+    """A default as the user would type it (lists space-separated), with ``%`` escaped for argparse."""
+    if isinstance(value, list | tuple):
+        value = " ".join(str(v) for v in value)
+    return str(value).replace("%", "%%")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the description's own line breaks (its examples) and appends each option's default to its help.
+
+    A default is shown unless it is None or False (an unset option or a switch: its help says what happens then)
+    or the help already names it ("(default ...", "default: ...").
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        d = action.default
+        if d is None or d is False or d is argparse.SUPPRESS or d == [] or re.search(r"\(default\b|default:", text):
+            return text
+        return f"{text} (default: {_show(d)})".strip()
+
+
+def package_version() -> str:
+    """The installed distribution's version, else the one in the clone's pyproject.toml (an uninstalled clone)."""
+    try:
+        return importlib.metadata.version("mechprobe")
+    except importlib.metadata.PackageNotFoundError:
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        if pyproject.is_file():
+            return str(tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["version"])
+        return "unknown"
 
 
 def accept_negative_numbers(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -25,8 +83,16 @@ def accept_negative_numbers(p: argparse.ArgumentParser) -> argparse.ArgumentPars
     return p
 
 
+def command_parser(add_args: Callable[[argparse.ArgumentParser], None], doc: str | None,
+                   prog: str | None = None) -> argparse.ArgumentParser:
+    """A parser of one command's flags alone (``python experiments/<script>.py``); ``doc`` is its description."""
+    p = argparse.ArgumentParser(prog=prog, description=plain(doc), formatter_class=HelpFormatter, epilog=EXIT_CODES)
+    add_args(p)
+    return accept_negative_numbers(p)
+
+
 def friendly(fn: Callable[[], int | None]) -> int:
-    """Run ``fn``; a :class:`UserError` becomes one line on stderr and exit code 2, anything else propagates."""
+    """Run ``fn``; a UserError becomes one line on stderr and exit code 2, anything else propagates."""
     try:
         return int(fn() or 0)
     except UserError as e:
@@ -34,8 +100,18 @@ def friendly(fn: Callable[[], int | None]) -> int:
         return 2
 
 
-def run_positional(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_pos", nargs="?", default=None, metavar="RUN", help="run directory (same as --run)")
+def add_run(p: argparse.ArgumentParser, help: str, flag: str | None = None, optional: bool = False) -> None:
+    """The run directory: a positional shown as RUN in every command that takes one.
+
+    ``flag`` (``--run``, or ``--out`` for the probe) also accepts it as an option, where that option worked before;
+    the two are merged by :func:`merge_run`. ``optional``: without RUN the command builds or picks a default run.
+    """
+    if flag is None:
+        p.add_argument("run", metavar="RUN", nargs="?" if optional else None, help=help)
+        return
+    p.add_argument("run_pos", nargs="?", default=None, metavar="RUN", help=f"{help} (same as {flag})")
+    dest = flag.lstrip("-").replace("-", "_")
+    p.add_argument(flag, dest=dest, default=None, metavar="RUN", help="the same as RUN")
 
 
 def merge_run(a: argparse.Namespace, dest: str = "run") -> None:
@@ -47,6 +123,19 @@ def merge_run(a: argparse.Namespace, dest: str = "run") -> None:
     if given is not None and Path(given) != Path(pos):
         raise UsageError(f"two run directories given ({pos} and --{dest} {given}): pass one")
     setattr(a, dest, pos)
+
+
+def batch_size_arg(v: str) -> int | None:
+    """``--batch-size`` value: a positive integer, or ``auto`` (None: as many rows as fit in memory)."""
+    if v.strip().lower() == "auto":
+        return None
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--batch-size must be a positive integer or 'auto', got {v!r}")
+    return n
 
 
 # ------------------------------------------------------------------ flags shared by several commands, defined once
@@ -81,37 +170,43 @@ def add_engine(p: argparse.ArgumentParser | argparse._ArgumentGroup, default: st
 
 def add_model(p: argparse.ArgumentParser | argparse._ArgumentGroup, default: str | None = None,
               help: str = "embedded name, HF id/dir, or .gguf file") -> None:
+    """``--model``: an embedded model's name, a Hugging Face id or directory, or a GGUF file."""
     p.add_argument("--model", default=default, help=help)
 
 
 def add_seed(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    p.add_argument("--seed", type=int, default=0)
+    """``--seed``: one seed for sampling, folds and bootstraps, so a rerun gives the same numbers."""
+    p.add_argument("--seed", type=int, default=0, help="random seed (sampling, folds, bootstraps)")
 
 
 def add_device(p: argparse.ArgumentParser | argparse._ArgumentGroup, default: str | None = None) -> None:
+    """``--device``: where the model runs (torch device string)."""
     p.add_argument("--device", default=default, help="cpu | cuda | cuda:N (default: cuda when available)")
 
 
 def add_figures(p: argparse.ArgumentParser | argparse._ArgumentGroup, default: str | None = None) -> None:
+    """``--figures``: where figures go; inside the run by default, so a run never dirties the repository."""
     p.add_argument("--figures", default=default,
                    help="folder for the figure (default: <run>/figures, inside the ignored run directory, so a run "
                         "never dirties the repo; pass --figures figures to publish into the committed folder)")
 
 
 def add_data_path(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--data-path``: where the datasets are read from."""
     p.add_argument("--data-path", default=None,
                    help="dataset file or folder laid out like shared/data (default: ../shared/data or $MECHPROBE_DATA_DIR)")
 
 
 def add_no_progress(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--no-progress``: quiet logs (batch jobs, tests)."""
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def add_new_run(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """``--new``: building a run at an explicit ``--run`` must be asked for, so a mistyped path is refused."""
+    """``--new``: building a run at an explicit RUN must be asked for, so a mistyped path is refused."""
     p.add_argument("--new", action="store_true",
-                   help="--run names a run to build (from nothing): without it a --run that is not a run yet is "
-                        "refused, so a mistyped path does not start a full build; the default run is always built")
+                   help="RUN names a run to build (from nothing): without it a RUN that is not a run yet is refused, so "
+                        "a mistyped path does not start a full build; the default run is always built")
 
 
 def add_include_truncated(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

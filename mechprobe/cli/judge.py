@@ -1,4 +1,8 @@
-"""`mechprobe judge RUN`: label every user turn of a run."""
+"""Label every user turn of a run (labels.jsonl), reusing the labels already there.
+
+    mechprobe judge runs/smol-gsm8k                        # the default judge (see --judge)
+    mechprobe judge runs/smol-gsm8k --judge openai:MODEL   # an OpenAI-compatible endpoint (--base-url)
+"""
 
 from __future__ import annotations
 
@@ -9,15 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from mechprobe.cli import common
-from mechprobe.errors import UserError
 from mechprobe.io import read_json
 from mechprobe.judges.run import LABELS_FILE, judge_run
 from mechprobe.stages import auto_judge
 
+HELP = "label every user turn of a run (labels.jsonl)"
 
-def add_judge_args(p: argparse.ArgumentParser) -> None:
-    """Arguments of ``mechprobe judge`` (the CLI module calls this and :func:`run_judge_cli`)."""
-    p.add_argument("run_dir", help="probe run directory (holds user_turns.jsonl and assistant.jsonl)")
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    """Add the judge command's flags to ``p``."""
+    common.add_run(p, "probe run directory (holds user_turns.jsonl and assistant.jsonl)")
     common.add_judge(p)
     p.add_argument("--base-url", default=None,
                    help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL, else api.openai.com)")
@@ -30,19 +35,19 @@ def add_judge_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", default=None,
                    help="LLM judge cache (default: $MECHPROBE_CACHE/judge or ~/.cache/mechprobe/judge)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the LLM judge cache")
-    p.add_argument("--labels", default=LABELS_FILE, help="labels file name inside RUN_DIR")
+    p.add_argument("--labels", default=LABELS_FILE, help="labels file name inside RUN")
     p.add_argument("--limit", type=int, default=None, help="judge at most N new rows (0 = no limit, as on every command)")
     p.add_argument("--keep-errors", action="store_true", help="do not retry earlier judge_error rows")
     common.add_no_progress(p)
 
 
-def run_judge_cli(a: argparse.Namespace) -> int:
-    """Run the stage from parsed arguments and print the summary table."""
+def run(a: argparse.Namespace) -> int:
+    """Label the run and print the summary table; exit 2 when every judged turn is a judge error."""
     spec = a.judge
     if spec in (None, "auto"):
-        run = Path(a.run_dir)
-        man = read_json(run / "manifest.json") if (run / "manifest.json").is_file() else {}
-        spec = auto_judge(run, str((man.get("config") or {}).get("model") or ""))
+        run_dir = Path(a.run)
+        man = read_json(run_dir / "manifest.json") if (run_dir / "manifest.json").is_file() else {}
+        spec = auto_judge(run_dir, str((man.get("config") or {}).get("model") or ""))
     opts: dict[str, Any] = {}
     if spec.startswith("openai:"):
         opts = {"base_url": a.base_url, "concurrency": a.concurrency, "timeout": a.timeout,
@@ -50,23 +55,17 @@ def run_judge_cli(a: argparse.Namespace) -> int:
         opts["cache_dir"] = False if a.no_cache else a.cache_dir
     elif spec.startswith(("local:", "hybrid:", "hybrid2:")):
         opts = {"cache_dir": False if a.no_cache else a.cache_dir}
-    try:
-        s = judge_run(a.run_dir, spec, labels_file=a.labels, retry_errors=not a.keep_errors, limit=a.limit or None,
-                      progress=not a.no_progress, **opts)
-    except UserError as e:  # configuration errors with a fix (JudgeMismatch, JudgeFatal, ModelLoadError): one line
-        print(f"mechprobe judge: error: {e}", file=sys.stderr)
-        return 2
+    s = judge_run(a.run, spec, labels_file=a.labels, retry_errors=not a.keep_errors, limit=a.limit or None,
+                  progress=not a.no_progress, **opts)
     print(s.table())
     if s.n_errors and not s.n_labelled:
-        print(f"mechprobe judge: error: every judged turn ({s.n_errors}) is a judge error "
+        print(f"mechprobe: error: every judged turn ({s.n_errors}) is a judge error "
               f"({'; '.join(f'{r} x{c}' for r, c in s.errors.items())}); nothing usable was labelled. Check the "
               f"endpoint, key and model; re-running retries the error rows", file=sys.stderr)
         return 2  # a problem the user fixes (endpoint, key, model), like every UserError
     return 0
 
 
-def main_judge(argv: list[str] | None = None) -> int:
-    """``mechprobe judge RUN_DIR [--judge openai:MODEL | --judge offline] ...``"""
-    p = argparse.ArgumentParser(prog="mechprobe judge", description="Label the user turns of a probe run.")
-    add_judge_args(p)
-    return run_judge_cli(p.parse_args(argv))
+def main(argv: list[str] | None = None) -> int:
+    """``mechprobe judge`` with a parser of its own (``argv`` without the command name); returns the exit code."""
+    return common.friendly(lambda: run(common.command_parser(add_args, __doc__, "mechprobe judge").parse_args(argv)))

@@ -1,20 +1,29 @@
-"""`mechprobe probes RUN` / `experiments/linear_probe.py`: linear probes per layer on boundary states."""
+"""Linear probes per layer on the user-role boundary states of a run, with controls.
+
+    mechprobe probes                                   # embedded default model: builds every missing stage
+    mechprobe probes runs/smol-gsm8k --judge offline --layers all
+    mechprobe probes --transfer-datasets mt_bench ifeval   # + a train-on-A / test-on-B matrix
+
+python experiments/linear_probe.py takes the same flags. Without RUN the default run runs/<model>-<dataset> is
+built or reused.
+"""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from mechprobe.cli import common
-from mechprobe.cli.common import merge_run
 from mechprobe.errors import UserError
 from mechprobe.linear.experiment import LinearProbeConfig, run_linear_probe
 from mechprobe.turns.datasets import NAMES
 
+HELP = "linear probes per layer on the cached activations (+ controls)"
 
-def add_probes_args(p: Any, figures: str | None = None) -> None:
-    """Options of ``experiments/linear_probe.py`` (and ``mechprobe probes``)."""
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    """Add the probes command's flags to ``p`` (also ``experiments/linear_probe.py``'s)."""
+    common.add_run(p, "run directory (default runs/<model>-<dataset>)", flag="--run")
     p.add_argument("--model", default=None, help="default: the run's model, else the embedded default model")
     p.add_argument("--dataset", default=None, help="default: gsm8k when ../shared/data is found, else builtin")
     p.add_argument("--datasets", nargs="+", default=[],
@@ -30,7 +39,6 @@ def add_probes_args(p: Any, figures: str | None = None) -> None:
                    help="temperature whose samples define the propensity (default 1.0)")
     p.add_argument("--min-samples", type=int, default=2,
                    help="propensity target: drop items with fewer judged samples than this (judge errors skipped)")
-    p.add_argument("--run", default=None, help="run directory (default runs/<model>-<dataset>)")
     common.add_new_run(p)
     common.add_judge(p)
     p.add_argument("--layers", nargs="+", default="all",
@@ -38,20 +46,21 @@ def add_probes_args(p: Any, figures: str | None = None) -> None:
                         "(TransformerLens resid_pre), 0 = embeddings; steering-vectors/repeng/nnsight layer L = our L+1")
     p.add_argument("--relabel", action="store_true",
                    help="labels.jsonl is from another judge (or judge version): move it aside and relabel")
-    p.add_argument("--backend", default="hooks", choices=["hooks", "nnsight", "transformer-lens"])
+    p.add_argument("--backend", default="hooks", choices=["hooks", "nnsight", "transformer-lens"],
+                   help="activation backend of the cache stage; all give the same numbers")
     g = p.add_argument_group("probe stage (only used when turns are missing)")
     g.add_argument("--limit", type=int, default=None,
                    help="items per run (default: 60 for the embedded default model; for other models 200 items in "
                         "all, split over --datasets; 0 = no limit: every item)")
-    g.add_argument("--samples", type=int, default=None)
-    g.add_argument("--temperatures", type=float, nargs="+", default=None)
-    g.add_argument("--max-assistant-tokens", type=int, default=None)
-    g.add_argument("--max-user-tokens", type=int, default=None)
-    g.add_argument("--batch-size", type=int, default=None)
+    g.add_argument("--samples", type=int, default=None, help="samples per temperature > 0")
+    g.add_argument("--temperatures", type=float, nargs="+", default=None, help="0 = greedy")
+    g.add_argument("--max-assistant-tokens", type=int, default=None, help="cap of each assistant answer (tokens)")
+    g.add_argument("--max-user-tokens", type=int, default=None, help="cap of each user turn (tokens)")
+    g.add_argument("--batch-size", type=int, default=None, help="rows per decode call")
     common.add_engine(g)
     common.add_dtype(g)
     g = p.add_argument_group("analysis")
-    g.add_argument("--folds", type=int, default=5)
+    g.add_argument("--folds", type=int, default=5, help="grouped cross-validation folds (items never straddle two)")
     g.add_argument("--n-boot", type=int, default=1000, help="item-bootstrap draws for the 95%% CIs")
     g.add_argument("--no-shuffled", action="store_true", help="skip the shuffled-label probe (halves probe time)")
     common.add_seed(g)
@@ -59,7 +68,7 @@ def add_probes_args(p: Any, figures: str | None = None) -> None:
                    help="also build runs of these datasets with the same config and report a transfer matrix")
     g.add_argument("--transfer-runs", nargs="*", default=[], help="existing runs (same model) for the transfer matrix")
     common.add_include_truncated(p)
-    common.add_figures(p, figures)
+    common.add_figures(p)
 
 
 # Fewer item-bootstrap draws than this and the 2.5/97.5 percentiles are just the extreme draws.
@@ -101,22 +110,16 @@ def validate_probes_args(a: argparse.Namespace) -> None:
 
 def config_from_args(a: argparse.Namespace) -> LinearProbeConfig:
     """Validate the namespace and turn it into the experiment's typed config."""
-    merge_run(a)
+    common.merge_run(a)
     validate_probes_args(a)
     return LinearProbeConfig.from_namespace(a)
 
 
 def run(a: argparse.Namespace) -> int:
+    """Build or reuse the run's stages, probe every layer; exit 3 when the run is too small to probe."""
     return run_linear_probe(config_from_args(a))
 
 
-def build_parser(figures: str | None = None) -> argparse.ArgumentParser:
-    """The flags of ``python experiments/linear_probe.py`` (the same as ``mechprobe probes``)."""
-    p = argparse.ArgumentParser(prog="linear_probe.py", description=__doc__)
-    add_probes_args(p, figures)
-    return common.accept_negative_numbers(p)
-
-
-def main(argv: list[str] | None = None, figures: str | None = None) -> int:
-    """``python experiments/linear_probe.py ...``."""
-    return run(build_parser(figures).parse_args(argv))
+def main(argv: list[str] | None = None) -> int:
+    """``python experiments/linear_probe.py ...``: the same flags and code as ``mechprobe probes``; the exit code."""
+    return common.friendly(lambda: run(common.command_parser(add_args, __doc__).parse_args(argv)))

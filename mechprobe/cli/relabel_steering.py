@@ -1,6 +1,6 @@
 """Re-judge a finished steering run's turns with another judge, without generating anything again.
 
-    python experiments/relabel_steering.py --run RUN [--steer-dir RUN/steering_llamacpp] --judge hybrid2:MODEL
+    mechprobe relabel-steering RUN [--steer-dir RUN/steering_llamacpp] --judge hybrid2:MODEL
 
 Why: steering results are only as good as the judge that scored them (docs/results.md: the hybrid judge counted
 assistant-voice re-solving as follow-ups). This reads every ``alpha_*.jsonl`` of the steering directory (the
@@ -20,29 +20,35 @@ from collections import Counter
 from pathlib import Path
 
 from mechprobe.cli import common
+from mechprobe.errors import UsageError
 from mechprobe.io import read_jsonl
 from mechprobe.judges.base import JudgeInput
 from mechprobe.judges.factory import make_judge
 from mechprobe.stats import wilson
 from mechprobe.steering.evaluate import paired_vs_base
 
+HELP = "re-judge a finished steering run's turns with another judge (nothing generated again)"
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run", required=True, help="the probe run (assistant.jsonl) the steering ran on")
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    """Add the relabel-steering command's flags to ``p`` (also ``experiments/relabel_steering.py``'s)."""
+    common.add_run(p, "the probe run (assistant.jsonl) the steering ran on", flag="--run")
     p.add_argument("--steer-dir", default=None, help="default: the run's steering_llamacpp or steering directory")
     common.add_judge(p, required=True)
     p.add_argument("--exclude-items", default=None, help="file with one item id per line to leave out")
-    a = p.parse_args(argv)
 
 
-    run = Path(a.run)
-    sdir = Path(a.steer_dir) if a.steer_dir else next((run / d for d in ("steering_llamacpp", "steering")
-                                                       if (run / d).is_dir()), None)
+def run(a: argparse.Namespace) -> int:
+    """Re-judge every held-out condition's turns, write relabel_<judge>.md and .json beside them, print the table."""
+    common.merge_run(a)
+    if a.run is None:
+        raise UsageError("pass the run directory the steering ran on (RUN)")
+    run_dir = Path(a.run)
+    sdir = Path(a.steer_dir) if a.steer_dir else next((run_dir / d for d in ("steering_llamacpp", "steering")
+                                                       if (run_dir / d).is_dir()), None)
     if sdir is None or not sdir.is_dir():
-        print(f"no steering directory under {run}: pass --steer-dir", file=sys.stderr)
-        return 2
-    asst = {r["item_id"]: r for r in read_jsonl(run / "assistant.jsonl", key="item_id")}
+        raise UsageError(f"no steering directory under {run_dir}: pass --steer-dir")
+    asst = {r["item_id"]: r for r in read_jsonl(run_dir / "assistant.jsonl", key="item_id")}
     skip = set(Path(a.exclude_items).read_text().split()) if a.exclude_items else set()
     # held-out conditions only: select/ holds the train items the layer and alpha were chosen on
     files = sorted(sdir.glob("alpha_*.jsonl")) + sorted(f for f in sdir.glob("*/alpha_*.jsonl")
@@ -60,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append({"condition": cond, "labels": labels})
         print(f"{cond}: {sum(v == 'genuine_followup' for v in labels.values())}/{len(labels)} genuine", file=sys.stderr)
     base = next((r for r in results if "none" in r["condition"]), None)
-    lines = [f"# Steering re-judged: `{judge.name}`", "", f"Run `{run}`, steering `{sdir}`"
+    lines = [f"# Steering re-judged: `{judge.name}`", "", f"Run `{run_dir}`, steering `{sdir}`"
              + (f", {len(skip)} items excluded" if skip else "") + ".", "",
              "| condition | genuine [95% CI] | vs unsteered: +/−, McNemar p | labels |", "|---|---|---|---|"]
     out = []
@@ -85,5 +91,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def main(argv: list[str] | None = None) -> int:
+    """``python experiments/relabel_steering.py ...``: the same flags and code as ``mechprobe relabel-steering``."""
+    return common.friendly(lambda: run(common.command_parser(add_args, __doc__).parse_args(argv)))

@@ -1,4 +1,7 @@
-"""`mechprobe serve`: a local model as an OpenAI-compatible endpoint on loopback."""
+"""Serve a local model as an OpenAI-compatible chat endpoint on 127.0.0.1 (for the LLM judge, or any client).
+
+    mechprobe serve --model qwen2.5-coder-1.5b-instruct --port 8000
+"""
 
 from __future__ import annotations
 
@@ -8,16 +11,18 @@ from mechprobe.cli import common
 from mechprobe.lm.models import DEFAULT_MODEL, check_device, load_model
 from mechprobe.lm.server import ChatServer, HFResponder, check_max_new_tokens, check_port_free
 
+HELP = "serve a local model as an OpenAI-compatible endpoint on 127.0.0.1"
 
-def add_serve_args(p: argparse.ArgumentParser) -> None:
-    """Arguments of ``mechprobe serve`` ."""
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    """Add the serve command's flags to ``p``."""
     p.add_argument("--model", default=None, help="embedded name, HF id/dir or .gguf (default: the embedded default)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--port", type=int, default=8000, help="loopback port to listen on")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="cap of each reply (tokens)")
     common.add_device(p)
 
 
-def run_serve_cli(a: argparse.Namespace) -> int:
+def run(a: argparse.Namespace) -> int:
     """Check the port, then load the model and serve it on loopback until interrupted."""
     check_max_new_tokens(a.max_new_tokens)
     check_device(a.device)

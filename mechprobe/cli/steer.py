@@ -1,4 +1,12 @@
-"""`mechprobe steer RUN` / `experiments/steer.py`: steering vectors and their effect, with controls."""
+"""Steering vectors that raise genuine follow-ups under greedy decoding, with controls.
+
+    mechprobe steer                       # embedded default: (layer, alpha) chosen on train items, then held out
+    mechprobe steer --alpha 4             # the same, the train sweep's ladder running up to 4 x resid norm
+    mechprobe steer runs/smol-gsm8k --no-select-on-train --layer 12 --alpha-unit raw --alpha 0 1 2 4
+
+python experiments/steer.py takes the same flags. Without RUN the default run runs/<model>-<dataset> is built or
+reused; docs/steering.md explains the units and the selection.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +14,18 @@ import argparse
 import math
 
 from mechprobe.cli import common
-from mechprobe.errors import UsageError, UserError
+from mechprobe.errors import UserError
 from mechprobe.steering.experiment import DEFAULT_ALPHAS, SteerConfig, resid_ladder, run_steer
 from mechprobe.steering.vector import KINDS
 
+HELP = "steering vectors and their effect, with controls"
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    """Add the steer command's flags to ``p`` (also ``experiments/steer.py``'s)."""
+    common.add_run(p, "run directory (default runs/<model>-<dataset>)", flag="--run")
     p.add_argument("--model", default=None, help="default: the run's model, else the embedded default model")
     p.add_argument("--dataset", default=None, help="default: the run's dataset, else the main job's")
-    p.add_argument("--run", default=None, help="run directory (default runs/<model>-<dataset>)")
     common.add_new_run(p)
     common.add_judge(p)
     common.add_engine(p, help="engine for the probe stage when the run must be built (default: hf for the embedded "
@@ -50,15 +60,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-degenerate", type=float, default=0.2,
                    help="selection ignores settings whose train degeneration rate exceeds this")
     p.add_argument("--steer-positions", "--positions", dest="positions", default="boundary+generated",
-                   choices=["boundary", "generated", "boundary+generated", "all"])
-    p.add_argument("--kinds", default="diff_means,random,negative,probe")
+                   choices=["boundary", "generated", "boundary+generated", "all"],
+                   help="token positions the vector is added at")
+    p.add_argument("--kinds", default="diff_means,random,negative,probe",
+                   help=f"vector kinds run at the chosen setting, comma-separated (of {', '.join(KINDS)})")
     p.add_argument("--acc-kinds", default="diff_means,probe",
                    help="kinds whose task accuracy with the vector on is measured at each alpha")
     p.add_argument("--acc-items", type=int, default=24, help="held-out items scored for task accuracy")
     p.add_argument("--max-user-tokens", type=int, default=None,
                    help="cap of the steered user turns (default: the run's own, so alpha 0 reproduces it)")
     p.add_argument("--max-heldout", type=int, default=None, help="cap held-out items (speed)")
-    p.add_argument("--no-assistant-check", action="store_true")
+    p.add_argument("--no-assistant-check", action="store_true",
+                   help="skip the task-accuracy check of the assistant answers with the vector on")
     common.add_seed(p)
     p.add_argument("--steer-dir", default=None,
                    help="where steered turns and results go (default <run>/steering, or steering_llamacpp); its "
@@ -69,7 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "mechprobe/data/splits/gsm8k_steering_v1.json)")
     common.add_include_truncated(p)
     common.add_figures(p)
-    return common.accept_negative_numbers(p)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The steer command's flags in a parser of its own (``python experiments/steer.py``)."""
+    return common.command_parser(add_args, __doc__)
 
 
 def validate_args(a: argparse.Namespace) -> None:
@@ -126,11 +143,12 @@ def config_from_args(a: argparse.Namespace) -> SteerConfig:
     return SteerConfig.from_namespace(a)
 
 
+def run(a: argparse.Namespace) -> int:
+    """Validate the flags (before any stage runs), then run the steering experiment."""
+    common.merge_run(a)
+    return run_steer(config_from_args(a))
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``mechprobe steer [RUN] ...`` / ``python experiments/steer.py ...``; a leading RUN becomes ``--run RUN``."""
-    argv = list(argv or [])
-    if argv and not argv[0].startswith("-"):
-        if "--run" in argv[1:]:
-            raise UsageError(f"two run directories given ({argv[0]} and --run): pass one")
-        argv = ["--run", argv[0], *argv[1:]]
-    return run_steer(config_from_args(build_parser().parse_args(argv)))
+    """``python experiments/steer.py ...``: the same flags and code as ``mechprobe steer``; returns the exit code."""
+    return common.friendly(lambda: run(build_parser().parse_args(argv)))

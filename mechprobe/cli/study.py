@@ -1,22 +1,35 @@
-"""`experiments/study.py`: the paper's studies over every embedded chat model."""
+"""The paper's studies over every embedded chat model, as one resumable command (docs/study.md).
+
+    mechprobe study --quick              # few items, samples and temperatures
+    mechprobe study --report-only        # regenerate the report and figures from the runs
+
+python experiments/study.py takes the same flags.
+"""
 
 from __future__ import annotations
 
 import argparse
-import sys
 
 from mechprobe.cli import common
-from mechprobe.errors import UserError
 from mechprobe.io import read_json
 from mechprobe.judges.factory import default_judge
 from mechprobe.study.report import PLAN
-from mechprobe.study.run import DATASETS, MODELS, PROFILES, StudyConfig, _config_from_args, report, run_study
+from mechprobe.study.run import (
+    DATASETS,
+    MODELS,
+    PROFILES,
+    StudyConfig,
+    config_from_namespace,
+    report,
+    run_study,
+)
 from mechprobe.turns.perturb import VARIANTS
-from mechprobe.turns.pipeline import batch_size_arg
+
+HELP = "the paper's studies over every embedded chat model (resumable)"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="experiments/study.py", description=__doc__.split("\n\n")[0])
+def add_args(p: argparse.ArgumentParser) -> None:
+    """Add the study command's flags to ``p`` (also ``experiments/study.py``'s)."""
     p.add_argument("--models", nargs="+", default=None, help=f"default: {' '.join(MODELS)}")
     p.add_argument("--datasets", nargs="+", default=None, help=f"default: {' '.join(DATASETS)}")
     p.add_argument("--variants", nargs="+", default=None, help=f"default: {' '.join(VARIANTS)}")
@@ -33,19 +46,25 @@ def build_parser() -> argparse.ArgumentParser:
                         "1 full, 2 quick; a resumed root keeps its own)")
     p.add_argument("--temperatures", nargs="+", default=None, help="main-run temperatures (default: the profile's)")
     p.add_argument("--max-assistant-tokens", type=int, default=None, help="default: per model (see docs/study.md)")
-    p.add_argument("--max-user-tokens", type=int, default=None)
-    p.add_argument("--batch-size", type=batch_size_arg, default=None, metavar="N|auto")
-    p.add_argument("--data-path", default=None)
+    p.add_argument("--max-user-tokens", type=int, default=None, help="cap of each user turn (default: the profile's)")
+    p.add_argument("--batch-size", type=common.batch_size_arg, default=None, metavar="N|auto",
+                   help="rows per decode call (default auto: as many as fit in memory)")
+    common.add_data_path(p)
     p.add_argument("--root", default=None, help="runs folder (default runs/study/<profile>)")
-    p.add_argument("--report-dir", default="reports/study")
-    p.add_argument("--figures-dir", default="figures")
+    p.add_argument("--report-dir", default="reports/study", help="where the study report goes")
+    p.add_argument("--figures-dir", default="figures", help="where the study's figures go")
     common.add_include_truncated(p)
     common.add_no_progress(p)
-    return common.accept_negative_numbers(p)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The study command's flags in a parser of its own (``python experiments/study.py``)."""
+    return common.command_parser(add_args, __doc__)
 
 
 def config_from_args(a: argparse.Namespace) -> StudyConfig:
-    sc = _config_from_args(a)
+    """The study's typed config from parsed flags; ``--judge auto`` keeps the judge of an existing study root."""
+    sc = config_from_namespace(a)
     if a.judge in (None, "auto"):
         # The judge the existing runs were labelled by (plan.json), so a resumed study or --report-only keeps
         # reading the same labels; a new study root gets the best-validated judge available.
@@ -59,17 +78,15 @@ def config_from_args(a: argparse.Namespace) -> StudyConfig:
     return sc
 
 
-def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
-    try:
-        sc = config_from_args(a)
-        sc.validate()
-        if a.report_only:
-            out = report(sc)
-        else:
-            out = run_study(sc)
-    except UserError as e:
-        print(f"study: error: {e}", file=sys.stderr)
-        return 2
+def run(a: argparse.Namespace) -> int:
+    """Run (or resume) the studies, or only regenerate the report; prints what it wrote."""
+    sc = config_from_args(a)
+    sc.validate()
+    out = report(sc) if a.report_only else run_study(sc)
     print(f"wrote {out}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python experiments/study.py ...``: the same flags and code as ``mechprobe study``; returns the exit code."""
+    return common.friendly(lambda: run(build_parser().parse_args(argv)))

@@ -94,7 +94,11 @@ class LabelSource:
     texts: dict[str, str] = field(default_factory=dict)
 
 
-def _is_judge_spec(spec: str) -> bool:
+def is_judge_spec(spec: str) -> bool:
+    """Whether ``spec`` names a judge to run (``offline``, ``openai:MODEL``...) rather than a file of labels.
+
+    Public because the agreement command decides with it whether its second source is labelled on the spot.
+    """
     return spec in ("offline", "offline-lexical", "offline-embed") or spec.startswith(("openai:", "local:", "hybrid:", "hybrid2:"))
 
 

@@ -5,7 +5,6 @@ Takes a typed :class:`LinearProbeConfig` (the command line builds it in :mod:`me
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -90,7 +89,7 @@ class LinearProbeConfig:
 
 
 
-def _transfer(a: argparse.Namespace, run: Path, cfg: ProbeConfig, data: ProbeData, layer: int
+def _transfer(a: LinearProbeConfig, run: Path, cfg: ProbeConfig, data: ProbeData, layer: int
              ) -> dict[str, Any] | None:
     """Stack this run with the transfer runs (same model) at one layer and train-on-A / test-on-B.
 
@@ -166,7 +165,7 @@ def run_linear_probe(a: LinearProbeConfig) -> int:
         return _analyse(a, run, cfg, timings, judge_name, t0, t_an)
 
 
-def _propensity(a: argparse.Namespace, resolved: list[tuple[Path, ProbeConfig]], why: str, t0: float) -> int:
+def _propensity(a: LinearProbeConfig, resolved: list[tuple[Path, ProbeConfig]], why: str, t0: float) -> int:
     """Build or reuse every run's stages, then the item-level propensity probes on the pooled items.
 
     One run: outputs in ``<run>/probes/``. Several (``--datasets``): in ``<parent>/<model>-<a>+<b>/probes/``
@@ -203,7 +202,7 @@ def _propensity(a: argparse.Namespace, resolved: list[tuple[Path, ProbeConfig]],
                               extra, base / "probes", fig, t0)
 
 
-def _analyse(a: argparse.Namespace, run: Path, cfg: ProbeConfig, timings: dict[str, float], judge_name: str,
+def _analyse(a: LinearProbeConfig, run: Path, cfg: ProbeConfig, timings: dict[str, float], judge_name: str,
             t0: float, t_an: float) -> int:
     """Everything after the stages: probes, controls, extras, files, figure."""
 

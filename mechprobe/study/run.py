@@ -20,7 +20,6 @@ Layout: ``ROOT/<model>/<dataset>/`` (a normal probe run) with ``variants/<varian
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -382,7 +381,11 @@ def _names(xs: list[str] | None) -> list[str] | None:
 
 
 
-def _config_from_args(a: argparse.Namespace) -> StudyConfig:
+def config_from_namespace(a: Any) -> StudyConfig:
+    """A :class:`StudyConfig` from the study command's parsed flags (any object with those attributes).
+
+    Public because the command line builds the config with it; list flags take spaces or comma strings here.
+    """
     return StudyConfig(models=_names(a.models) or list(MODELS), datasets=_names(a.datasets) or list(DATASETS),
                        profile="quick" if a.quick else "full", root=a.root, judge=a.judge or "offline", engine=a.engine,
                        dtype=a.dtype or native_bf16_dtype(), limit=a.limit, samples=a.samples,

@@ -637,25 +637,6 @@ def summarize_run(run_dir: str | Path, include_truncated: bool = False, labels_f
     return "\n".join(lines)
 
 
-def batch_size_arg(v: str) -> int | None:
-    """``--batch-size`` value: a positive integer, or ``auto`` (None)."""
-    if v.strip().lower() == "auto":
-        return None
-    try:
-        n = int(v)
-    except ValueError:
-        n = 0
-    if n < 1:
-        import argparse
-
-        raise argparse.ArgumentTypeError(f"--batch-size must be a positive integer or 'auto', got {v!r}")
-    return n
-
-
-
-
-
-
 def default_run_dir(cfg: ProbeConfig) -> Path:
     model = Path(cfg.model).name.replace(".gguf", "")
     return Path("runs") / f"{model}-{cfg.dataset}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
 import venv
 from pathlib import Path
 
@@ -40,9 +41,26 @@ def test_wheel_installs_and_runs_outside_the_clone(tmp_path):
     r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=outside, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert str(env_dir / "wheel-site") in r.stdout and str(REPO) not in r.stdout, r.stdout
-    for cmd in (["steer", "--help"], ["probes", "--help"], ["audit", "--help"], ["--help"]):
-        r = subprocess.run([str(py), "-m", "mechprobe", *cmd], capture_output=True, text=True, cwd=outside, env=env)
-        assert r.returncode == 0 and "usage" in r.stdout, (cmd, r.stderr[-2000:])
+    r = subprocess.run([str(py), "-m", "mechprobe", "--version"], capture_output=True, text=True, cwd=outside, env=env)
+    want = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert r.returncode == 0 and r.stdout.strip() == f"mechprobe {want}", (r.stdout, r.stderr[-2000:])
+    # Every command's --help from the installed wheel, in one process (one import of torch, not one per command).
+    code = ("import contextlib, io\n"
+            "from mechprobe.cli.main import COMMANDS, main\n"
+            "for cmd in ['', *COMMANDS]:\n"
+            "    out = io.StringIO()\n"
+            "    try:\n"
+            "        with contextlib.redirect_stdout(out):\n"
+            "            main([*cmd.split(), '--help'])\n"
+            "    except SystemExit as e:\n"
+            "        print(repr(cmd), e.code, out.getvalue().splitlines()[0])\n")
+    r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=outside, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.strip().splitlines()
+    assert lines[0].startswith("'' 0 usage: mechprobe [-h]"), lines
+    from mechprobe.cli.main import COMMANDS
+
+    assert len(lines) == 1 + len(COMMANDS) and all(" 0 usage: mechprobe " in line for line in lines), lines
     # package data travels with the wheel: the builtin prompts, the codebook, the sheet template, the held-out split
     r = subprocess.run([str(py), "-c", "from mechprobe.audit.codebook import codebook_text; "
                         "from importlib import resources; import mechprobe; "
