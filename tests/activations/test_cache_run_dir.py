@@ -47,7 +47,7 @@ def no_model(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("the model must not load")
 
-    monkeypatch.setattr(cache, "_run_model", refuse)
+    monkeypatch.setattr(cache, "run_model", refuse)
 
 
 def test_read_only_run_is_refused_before_the_model_loads(read_only_run, no_model):

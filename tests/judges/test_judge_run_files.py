@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from mechprobe.cli.judge import main_judge
+from mechprobe.cli.judge import main as main_judge
 from mechprobe.io import JsonlStore, read_jsonl
 from tests.test_judge_run import make_run
 
