@@ -252,7 +252,7 @@ def read_jsonl(path: str | Path, key: str | None = None) -> list[dict[str, Any]]
 
 
 @contextlib.contextmanager
-def writer_lock(path: str | Path, remove: bool = False,
+def writer_lock(path: str | Path, remove: bool = True,
                 clash: str = "two writers would duplicate rows") -> Iterator[Path]:
     """Hold an exclusive, non-blocking lock on ``<path>.lock`` while writing ``path``.
 
@@ -263,7 +263,8 @@ def writer_lock(path: str | Path, remove: bool = False,
 
     Args:
         path: the file (or directory) the caller writes; the lock is ``<path>.lock`` beside it.
-        remove: delete the lock file on exit (while still holding it), so nothing is left behind. Safe
+        remove: delete the lock file on exit (while still holding it), so no ``*.lock`` is left in the run
+            directory after a clean exit or an exception (default). Safe
             because every acquirer checks, after locking, that the file it locked is still the one at
             the path (a holder may have removed it between our open and our lock); if not, it retries.
         clash: what would go wrong with two writers, for the refusal message.
