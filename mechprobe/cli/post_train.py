@@ -8,8 +8,9 @@ from typing import Any
 
 from mechprobe.cli import common
 from mechprobe.lm.models import DEFAULT_MODEL
+from mechprobe.post_train.config import DEFAULTS, METHODS, PostTrainConfig
 from mechprobe.post_train.dpo import run_dpo
-from mechprobe.post_train.evaluate import DEFAULTS, METHODS, PostTrainConfig, run_post_train
+from mechprobe.post_train.evaluate import PostTrainResult, run_post_train
 from mechprobe.post_train.train import SOURCES
 
 
@@ -80,4 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     add_args(p)
     common.accept_negative_numbers(p)
     cfg = PostTrainConfig.from_namespace(p.parse_args(argv))
-    return run_dpo(cfg) if cfg.method == "dpo" else run_post_train(cfg)
+    show(run_dpo(cfg) if cfg.method == "dpo" else run_post_train(cfg))
+    return 0
+
+
+def show(res: PostTrainResult) -> None:
+    """Print the evaluation report (nothing more with ``--no-eval``: training printed its progress)."""
+    if res.evaluation is not None:
+        print(res.evaluation.report)
