@@ -9,8 +9,17 @@ from mechprobe.cli import common
 from mechprobe.errors import UserError
 from mechprobe.io import read_json
 from mechprobe.judges.factory import default_judge
-from mechprobe.study.report import PLAN
-from mechprobe.study.run import DATASETS, MODELS, PROFILES, StudyConfig, _config_from_args, report, run_study
+from mechprobe.study.data import PLAN
+from mechprobe.study.run import (
+    DATASETS,
+    MODELS,
+    PROFILES,
+    StudyConfig,
+    StudyResult,
+    _config_from_args,
+    report,
+    run_study,
+)
 from mechprobe.turns.perturb import VARIANTS
 from mechprobe.turns.pipeline import batch_size_arg
 
@@ -64,12 +73,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sc = config_from_args(a)
         sc.validate()
-        if a.report_only:
-            out = report(sc)
-        else:
-            out = run_study(sc)
+        res = report(sc) if a.report_only else run_study(sc)
     except UserError as e:
         print(f"study: error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {out}")
+    show(res)
     return 0
+
+
+def show(res: StudyResult) -> None:
+    """The README written (models skipped and failures were printed as they happened, and are in the README)."""
+    print(f"wrote {res.readme}")

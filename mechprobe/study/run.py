@@ -40,7 +40,8 @@ from mechprobe.lm.models import (
 )
 from mechprobe.records import AssistantRecord, UserTurnRecord
 from mechprobe.stages import probe_complete
-from mechprobe.study.report import HUMAN_DIR, PLAN, STAGES, T_REF, labels_file_for, write_report
+from mechprobe.study.data import HUMAN_DIR, PLAN, STAGES, T_REF, labels_file_for
+from mechprobe.study.report import write_report
 from mechprobe.turns.datasets import NAMES, load_dataset
 from mechprobe.turns.perturb import VARIANTS, check_variants
 from mechprobe.turns.pipeline import (
@@ -314,8 +315,18 @@ def human_reference_run(sc: StudyConfig, dataset: str, judge: _LazyJudge) -> Pat
     return run
 
 
-def run_study(sc: StudyConfig) -> Path:
-    """Run (or resume) every model x dataset, then write the report; returns the README path."""
+@dataclass
+class StudyResult:
+    """What a study command wrote (the command line prints it): the README, and which models were unavailable and
+    which (model, dataset) failed in this command (empty for ``--report-only``)."""
+
+    readme: Path
+    unavailable: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+def run_study(sc: StudyConfig) -> StudyResult:
+    """Run (or resume) every model x dataset, then write the report."""
     sc.validate()
     root = sc.root_dir()
     root.mkdir(parents=True, exist_ok=True)
@@ -348,21 +359,22 @@ def run_study(sc: StudyConfig) -> Path:
     ran = [m for m in sc.models if m not in unavailable and any(f"{m}/{d}" not in errors for d in sc.datasets)]
     if not ran:
         try:
-            where = report(sc)  # names why each model was skipped or failed
+            where = report(sc).readme  # names why each model was skipped or failed
         except UserError:  # no runs at all: an existing report is kept, not replaced by a list of failures
             where = root / PLAN
         raise StudyFailed(f"every model failed or is unavailable ({', '.join(sc.models)}): nothing was run; see the "
                           f"messages above (also in {where}), fix them and re-run (finished steps are reused)")
-    return report(sc)
+    return StudyResult(report(sc).readme, unavailable, errors)
 
 
 class StudyFailed(UserError):
     """No model of the study produced a run: the command must not exit 0."""
 
 
-def report(sc: StudyConfig) -> Path:
-    return write_report(sc.root_dir(), labels_file_for(sc.judge), sc.report_dir, sc.figures_dir,
-                        include_truncated=sc.include_truncated)
+def report(sc: StudyConfig) -> StudyResult:
+    """Rewrite the README and figures from the runs under the study root (``--report-only``)."""
+    return StudyResult(write_report(sc.root_dir(), labels_file_for(sc.judge), sc.report_dir, sc.figures_dir,
+                                    include_truncated=sc.include_truncated))
 
 
 def _floats(xs: list[str]) -> list[float]:
