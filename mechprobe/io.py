@@ -22,7 +22,7 @@ import math
 import os
 import platform
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -203,27 +203,76 @@ def writer_lock(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     lock = path.with_name(path.name + ".lock")
-    try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
-            raise
-        raise UserError(f"{path.parent} is read-only ({e.strerror}: {lock}), and this command writes into it "
-                        f"({path.name}). Copy the run somewhere writable (cp -r) and point the command there, "
-                        "or make it writable (chmod -R u+w)") from None
-    try:
+    with _flock(lock, path, lambda holder: f"{path} is being written by another process ({holder}; lock {lock}). "
+                "Wait for it to finish, or stop it, then re-run; two writers would duplicate rows", remove=False):
+        yield lock
+
+
+OUTPUT_LOCK = ".mechprobe_writer.lock"
+
+
+@contextlib.contextmanager
+def output_dir_lock(directory: str | Path, command: str, other: str) -> Iterator[Path]:
+    """Hold the writer lock of a command's whole output directory (the lock of :func:`writer_lock`, taken on
+    ``<directory>/.mechprobe_writer.lock``) while ``command`` writes into it; the lock file is removed on exit,
+    clean or not.
+
+    Why: post-training and the study write many files (checkpoints, summaries, the report, the figures) into
+    one directory; a second run into the same directory would interleave them. ``other`` names the option that
+    points a run elsewhere (``--out``, ``--root``). Creates the directory.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    lock = directory / OUTPUT_LOCK
+    with _flock(lock, directory / command, lambda holder: (
+            f"{directory} is in use by another {command} run ({holder}; lock {lock}). Wait for it to finish, or "
+            f"stop it, or give this run another {other}"), remove=True):
+        yield lock
+
+
+@contextlib.contextmanager
+def _flock(lock: Path, target: Path, busy: Callable[[str], str], remove: bool) -> Iterator[None]:
+    """Exclusive non-blocking ``flock`` on ``lock`` (``busy(holder)`` is the refusal); with ``remove``, the file is
+    unlinked while still held, and a lock file unlinked by its previous holder between our open and our lock is
+    opened again, so two processes never hold locks on two different files of one name."""
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise
+            raise UserError(f"{target.parent} is read-only ({e.strerror}: {lock}), and this command writes into it "
+                            f"({target.name}). Copy the run somewhere writable (cp -r) and point the command there, "
+                            "or make it writable (chmod -R u+w)") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "unknown process"
-            raise UserError(f"{path} is being written by another process ({holder}; lock {lock}). Wait for it "
-                            f"to finish, or stop it, then re-run; two writers would duplicate rows") from None
+            os.close(fd)
+            raise UserError(busy(holder)) from None
+        if remove and not _same_file(fd, lock):
+            os.close(fd)  # the previous holder removed it after we opened it: lock the current file instead
+            continue
+        break
+    try:
         os.ftruncate(fd, 0)
         # pid and program only: a command line may carry a secret.
         os.pwrite(fd, f"pid {os.getpid()}, {Path(sys.argv[0]).name or 'python'}".encode(), 0)
-        yield lock
+        yield
     finally:
+        if remove:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock)
         os.close(fd)  # closing the descriptor releases the flock
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    fst = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
 
 
 def write_json(path: str | Path, obj: Any) -> None:

@@ -29,7 +29,7 @@ import torch
 
 from mechprobe.audit.rates import audit_truth
 from mechprobe.errors import MissingInput, UsageError, UserError
-from mechprobe.io import read_json, read_jsonl, write_json
+from mechprobe.io import output_dir_lock, read_json, read_jsonl, write_json
 from mechprobe.judges.factory import default_judge
 from mechprobe.judges.run import judge_run
 from mechprobe.lm.models import load_model
@@ -338,11 +338,17 @@ def run_dpo(a: PostTrainConfig) -> PostTrainResult:
     cfg.validate()
     name = Path(a.model).name.replace(".gguf", "")
     out = Path(a.out) if a.out else Path("runs") / "post_train" / name
+    if a.eval_only and not (out / DPO_DIR / pt.MERGED_DIR / "config.json").exists():
+        raise MissingInput(f"--eval-only needs a trained DPO model at {out / DPO_DIR / pt.MERGED_DIR}: train first")
+    with output_dir_lock(out, "post-training", "--out"):
+        return _run_dpo(a, cfg, out)
+
+
+def _run_dpo(a: PostTrainConfig, cfg: DPOTrainConfig, out: Path) -> PostTrainResult:
+    """:func:`run_dpo` once ``out`` is locked (its evaluation shares ``<out>/eval/`` with SFT)."""
     d = out / DPO_DIR
     merged_dir = d / pt.MERGED_DIR
     if a.eval_only:
-        if not (merged_dir / "config.json").exists():
-            raise MissingInput(f"--eval-only needs a trained DPO model at {merged_dir}: train first")
         info = read_json(d / "train_summary.json") if (d / "train_summary.json").exists() else {}
         refresh_pair_error(d, info)
     else:

@@ -26,7 +26,7 @@ import torch
 
 from mechprobe.activations.cache import ActivationCache
 from mechprobe.errors import MissingInput
-from mechprobe.io import read_json, read_jsonl, write_json
+from mechprobe.io import output_dir_lock, read_json, read_jsonl, write_json
 from mechprobe.judges.factory import default_judge
 from mechprobe.lm.models import load_model, weight_identity
 from mechprobe.plots.post_train import loss_title, plot_eval, plot_loss
@@ -206,7 +206,12 @@ def run_post_train(a: PostTrainConfig) -> PostTrainResult:
     validate_args(a)
     if a.eval_only and not (out / pt.ADAPTER_DIR / "adapter_config.json").exists():
         raise MissingInput(f"--eval-only needs a trained adapter at {out / pt.ADAPTER_DIR}: train first")
-    out.mkdir(parents=True, exist_ok=True)
+    with output_dir_lock(out, "post-training", "--out"):
+        return _run_sft(a, cfg, out)
+
+
+def _run_sft(a: PostTrainConfig, cfg: pt.TrainConfig, out: Path) -> PostTrainResult:
+    """:func:`run_post_train` once ``out`` is locked."""
     lm = load_model(a.model, device=a.device, dtype=torch.float32)
     pt.check_target_modules(lm.model, cfg)
     pm, info = _train_sft(a, cfg, out, lm)
