@@ -100,7 +100,7 @@ def plot_accuracy(d: StudyPlotData, path: Path) -> Path:
     ax_f.set_title(f"follow-up, n={_n(d.greedy)} greedy + {_n(d.sampled)} sampled turns", fontsize=8)
     _legend_right(ax_f, 8)
     fig.suptitle(_title(d, "Accuracy vs awareness (95% Wilson CIs)",
-                        f"n={_n(d.greedy) + _n(d.sampled)} judged turns"), fontsize=8)
+                        f"n={_n(d.greedy) + _n(d.sampled)} judged turns"), fontsize=8, y=1.05)
     _save(fig, path)
     plt.close(fig)
     return path
