@@ -23,7 +23,7 @@ import os
 import platform
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -252,8 +252,8 @@ def read_jsonl(path: str | Path, key: str | None = None) -> list[dict[str, Any]]
 
 
 @contextlib.contextmanager
-def writer_lock(path: str | Path, remove: bool = True,
-                clash: str = "two writers would duplicate rows") -> Iterator[Path]:
+def writer_lock(path: str | Path, remove: bool = True, clash: str = "two writers would duplicate rows",
+                busy: Callable[[str, Path], str] | None = None) -> Iterator[Path]:
     """Hold an exclusive, non-blocking lock on ``<path>.lock`` while writing ``path``.
 
     Why: two processes appending to one stage file (two ``mechprobe judge`` on one run) each skip the
@@ -268,6 +268,7 @@ def writer_lock(path: str | Path, remove: bool = True,
             because every acquirer checks, after locking, that the file it locked is still the one at
             the path (a holder may have removed it between our open and our lock); if not, it retries.
         clash: what would go wrong with two writers, for the refusal message.
+        busy: the whole refusal message from ``(holder, lock)``, where ``clash`` is not enough.
     """
     path = Path(path)
     lock = path.with_name(path.name + ".lock")
@@ -285,13 +286,11 @@ def writer_lock(path: str | Path, remove: bool = True,
         except BlockingIOError:
             holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "unknown process"
             os.close(fd)
+            if busy is not None:
+                raise UserError(busy(holder, lock)) from None
             raise UserError(f"{path} is being written by another process ({holder}; lock {lock}). Wait for it "
                             f"to finish, or stop it, then re-run; {clash}") from None
-        try:
-            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
+        if _same_file(fd, lock):
             break
         os.close(fd)  # we locked a file its holder removed on exit: lock the one at the path now
     else:
@@ -307,6 +306,37 @@ def writer_lock(path: str | Path, remove: bool = True,
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(lock)  # still held: a process that opened it meanwhile sees the inode change
         os.close(fd)  # closing the descriptor releases the flock
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether the descriptor ``fd`` is the file now at ``path`` (a holder may have removed and recreated it)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    fst = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
+
+
+OUTPUT_LOCK = ".mechprobe_writer.lock"
+
+
+@contextlib.contextmanager
+def output_dir_lock(directory: str | Path, command: str, other: str) -> Iterator[Path]:
+    """Hold the writer lock of a command's whole output directory (:func:`writer_lock` on
+    ``<directory>/.mechprobe_writer.lock``) while ``command`` writes into it; the lock file is removed on exit,
+    clean or not.
+
+    Why: post-training and the study write many files (checkpoints, summaries, the report, the figures) into
+    one directory; a second run into the same directory would interleave them. ``other`` names the option that
+    points a run elsewhere (``--out``, ``--root``). Creates the directory.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    with writer_lock(directory / OUTPUT_LOCK.removesuffix(".lock"), busy=lambda holder, lock: (
+            f"{directory} is in use by another {command} run ({holder}; lock {lock}). Wait for it to finish, or "
+            f"stop it, or give this run another {other}")) as lock:
+        yield lock
 
 
 def write_json(path: str | Path, obj: Any) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mechprobe.post_train import boundary
 from mechprobe.post_train import evaluate as ev
 
 
@@ -72,7 +73,7 @@ def test_boundary_shift_recovers_planted_shift(tmp_path, monkeypatch):
         assert math.isclose(float(np.linalg.norm(unit)), 1.0, rel_tol=1e-6)
         return base_vals if run.name == "base" else other_vals
 
-    monkeypatch.setattr(ev, "_item_means", fake)
+    monkeypatch.setattr(boundary, "_item_means", fake)
     d = np.zeros(8, dtype=np.float32)
     d[0] = gap
     rows = ev.boundary_shift(tmp_path / "base", tmp_path / "post", {3: d}, n_boot=500)

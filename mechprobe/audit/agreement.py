@@ -9,13 +9,13 @@ binary and 8-label: the study's statistic is genuine vs not, but a judge that co
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
+from mechprobe.stats import cohen_kappa
 from mechprobe.taxonomy import GENUINE, LABELS
 
 __all__ = ["Kappa", "kappa_with_ci"]
@@ -45,19 +45,10 @@ class Kappa:
 
 
 def _kappa(a: Sequence[str], b: Sequence[str], binary: bool) -> float:
-    from sklearn.metrics import cohen_kappa_score
-
+    """Kappa of two labellings, binary (genuine vs not) or over the 8 labels (:func:`mechprobe.stats.cohen_kappa`)."""
     if binary:
-        a = [x == GENUINE for x in a]
-        b = [x == GENUINE for x in b]
-        labels = [False, True]
-    else:
-        labels = list(LABELS)
-    if len(set(a) | set(b)) < 2:
-        return float("nan")  # both labellings one class: kappa is 0/0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return float(cohen_kappa_score(a, b, labels=labels))
+        return cohen_kappa([x == GENUINE for x in a], [x == GENUINE for x in b], [False, True])
+    return cohen_kappa(a, b, list(LABELS))
 
 
 def kappa_with_ci(a: Sequence[str], b: Sequence[str], items: Sequence[str], binary: bool, n_boot: int = 500,

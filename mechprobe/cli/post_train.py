@@ -13,8 +13,9 @@ import argparse
 
 from mechprobe.cli import common
 from mechprobe.lm.models import DEFAULT_MODEL
+from mechprobe.post_train.config import DEFAULTS, METHODS, PostTrainConfig
 from mechprobe.post_train.dpo import run_dpo
-from mechprobe.post_train.evaluate import DEFAULTS, METHODS, PostTrainConfig, run_post_train
+from mechprobe.post_train.evaluate import PostTrainResult, run_post_train
 from mechprobe.post_train.train import SOURCES
 
 HELP = "LoRA SFT (or DPO) toward real human next turns, then base vs post-trained vs steered"
@@ -84,11 +85,18 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
-    """Train (or reuse the adapter), merge, evaluate and report."""
+    """Train (or reuse the adapter), merge, evaluate; print the evaluation report."""
     cfg = PostTrainConfig.from_namespace(a)
-    return run_dpo(cfg) if cfg.method == "dpo" else run_post_train(cfg)
+    show(run_dpo(cfg) if cfg.method == "dpo" else run_post_train(cfg))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python experiments/post_train.py ...``: the same flags and code as ``mechprobe post-train``; the exit code."""
     return common.friendly(lambda: run(common.command_parser(add_args, __doc__).parse_args(argv)))
+
+
+def show(res: PostTrainResult) -> None:
+    """Print the evaluation report (nothing more with ``--no-eval``: training printed its progress)."""
+    if res.evaluation is not None:
+        print(res.evaluation.report)

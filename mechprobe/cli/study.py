@@ -13,12 +13,13 @@ import argparse
 from mechprobe.cli import common
 from mechprobe.io import read_json
 from mechprobe.judges.factory import default_judge
-from mechprobe.study.report import PLAN
+from mechprobe.study.data import PLAN
 from mechprobe.study.run import (
     DATASETS,
     MODELS,
     PROFILES,
     StudyConfig,
+    StudyResult,
     config_from_namespace,
     report,
     run_study,
@@ -82,11 +83,15 @@ def run(a: argparse.Namespace) -> int:
     """Run (or resume) the studies, or only regenerate the report; prints what it wrote."""
     sc = config_from_args(a)
     sc.validate()
-    out = report(sc) if a.report_only else run_study(sc)
-    print(f"wrote {out}")
+    show(report(sc) if a.report_only else run_study(sc))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python experiments/study.py ...``: the same flags and code as ``mechprobe study``; returns the exit code."""
     return common.friendly(lambda: run(build_parser().parse_args(argv)))
+
+
+def show(res: StudyResult) -> None:
+    """The README written (models skipped and failures were printed as they happened, and are in the README)."""
+    print(f"wrote {res.readme}")

@@ -20,12 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sklearn.metrics import cohen_kappa_score
-
 from mechprobe.errors import MissingInput, UsageError
 from mechprobe.io import JsonlStore, read_jsonl
 from mechprobe.judges.base import inputs_from_rows
 from mechprobe.judges.factory import make_judge
+from mechprobe.stats import cohen_kappa
 from mechprobe.taxonomy import GENUINE, JUDGE_ERROR, LABELS
 
 SHORT = {"genuine_followup": "genuine", "generic_followup": "generic", "new_query": "new",
@@ -34,16 +33,6 @@ SHORT = {"genuine_followup": "genuine", "generic_followup": "generic", "new_quer
 
 
 # --------------------------------------------------------------------------- metrics
-
-
-def cohen_kappa(a: Sequence[str], b: Sequence[str], labels: Sequence[str] | None = None) -> float:
-    """Cohen's kappa = (p_o - p_e) / (1 - p_e); NaN when p_e = 1 (both raters used one class)."""
-    if len(a) != len(b):
-        raise ValueError(f"kappa needs paired ratings, got {len(a)} and {len(b)}")
-    if len(a) == 0 or len(set(a) | set(b)) < 2:  # no ratings, or both raters used one class: p_e = 1
-        return float("nan")
-    labs = list(labels) if labels is not None else sorted(set(a) | set(b))
-    return float(cohen_kappa_score(list(a), list(b), labels=labs))
 
 
 def confusion_matrix(a: Sequence[str], b: Sequence[str], labels: Sequence[str]) -> list[list[int]]:

@@ -29,12 +29,14 @@ import torch
 
 from mechprobe.audit.rates import audit_truth
 from mechprobe.errors import MissingInput, UsageError, UserError
-from mechprobe.io import read_json, read_jsonl, write_json
+from mechprobe.io import output_dir_lock, read_json, read_jsonl, write_json
 from mechprobe.judges.factory import default_judge
 from mechprobe.judges.run import judge_run
 from mechprobe.lm.models import load_model
+from mechprobe.plots.post_train import loss_title, plot_loss
 from mechprobe.post_train import train as pt
-from mechprobe.post_train.evaluate import PostTrainConfig, evaluate_arms, plot_loss, validate_args
+from mechprobe.post_train.config import PostTrainConfig, validate_args
+from mechprobe.post_train.evaluate import PostTrainResult, evaluate_arms
 from mechprobe.post_train.pairs import (
     PAIR_DATASET,
     PAIRS_FILE,
@@ -313,7 +315,7 @@ def evaluation_item_ids(a: PostTrainConfig) -> tuple[set[str], dict[str, Any]]:
     return ids, what
 
 
-def run_dpo(a: PostTrainConfig) -> int:
+def run_dpo(a: PostTrainConfig) -> PostTrainResult:
     """Sample and judge the base model's user turns on training items, build pairs, train DPO, merge, evaluate.
 
     Everything goes to ``<out>/dpo/`` (``pairs-gsm8k/`` probe run, ``pairs.jsonl``, ``pairs_manifest.json``,
@@ -325,32 +327,41 @@ def run_dpo(a: PostTrainConfig) -> int:
         a: the command's config (``method == "dpo"``).
 
     Returns:
-        0.
+        what was written; the command line prints its report.
 
     Example:
-        >>> run_dpo(PostTrainConfig(method="dpo", steps=4, no_eval=True))   # doctest: +SKIP
-        0
+        >>> run_dpo(PostTrainConfig(method="dpo", steps=4, no_eval=True)).merged   # doctest: +SKIP
+        PosixPath('runs/post_train/smollm2-135m-instruct/dpo/merged')
     """
     validate_args(a)
     cfg = dpo_config(a)
     cfg.validate()
     name = Path(a.model).name.replace(".gguf", "")
     out = Path(a.out) if a.out else Path("runs") / "post_train" / name
+    if a.eval_only and not (out / DPO_DIR / pt.MERGED_DIR / "config.json").exists():
+        raise MissingInput(f"--eval-only needs a trained DPO model at {out / DPO_DIR / pt.MERGED_DIR}: train first")
+    with output_dir_lock(out, "post-training", "--out"):
+        return _run_dpo(a, cfg, out)
+
+
+def _run_dpo(a: PostTrainConfig, cfg: DPOTrainConfig, out: Path) -> PostTrainResult:
+    """:func:`run_dpo` once ``out`` is locked (its evaluation shares ``<out>/eval/`` with SFT)."""
     d = out / DPO_DIR
     merged_dir = d / pt.MERGED_DIR
     if a.eval_only:
-        if not (merged_dir / "config.json").exists():
-            raise MissingInput(f"--eval-only needs a trained DPO model at {merged_dir}: train first")
         info = read_json(d / "train_summary.json") if (d / "train_summary.json").exists() else {}
         refresh_pair_error(d, info)
     else:
         info = _train(a, cfg, d)
+    res = PostTrainResult(out, "dpo", info, merged_dir,
+                          figures=[] if a.eval_only else [d / "figures" / "post_train_loss_dpo.png"])
     if a.no_eval:
-        return 0
+        return res
     trained = {"dpo": str(merged_dir)}
     if (out / pt.MERGED_DIR / "config.json").exists():
         trained["post"] = str(out / pt.MERGED_DIR)
-    return evaluate_arms(a, out, trained, info, suffix="_dpo", what="DPO")
+    res.evaluation = evaluate_arms(a, out, trained, info, suffix="_dpo", what="DPO")
+    return res
 
 
 def refresh_pair_error(d: Path, info: dict[str, Any]) -> None:
@@ -411,7 +422,8 @@ def _train(a: PostTrainConfig, cfg: DPOTrainConfig, d: Path) -> dict[str, Any]:
                             "beta": cfg.beta, "steps_done": res.steps_done, "resumed_from": res.resumed_from,
                             **log_summary(log)}
     plot_loss(log, d / "figures" / "post_train_loss_dpo.png",
-              f"{lm.name}: DPO (LoRA r={cfg.lora_r}, beta {cfg.beta:g}) on {len(ps.pairs)} pairs", ylabel="DPO loss")
+              loss_title(lm.name, f"DPO (LoRA r={cfg.lora_r}, beta {cfg.beta:g}) on preference pairs", len(ps.pairs),
+                         judge=summary.judge), ylabel="DPO loss")
     merged = pt.merge_adapter(pm)
     merged.config.use_cache = True  # the Trainer turns the KV cache off for training; generation needs it back
     pt.save_merged(merged, lm.tokenizer, d / pt.MERGED_DIR,

@@ -34,7 +34,7 @@ from mechprobe.lm.generation import decode, generate, input_device, left_pad
 from mechprobe.lm.models import LoadedModel, kv_kw, logits_kept
 from mechprobe.records import AssistantRecord
 from mechprobe.splits import split_of
-from mechprobe.stats import mcnemar_exact, wilson
+from mechprobe.stats import paired_outcomes, wilson
 from mechprobe.steering.vector import SteeringVector, steer
 from mechprobe.turns.scoring import score
 from mechprobe.turns.templates import template_kind
@@ -196,10 +196,8 @@ def paired_vs_base(cond: dict[str, bool], base: dict[str, bool]) -> dict[str, An
     (steering hurt). Paired because both conditions see the same items, so item difficulty cancels
     and the test is far more sensitive than comparing two Wilson intervals.
     """
-    common = sorted(set(cond) & set(base))
-    b = sum(cond[i] and not base[i] for i in common)
-    c = sum(base[i] and not cond[i] for i in common)
-    return {"n_paired": len(common), "b": b, "c": c, "p": mcnemar_exact(b, c)}
+    t = paired_outcomes(base, cond)  # A = alpha 0, B = the condition: only_b is "b", only_a is "c"
+    return {"n_paired": t.n, "b": t.only_b, "c": t.only_a, "p": t.p}
 
 
 @torch.inference_mode()

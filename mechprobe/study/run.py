@@ -20,6 +20,7 @@ Layout: ``ROOT/<model>/<dataset>/`` (a normal probe run) with ``variants/<varian
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -30,7 +31,7 @@ from typing import Any
 import torch
 
 from mechprobe.errors import UsageError, UserError
-from mechprobe.io import JsonlStore, read_json, read_jsonl, write_json
+from mechprobe.io import JsonlStore, output_dir_lock, read_json, read_jsonl, write_json
 from mechprobe.judges.factory import BEST_JUDGE, check_judge_spec, make_judge, model_unavailable  # noqa: F401  (BEST_JUDGE: re-exported
 from mechprobe.judges.run import judge_run
 from mechprobe.lm.models import (
@@ -39,7 +40,8 @@ from mechprobe.lm.models import (
 )
 from mechprobe.records import AssistantRecord, UserTurnRecord
 from mechprobe.stages import probe_complete
-from mechprobe.study.report import HUMAN_DIR, PLAN, STAGES, T_REF, labels_file_for, write_report
+from mechprobe.study.data import HUMAN_DIR, PLAN, STAGES, T_REF, labels_file_for
+from mechprobe.study.report import write_report
 from mechprobe.turns.datasets import NAMES, load_dataset
 from mechprobe.turns.perturb import VARIANTS, check_variants
 from mechprobe.turns.pipeline import (
@@ -313,11 +315,29 @@ def human_reference_run(sc: StudyConfig, dataset: str, judge: _LazyJudge) -> Pat
     return run
 
 
-def run_study(sc: StudyConfig) -> Path:
-    """Run (or resume) every model x dataset, then write the report; returns the README path."""
+@dataclass
+class StudyResult:
+    """What a study command wrote (the command line prints it): the README, and which models were unavailable and
+    which (model, dataset) failed in this command (empty for ``--report-only``)."""
+
+    readme: Path
+    unavailable: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+def run_study(sc: StudyConfig) -> StudyResult:
+    """Run (or resume) every model x dataset, then write the report."""
     sc.validate()
     root = sc.root_dir()
-    root.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as locks:
+        locks.enter_context(output_dir_lock(root, "study", "--root"))
+        if Path(sc.report_dir).resolve() != root.resolve():
+            locks.enter_context(output_dir_lock(sc.report_dir, "study report", "--report-dir"))
+        return _run_study(sc, root)
+
+
+def _run_study(sc: StudyConfig, root: Path) -> StudyResult:
+    """:func:`run_study` once the root and the report directory are locked."""
     judge = _LazyJudge(sc.judge)
     unavailable: dict[str, str] = {}
     errors: dict[str, str] = {}
@@ -347,19 +367,26 @@ def run_study(sc: StudyConfig) -> Path:
     ran = [m for m in sc.models if m not in unavailable and any(f"{m}/{d}" not in errors for d in sc.datasets)]
     if not ran:
         try:
-            where = report(sc)  # names why each model was skipped or failed
+            where = _write(sc)  # names why each model was skipped or failed
         except UserError:  # no runs at all: an existing report is kept, not replaced by a list of failures
             where = root / PLAN
         raise StudyFailed(f"every model failed or is unavailable ({', '.join(sc.models)}): nothing was run; see the "
                           f"messages above (also in {where}), fix them and re-run (finished steps are reused)")
-    return report(sc)
+    return StudyResult(_write(sc), unavailable, errors)
 
 
 class StudyFailed(UserError):
     """No model of the study produced a run: the command must not exit 0."""
 
 
-def report(sc: StudyConfig) -> Path:
+def report(sc: StudyConfig) -> StudyResult:
+    """Rewrite the README and figures from the runs under the study root (``--report-only``), holding the report
+    directory's writer lock (the runs are only read)."""
+    with output_dir_lock(sc.report_dir, "study report", "--report-dir"):
+        return StudyResult(_write(sc))
+
+
+def _write(sc: StudyConfig) -> Path:
     return write_report(sc.root_dir(), labels_file_for(sc.judge), sc.report_dir, sc.figures_dir,
                         include_truncated=sc.include_truncated)
 
