@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +108,13 @@ def config_from_args(a: argparse.Namespace) -> LinearProbeConfig:
 
 
 def run(a: argparse.Namespace) -> int:
-    return run_linear_probe(config_from_args(a))
+    """Run the probes and print their result (the summary on stdout, why nothing is reported on stderr)."""
+    res = run_linear_probe(config_from_args(a))
+    if res.summary:
+        print(res.summary)
+    if res.message:
+        print(res.message, file=sys.stderr)
+    return res.exit_code
 
 
 def build_parser(figures: str | None = None) -> argparse.ArgumentParser:

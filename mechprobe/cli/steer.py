@@ -7,7 +7,8 @@ import math
 
 from mechprobe.cli import common
 from mechprobe.errors import UsageError, UserError
-from mechprobe.steering.experiment import DEFAULT_ALPHAS, SteerConfig, resid_ladder, run_steer
+from mechprobe.steering.config import DEFAULT_ALPHAS, SteerConfig, resid_ladder
+from mechprobe.steering.experiment import steer_experiment
 from mechprobe.steering.vector import KINDS
 
 
@@ -133,4 +134,6 @@ def main(argv: list[str] | None = None) -> int:
         if "--run" in argv[1:]:
             raise UsageError(f"two run directories given ({argv[0]} and --run): pass one")
         argv = ["--run", argv[0], *argv[1:]]
-    return run_steer(config_from_args(build_parser().parse_args(argv)))
+    res = steer_experiment(config_from_args(build_parser().parse_args(argv)))
+    print(res.summary())
+    return res.exit_code
