@@ -193,37 +193,67 @@ def read_jsonl(path: str | Path, key: str | None = None) -> list[dict[str, Any]]
 
 
 @contextlib.contextmanager
-def writer_lock(path: str | Path) -> Iterator[Path]:
+def writer_lock(path: str | Path, remove: bool = False) -> Iterator[Path]:
     """Hold an exclusive, non-blocking lock on ``<path>.lock`` while writing ``path``.
 
     Why: two processes appending to one stage file (two ``mechprobe judge`` on one run) each skip the
     keys *they* saw at start and then both append, so rows get duplicated. ``flock`` is released by
     the kernel when the holder dies, so a crashed writer never leaves a stale lock behind. The lock
     file records the holder's pid and program for the refusal message. The directory must exist.
+
+    ``remove``: delete the lock file on exit (clean or not), for a lock beside a directory where a left-over
+    file would read as clutter. A writer that opened the file just before its holder removed it then holds a
+    lock on a deleted file; it notices (the path no longer names the file it locked) and locks the new one.
     """
     path = Path(path)
     lock = path.with_name(path.name + ".lock")
+    for _ in range(100):
+        fd = _open_lock(path, lock)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "unknown process"
+            os.close(fd)
+            raise UserError(f"{path} is being written by another process ({holder}; lock {lock}). Wait for it "
+                            f"to finish, or stop it, then re-run; two writers would duplicate rows") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        if not remove or _names_same_file(lock, fd):
+            break
+        os.close(fd)
+    else:
+        raise UserError(f"{lock} keeps being replaced by other processes; wait for them to finish, then re-run")
     try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        os.ftruncate(fd, 0)
+        # pid and program only: a command line may carry a secret.
+        os.pwrite(fd, f"pid {os.getpid()}, {Path(sys.argv[0]).name or 'python'}".encode(), 0)
+        yield lock
+    finally:
+        if remove:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock)  # before the lock is released, so no later writer ever locks this file
+        os.close(fd)  # closing the descriptor releases the flock
+
+
+def _open_lock(path: Path, lock: Path) -> int:
+    try:
+        return os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
         if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise
         raise UserError(f"{path.parent} is read-only ({e.strerror}: {lock}), and this command writes into it "
                         f"({path.name}). Copy the run somewhere writable (cp -r) and point the command there, "
                         "or make it writable (chmod -R u+w)") from None
+
+
+def _names_same_file(lock: Path, fd: int) -> bool:
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "unknown process"
-            raise UserError(f"{path} is being written by another process ({holder}; lock {lock}). Wait for it "
-                            f"to finish, or stop it, then re-run; two writers would duplicate rows") from None
-        os.ftruncate(fd, 0)
-        # pid and program only: a command line may carry a secret.
-        os.pwrite(fd, f"pid {os.getpid()}, {Path(sys.argv[0]).name or 'python'}".encode(), 0)
-        yield lock
-    finally:
-        os.close(fd)  # closing the descriptor releases the flock
+        st = os.stat(lock)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
 def write_json(path: str | Path, obj: Any) -> None:

@@ -40,7 +40,7 @@ import torch
 from mechprobe.activations.cache import ActivationCache
 from mechprobe.audit.rates import AuditTruth, audit_truth
 from mechprobe.errors import UserError
-from mechprobe.io import read_json, write_json
+from mechprobe.io import read_json, write_json, writer_lock
 from mechprobe.judges.factory import make_judge, shared_judge_model
 from mechprobe.linear.turn import figures_dir
 from mechprobe.lm.llamacpp import load_engine
@@ -385,6 +385,9 @@ def steer_experiment(a: SteerConfig) -> SteerResult:
 
     Returns:
         The held-out rows, the table and the files written (the command prints :meth:`SteerResult.summary`).
+
+    Raises:
+        UserError: among others when another process is steering into the same directory (its writer lock).
     """
     t0 = time.time()
     alphas = list(a.alpha or [])
@@ -399,7 +402,9 @@ def steer_experiment(a: SteerConfig) -> SteerResult:
         print(f"note: --max-user-tokens {a.max_user_tokens} differs from the run's {cfg.max_user_tokens}: alpha 0 "
               "will not reproduce the run's own turns")
     out_dir.mkdir(parents=True, exist_ok=True)
-    return _steer(a, run, cfg, out_dir, split, st, alphas, request, t0)
+    # Two steer commands on one directory would each skip the rows *they* saw at start and both append.
+    with writer_lock(out_dir, remove=True):
+        return _steer(a, run, cfg, out_dir, split, st, alphas, request, t0)
 
 
 def run_steer(a: SteerConfig) -> int:
