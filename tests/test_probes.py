@@ -293,3 +293,38 @@ def test_script_builds_every_stage_from_nothing(tmp_path):
     m2 = json.loads((run / "probes" / "metrics.json").read_text())
     assert m2["status"] == "insufficient_positives" and m2["stage_seconds"]["probe"] < 5
     assert len((run / "user_turns.jsonl").read_text().splitlines()) == 40  # nothing regenerated or added
+
+
+def test_too_few_positives_suggests_what_helps_not_fewer_folds():
+    """Fewer folds cannot fix too few positive rows: the hint names --limit (and more samples) only; where the
+    fold count is what failed (positive items < folds), it names the fold count that fits."""
+    groups = np.repeat([f"i{k}" for k in range(12)], 3)
+    y = np.zeros(len(groups), int)
+    y[:3] = 1  # 3 positive rows from one item: below min_pos whatever the folds
+    with pytest.raises(InsufficientPositives) as e:
+        make_folds(y, groups, n_splits=3)
+    assert "--folds" not in str(e.value) and "--limit 24" in str(e.value) and "--samples" in str(e.value)
+    y[:9] = 1  # 9 positive rows from 3 items: enough rows, too few positive items for 5 folds
+    with pytest.raises(InsufficientPositives, match=r"fewer folds \(--folds 3\)"):
+        make_folds(y, groups, n_splits=5)
+
+
+def test_a_run_too_small_to_fit_writes_counts_and_a_figure_saying_why(tmp_path):
+    from types import SimpleNamespace
+
+    from mechprobe.linear.experiment import _no_fit, label_counts
+
+    data = SimpleNamespace(y=np.array([1, 0, 0, 0]), groups=np.array(["a", "a", "b", "c"]), n_unlabelled=1,
+                           labels=["genuine_followup", "new_query", "new_query", "assistant_continuation"])
+    counts = label_counts(data)
+    assert counts["genuine rows"] == 1 and counts["items with a genuine row"] == 1 and counts["label new_query"] == 2
+    out = tmp_path / "run" / "probes"
+    out.mkdir(parents=True)
+    res = _no_fit(out, tmp_path / "figs" / "linear_probe_run.png", {"run": str(tmp_path / "run")}, counts,
+                  "insufficient positives: 1 positive rows", "m · 4 turns · judge j · judge only", 0.0)
+    assert res.exit_code == 3 and res.status == "insufficient_positives"
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["status"] == "insufficient_positives" and m["label_counts"] == counts
+    assert "| genuine rows | 1 |" in (out / "metrics.md").read_text()
+    assert res.figure.stat().st_size > 10_000
+    assert "Not reporting probe metrics" in res.message and "kept" in res.message

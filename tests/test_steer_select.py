@@ -239,12 +239,14 @@ def test_summarize_has_a_degeneration_ci():
 
 
 def _script():
-    """The steering experiment's names (cli and experiment modules) in one namespace, as the old script had them."""
+    """The steering experiment's names (cli, driver, conditions and setting modules) in one namespace."""
     import types
 
     import mechprobe.cli.steer as cli_steer
+    import mechprobe.steering.conditions as conditions
     import mechprobe.steering.experiment as exp
-    return types.SimpleNamespace(**{**vars(exp), **vars(cli_steer)})
+    import mechprobe.steering.setting as setting
+    return types.SimpleNamespace(**{**vars(conditions), **vars(setting), **vars(exp), **vars(cli_steer)})
 
 
 def test_one_resid_alpha_is_the_end_of_the_ladder():

@@ -42,6 +42,8 @@ def _script():
 
 def test_select_on_train_steers_heldout_only_at_the_chosen_setting(run_dir, tmp_path):
     """The default path (no flag): (layer, alpha) chosen on train items, held-out items steered only there."""
+    import mechprobe.steering.conditions as conditions
+
     mod = _script()
     calls: list[tuple[str, list[str], int, float]] = []
     gen = mod.steered_user_turns
@@ -57,6 +59,7 @@ def test_select_on_train_steers_heldout_only_at_the_chosen_setting(run_dir, tmp_
             return super().__call__(prompts, conts, vector, alpha, *args, **kw)
 
     mod.steered_user_turns, mod.NllScorer = rec_gen, RecScorer
+    conditions.steered_user_turns = rec_gen  # each condition's turns are generated there
     argv = ["--run", str(run_dir), "--candidate-layers", "10", "20", "--alpha", "0", "0.1",
             "1.0", "--select-items", "4", "--kinds", "diff_means,random,negative", "--acc-items", "3",
             "--max-degenerate", "1.0", "--figures", str(tmp_path),

@@ -24,7 +24,7 @@ from mechprobe.splits import (
 )
 from mechprobe.stages import finding_split
 from mechprobe.steering.evaluate import select_on_train
-from mechprobe.steering.experiment import SETTING_FILE, check_setting, freeze_setting
+from mechprobe.steering.setting import SETTING_FILE, check_setting, freeze_setting
 
 from .conftest import REPO, shared_data_dir
 
@@ -95,7 +95,7 @@ def test_split_file_ids_and_refusal_before_generation(smol, tmp_path):
     split_p.write_text(json.dumps(split))
 
     import mechprobe.cli.steer as cli_steer
-    import mechprobe.steering.experiment as exp
+    import mechprobe.steering.conditions as exp  # where each condition's turns are generated
 
     calls: list[tuple[list[str], float]] = []
     gen = exp.steered_user_turns

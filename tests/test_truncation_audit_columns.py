@@ -16,7 +16,8 @@ from mechprobe.judges.run import summarize_labels
 from mechprobe.post_train import evaluate as pt_eval
 from mechprobe.records import AssistantRecord, LabelRecord, UserTurnRecord, truncated_item_ids
 from mechprobe.steering.evaluate import SteeredTurn, genuine_by_item, summarize
-from mechprobe.steering.experiment import audited_columns, results_md
+from mechprobe.steering.report import results_md
+from mechprobe.steering.statistics import audited_columns
 from mechprobe.taxonomy import GENUINE
 from mechprobe.turns.pipeline import summarize_run
 

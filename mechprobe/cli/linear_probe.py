@@ -11,6 +11,7 @@ built or reused.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from mechprobe.cli import common
@@ -116,8 +117,13 @@ def config_from_args(a: argparse.Namespace) -> LinearProbeConfig:
 
 
 def run(a: argparse.Namespace) -> int:
-    """Build or reuse the run's stages, probe every layer; exit 3 when the run is too small to probe."""
-    return run_linear_probe(config_from_args(a))
+    """Run the probes and print their result (the summary on stdout, why nothing is reported on stderr)."""
+    res = run_linear_probe(config_from_args(a))
+    if res.summary:
+        print(res.summary)
+    if res.message:
+        print(res.message, file=sys.stderr)
+    return res.exit_code
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,8 @@ import math
 
 from mechprobe.cli import common
 from mechprobe.errors import UserError
-from mechprobe.steering.experiment import DEFAULT_ALPHAS, SteerConfig, resid_ladder, run_steer
+from mechprobe.steering.config import DEFAULT_ALPHAS, SteerConfig, resid_ladder
+from mechprobe.steering.experiment import steer_experiment
 from mechprobe.steering.vector import KINDS
 
 HELP = "steering vectors and their effect, with controls"
@@ -146,7 +147,9 @@ def config_from_args(a: argparse.Namespace) -> SteerConfig:
 def run(a: argparse.Namespace) -> int:
     """Validate the flags (before any stage runs), then run the steering experiment."""
     common.merge_run(a)
-    return run_steer(config_from_args(a))
+    res = steer_experiment(config_from_args(a))
+    print(res.summary())
+    return res.exit_code
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,15 +1,16 @@
 """The linear-probe experiment over a run: build or reuse the stages, probe every layer, write probes/ and figures.
 
-Takes a typed :class:`LinearProbeConfig` (the command line builds it in :mod:`mechprobe.cli.linear_probe`).
+Takes a typed :class:`LinearProbeConfig` (the command line builds it in :mod:`mechprobe.cli.linear_probe`) and
+returns a :class:`~mechprobe.linear.result.ProbesResult` the command prints. The turn target runs here; the
+item-level propensity target in :mod:`mechprobe.linear.propensity.driver`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,21 +19,12 @@ import numpy as np
 
 from mechprobe.io import write_json
 from mechprobe.linear.fit import InsufficientPositives, to_jsonable
-from mechprobe.linear.propensity import (
-    InsufficientItems,
-    _run_datasets,
-    choose_target,
-    load_item_states,
-    modal_layer,
-    propensity_controls,
-    propensity_probe_layers,
-    propensity_table,
-    propensity_transfer,
-    run_cost,
-)
+from mechprobe.linear.propensity.driver import propensity_experiment
+from mechprobe.linear.propensity.load import choose_target
+from mechprobe.linear.report import no_fit_md, turn_metrics_md
+from mechprobe.linear.result import ProbesResult
 from mechprobe.linear.turn import (
     ProbeData,
-    confusion_table,
     controls,
     directions,
     figures_dir,
@@ -42,9 +34,9 @@ from mechprobe.linear.turn import (
     probe_layers,
     results_table,
     transfer_matrix,
-    transfer_table,
 )
-from mechprobe.plots import plot_layer_auroc, plot_propensity
+from mechprobe.plots.linear import plot_layer_auroc, plot_no_curve
+from mechprobe.plots.titles import figure_title
 from mechprobe.stages import PASSTHROUGH, ensure_stages, finding_preset, finding_presets, resolve_run
 from mechprobe.turns.pipeline import ProbeConfig, default_run_dir
 
@@ -88,7 +80,6 @@ class LinearProbeConfig:
         return cls(**{f.name: getattr(a, f.name) for f in dataclasses.fields(cls) if hasattr(a, f.name)})
 
 
-
 def _transfer(a: LinearProbeConfig, run: Path, cfg: ProbeConfig, data: ProbeData, layer: int
              ) -> dict[str, Any] | None:
     """Stack this run with the transfer runs (same model) at one layer and train-on-A / test-on-B.
@@ -122,8 +113,8 @@ def _transfer(a: LinearProbeConfig, run: Path, cfg: ProbeConfig, data: ProbeData
     return {**tm, "layer": layer, "runs": [str(run), *map(str, runs)]}
 
 
-def run_linear_probe(a: LinearProbeConfig) -> int:
-    """probe -> judge -> cache (reused when complete), then the probes; 3 when positives are too few."""
+def run_linear_probe(a: LinearProbeConfig) -> ProbesResult:
+    """probe -> judge -> cache (reused when complete), then the probes; exit code 3 when the run is too small to fit."""
 
     t0 = time.time()
 
@@ -147,14 +138,14 @@ def run_linear_probe(a: LinearProbeConfig) -> int:
     target, why = next((p for p in picks if p[0] == "turn"), picks[0])  # every run must support propensity
     print(f"target: {target} ({why})")
     if target == "propensity":
-        return _propensity(a, resolved, why, t0)
+        return propensity_experiment(a, resolved, why, t0)
     if len(resolved) > 1:
         a.transfer_datasets = [*a.transfer_datasets, *[c.dataset for _, c in resolved[1:]]]
         print(f"turn target with several datasets: probing {resolved[0][1].dataset}, transfer to "
               f"{a.transfer_datasets}")
     run, cfg = resolved[0]
     timings, judge_name = ensure_stages(run, cfg, a.judge, a.backend, a.relabel,
-                                  include_truncated=a.include_truncated)
+                                        include_truncated=a.include_truncated)
 
     t_an = time.time()
     # Small dense problems (hundreds of rows): one BLAS thread is as fast, and multi-threaded BLAS on a
@@ -165,72 +156,36 @@ def run_linear_probe(a: LinearProbeConfig) -> int:
         return _analyse(a, run, cfg, timings, judge_name, t0, t_an)
 
 
-def _propensity(a: LinearProbeConfig, resolved: list[tuple[Path, ProbeConfig]], why: str, t0: float) -> int:
-    """Build or reuse every run's stages, then the item-level propensity probes on the pooled items.
-
-    One run: outputs in ``<run>/probes/``. Several (``--datasets``): in ``<parent>/<model>-<a>+<b>/probes/``
-    (not a run directory: it holds only the pooled analysis). ``--transfer-runs``/``--transfer-datasets``
-    join the transfer matrix only, not the pooled headline.
-    """
-    from threadpoolctl import threadpool_limits
-
-
-    timings: dict[str, Any] = {}
-    judges = []
-    for run, cfg in resolved:
-        t, j = ensure_stages(run, cfg, a.judge, a.backend, a.relabel,
-                                  include_truncated=a.include_truncated)
-        timings[run.name] = t
-        judges.append(j)
-    run0, cfg0 = resolved[0]
-    extra = [Path(r) for r in a.transfer_runs]
-    for r in extra:  # existing runs: judge and cache what they lack, like the main runs (was: KeyError)
-        run_t, cfg_t = resolve_run(r, new=False)  # existing runs only
-        ensure_stages(run_t, cfg_t, a.judge, a.backend, a.relabel, include_truncated=a.include_truncated)
-    for ds in a.transfer_datasets:
-        cfg_b = dataclasses.replace(cfg0, dataset=ds, data_path=None)
-        run_b = run0.parent / default_run_dir(cfg_b).name
-        ensure_stages(run_b, cfg_b, a.judge, a.backend, a.relabel, include_truncated=a.include_truncated)
-        extra.append(run_b)
-    if len(resolved) == 1:
-        base = run0
-    else:
-        base = run0.parent / f"{Path(cfg0.model).name.replace('.gguf', '')}-{'+'.join(c.dataset for _, c in resolved)}"
-    fig = figures_dir(a.figures, base) / f"propensity_{base.name}.png"
-    with threadpool_limits(limits=1):
-        return run_propensity(a, [r for r, _ in resolved], cfg0.model, why, timings, "+".join(sorted(set(judges))),
-                              extra, base / "probes", fig, t0)
-
-
-def _analyse(a: LinearProbeConfig, run: Path, cfg: ProbeConfig, timings: dict[str, float], judge_name: str,
-            t0: float, t_an: float) -> int:
-    """Everything after the stages: probes, controls, extras, files, figure."""
-
-    data = load_probe_data(run, a.layers)
+def label_counts(data: ProbeData) -> dict[str, int]:
+    """What a turn-level fit rests on: rows and items of each class, and the rows no label could be used for."""
     y, groups = data.y, data.groups
-    out_dir = run / "probes"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    base = {"run": str(run), "model": cfg.model, "dataset": cfg.dataset, "judge": judge_name,
-            "n_rows": int(len(y)), "n_positive": int(y.sum()), "n_items": int(len(set(groups))),
-            "n_unlabelled_or_judge_error": data.n_unlabelled, "layers": data.layers, "folds": a.folds,
-            "stage_seconds": timings}
-    try:
-        report = probe_layers(data.stack, data.layers, y, groups, data.greedy, n_splits=a.folds, seed=a.seed,
-                              n_boot=a.n_boot, shuffled=not a.no_shuffled)
-    except InsufficientPositives as e:
-        write_json(out_dir / "metrics.json", {**base, "status": "insufficient_positives", "reason": str(e),
-                                              "total_seconds": round(time.time() - t0, 1)})
-        print(f"\nNot reporting probe metrics: {e}\n(wrote {out_dir}/metrics.json with the reason)", file=sys.stderr)
-        return 3
-    ctrl = controls(report, y, groups, data.texts, seed=a.seed, n_boot=a.n_boot)
-    best = report.best_layer
-    bi = data.layers.index(best)
-    mc = {**multiclass_confusion(data.stack[:, bi].astype(np.float64), data.labels, groups, report.folds, a.seed),
-          "layer": best}
-    tm = _transfer(a, run, cfg, data, best)
+    counts = {"genuine rows": int(y.sum()), "not genuine rows": int(len(y) - y.sum()),
+              "items": int(len(set(groups))), "items with a genuine row": int(len(set(groups[y == 1]))),
+              "unlabelled or judge-error rows": int(data.n_unlabelled)}
+    counts.update({f"label {k}": int(n) for k, n in sorted(Counter(data.labels).items())})
+    return counts
+
+
+def _no_fit(out_dir: Path, fig_path: Path, base: dict[str, Any], counts: dict[str, int], reason: str,
+            title: str, t0: float) -> ProbesResult:
+    """Too few positives to fit: metrics.json/.md with the label counts and the reason, a figure saying why."""
+    write_json(out_dir / "metrics.json", {**base, "status": "insufficient_positives", "reason": reason,
+                                          "label_counts": counts, "total_seconds": round(time.time() - t0, 1)})
+    (out_dir / "metrics.md").write_text(no_fit_md(Path(base["run"]).name, title, counts, reason))
+    fig = plot_no_curve(counts, reason, fig_path, title)
+    msg = (f"\nNot reporting probe metrics: {reason}\n(wrote {out_dir}/metrics.json and metrics.md with the label "
+           f"counts and the reason, and {fig}; everything computed so far is kept: the run's turns, labels and "
+           "activations are reused when you re-run)")
+    return ProbesResult("insufficient_positives", out_dir, fig, message=msg, exit_code=3)
+
+
+def _save_directions(out_dir: Path, data: ProbeData, report: Any, cfg: ProbeConfig, run: Path, judge_name: str,
+                     seed: int) -> None:
+    """directions.safetensors/.json: each layer's probe and difference-of-means directions, for steering."""
     from safetensors.numpy import save_file
 
-    tensors, dmeta = directions(data.stack, data.layers, y, groups, cs=modal_c(report), seed=a.seed)
+    y = data.y
+    tensors, dmeta = directions(data.stack, data.layers, y, data.groups, cs=modal_c(report), seed=seed)
     dir_meta = {"layers": data.layers, "model": cfg.model, "weight_hash": data.meta["identity"]["weight_hash"],
                 "n_pos": int(y.sum()), "n_neg": int(len(y) - y.sum()), "position": "boundary",
                 "layer_convention": "residual index: 0 = embeddings, r = output of block r-1",
@@ -242,92 +197,51 @@ def _analyse(a: LinearProbeConfig, run: Path, cfg: ProbeConfig, timings: dict[st
               metadata={"model": cfg.model, "weight_hash": dir_meta["weight_hash"], "n_pos": str(dir_meta["n_pos"]),
                         "n_neg": str(dir_meta["n_neg"]), "position": "boundary"})
     write_json(out_dir / "directions.json", dir_meta)
+
+
+def _analyse(a: LinearProbeConfig, run: Path, cfg: ProbeConfig, timings: dict[str, float], judge_name: str,
+             t0: float, t_an: float) -> ProbesResult:
+    """Everything after the stages: probes, controls, extras, files, figure."""
+
+    data = load_probe_data(run, a.layers)
+    y, groups = data.y, data.groups
+    out_dir = run / "probes"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    base = {"run": str(run), "model": cfg.model, "dataset": cfg.dataset, "judge": judge_name,
+            "n_rows": int(len(y)), "n_positive": int(y.sum()), "n_items": int(len(set(groups))),
+            "n_unlabelled_or_judge_error": data.n_unlabelled, "layers": data.layers, "folds": a.folds,
+            "stage_seconds": timings}
+    fig_path = figures_dir(a.figures, run) / f"linear_probe_{run.name}.png"
+    title = figure_title(cfg.model, judge_name, f"{len(y)} turns ({int(y.sum())} genuine, "
+                                                f"{len(set(groups))} items)", cfg.dataset)
+    try:
+        report = probe_layers(data.stack, data.layers, y, groups, data.greedy, n_splits=a.folds, seed=a.seed,
+                              n_boot=a.n_boot, shuffled=not a.no_shuffled)
+    except InsufficientPositives as e:
+        return _no_fit(out_dir, fig_path, base, label_counts(data), str(e), title, t0)
+    ctrl = controls(report, y, groups, data.texts, seed=a.seed, n_boot=a.n_boot)
+    best = report.best_layer
+    bi = data.layers.index(best)
+    mc = {**multiclass_confusion(data.stack[:, bi].astype(np.float64), data.labels, groups, report.folds, a.seed),
+          "layer": best}
+    tm = _transfer(a, run, cfg, data, best)
+    _save_directions(out_dir, data, report, cfg, run, judge_name, a.seed)
     analysis_s = round(time.time() - t_an, 1)
     metrics = {**base, "status": "ok", **report.to_dict(), "controls": to_jsonable(ctrl),
                "multiclass_best_layer": mc, "transfer": tm, "analysis_seconds": analysis_s,
                "total_seconds": round(time.time() - t0, 1)}
     write_json(out_dir / "metrics.json", metrics)
-    table = results_table(report, ctrl)
-    md = [f"# Linear probes: {run.name}", "", f"model {cfg.model}, dataset {cfg.dataset}, judge {judge_name}, "
-          f"position boundary; stage seconds {json.dumps(timings)}, analysis {analysis_s} s.", "", table, "",
-          f"## Multi-class probe at layer {best}", "", confusion_table(mc)]
-    if tm:
-        md += ["", f"## Transfer at layer {best} (rows: trained on; diagonal: grouped CV)", "", transfer_table(tm)]
+    md = turn_metrics_md(run.name, cfg.model, cfg.dataset, judge_name, timings, analysis_s,
+                         results_table(report, ctrl), best, mc, tm)
     (out_dir / "metrics.md").write_text("\n".join(md) + "\n")
     n = report.nested
-    fig = plot_layer_auroc(report, ctrl, figures_dir(a.figures, run) / f"linear_probe_{run.name}.png",
-                           f"{cfg.model} · {cfg.dataset} · {len(y)} turns ({int(y.sum())} genuine, "
-                           f"{report.counts['items']} items) · judge {judge_name}", confusion=mc)
-    print("\n" + "\n".join(md[4:]))
-    print(f"\nheadline: nested layer selection AUROC {n['auroc'].fmt()} (fold layers {n['fold_layers']}); "
-          f"best layer on the curve {best}: {report.layer(best).logreg_auroc.fmt()}")
-    print("controls: " + "; ".join(f"{k} {v.fmt()}" for k, v in ctrl.items()))
-    print(f"\nwrote {out_dir}/metrics.json, metrics.md, directions.safetensors, directions.json and {fig}")
-    print(json.dumps({"stage_seconds": timings, "analysis_seconds": analysis_s, "total_seconds": metrics["total_seconds"]}))
-    return 0
-
-
-def run_propensity(a: Any, runs: Sequence[Path], model: str, why: str, timings: Mapping[str, Any], judge: str,
-                   transfer_runs: Sequence[Path], out_dir: Path, fig_path: Path, t0: float) -> int:
-    """Item-level propensity probes on ``runs`` (pooled), writing ``out_dir/propensity.{json,md}`` and a figure.
-
-    Returns 0, or 3 (with ``status: insufficient_items`` and the reason in the JSON) when the items
-    cannot support item-level CV.
-    """
-    import json
-    import sys
-    import time
-
-
-    t_an = time.time()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    data = load_item_states(runs, a.layers, a.propensity_temperature, a.min_samples)
-    tg = data.targets
-    base = {"target": "propensity", "why": why, "runs": data.runs, "model": model, "judge": judge,
-            "temperature": tg.temperature, "targets": tg.summary(), "layers": data.layers, "folds": a.folds,
-            "stage_seconds": dict(timings), "dropped_items": tg.dropped}
-    try:
-        report = propensity_probe_layers(data.stack, data.layers, tg, n_splits=a.folds, seed=a.seed,
-                                         n_boot=a.n_boot, shuffled=not a.no_shuffled)
-    except InsufficientItems as e:
-        write_json(out_dir / "propensity.json", {**base, "status": "insufficient_items", "reason": str(e),
-                                                 "total_seconds": round(time.time() - t0, 1)})
-        print(f"\nNot reporting propensity metrics: {e}\n(wrote {out_dir}/propensity.json with the reason)",
-              file=sys.stderr)
-        return 3
-    ctrl = propensity_controls(report, data.stack, tg, data.texts, data.response_tokens, seed=a.seed,
-                               n_boot=a.n_boot)
-    layer = modal_layer(report.nested["fold_layers"])
-    tm = None
-    if transfer_runs or len(set(tg.datasets)) > 1:
-        pool = data if not transfer_runs else load_item_states([*runs, *transfer_runs], str(layer),
-                                                               a.propensity_temperature, a.min_samples)
-        li = pool.layers.index(layer)
-        if len(set(pool.targets.datasets)) > 1:
-            tm = {**propensity_transfer(pool.stack[:, li], pool.targets, a.folds, a.seed, a.n_boot), "layer": layer,
-                  "runs": pool.runs}
-    cost = [run_cost(Path(r), float(np.mean(tg.k[[d == ds for d in tg.datasets]])))
-            for r, ds in zip(runs, _run_datasets(runs))]
-    analysis_s = round(time.time() - t_an, 1)
-    res = {**base, "status": "ok", **report.to_dict(), "controls": to_jsonable(ctrl), "transfer": tm,
-           "cost": cost, "analysis_seconds": analysis_s, "total_seconds": round(time.time() - t0, 1)}
-    write_json(out_dir / "propensity.json", to_jsonable(res))
-    table = propensity_table(report, ctrl, tg, tm, cost[0] if len(cost) == 1 else None)
-    if len(cost) > 1:
-        table += "\n\n## Cost per item\n\n" + "\n".join(
-            f"- {c['run']}: " + (f"{c['ratio']:.1f}x (forward {c['boundary_forward_s_per_item']:.4f} s vs "
-                                 f"{c['generate_and_judge_s_per_item']:.3f} s)" if c.get("ratio") else c.get("missing", "n/a"))
-            for c in cost)
-    title = (f"{model} · {'+'.join(sorted(set(tg.datasets)))} · {len(tg)} items, T={tg.temperature:g}, "
-             f"k={'/'.join(map(str, sorted(set(tg.k.tolist()))))} · judge {judge}")
-    md = [f"# Item-level propensity probes: {out_dir.parent.name}", "", f"target: propensity ({why}).", "",
-          f"{title}; stage seconds {json.dumps(dict(timings))}, analysis {analysis_s} s.", "", table]
-    (out_dir / "propensity.md").write_text("\n".join(md) + "\n")
-    fig = plot_propensity(report, ctrl, fig_path, title)
-    n = report.nested
-    print("\n" + table)
-    print(f"\nheadline: nested layer choice Spearman rho {n['rho'].fmt()} (fold layers {n['fold_layers']}) vs "
-          f"ceiling sqrt(R) {ctrl['split_half_ceiling'].fmt()} (propensity reliability R "
-          f"{ctrl['split_half_reliability'].fmt()})")
-    print(f"wrote {out_dir}/propensity.json, propensity.md and {fig}")
-    return 0
+    fig = plot_layer_auroc(report, ctrl, fig_path, title, confusion=mc)
+    summary = "\n".join([
+        "\n" + "\n".join(md[4:]),
+        f"\nheadline: nested layer selection AUROC {n['auroc'].fmt()} (fold layers {n['fold_layers']}); "
+        f"best layer on the curve {best}: {report.layer(best).logreg_auroc.fmt()}",
+        "controls: " + "; ".join(f"{k} {v.fmt()}" for k, v in ctrl.items()),
+        f"\nwrote {out_dir}/metrics.json, metrics.md, directions.safetensors, directions.json and {fig}",
+        json.dumps({"stage_seconds": timings, "analysis_seconds": analysis_s,
+                    "total_seconds": metrics["total_seconds"]})])
+    return ProbesResult("ok", out_dir, fig, summary=summary)

@@ -53,6 +53,19 @@ def fold_counts(y: np.ndarray, folds: Folds, groups: np.ndarray | None = None) -
     return out
 
 
+def thin_data_hint(n_items: int, n_splits: int, fewer_folds: int | None) -> str:
+    """What to do about data too thin to fit: more items or samples, and fewer folds only where that helps.
+
+    ``fewer_folds`` is the largest fold count the data could support (None when the fold count is not what
+    failed, e.g. too few positive rows in all); it is suggested only if it is at least 2 and below ``n_splits``.
+    """
+    hint = (f"Add items to the run (--limit {max(2 * n_items, n_items + 10)}) or probe more samples per item "
+            "(a new run with --samples, --temperatures 0 1.0)")
+    if fewer_folds is not None and 2 <= fewer_folds < n_splits:
+        return hint + f", or use fewer folds (--folds {fewer_folds})."
+    return hint + "."
+
+
 def make_folds(y: Sequence[int] | np.ndarray, groups: Sequence[str] | np.ndarray, n_splits: int = 5, seed: int = 0,
                min_pos: int = 5, min_test_pos: int = 2) -> Folds:
     """Item-grouped stratified outer folds, refusing data too thin to give a meaningful AUROC."""
@@ -62,22 +75,25 @@ def make_folds(y: Sequence[int] | np.ndarray, groups: Sequence[str] | np.ndarray
     groups = np.asarray(groups)
     n_pos, n_neg = int(y.sum()), int(len(y) - y.sum())
     pos_items = len(set(groups[y == 1]))
-    hint = ("Probe more items or samples (--limit, --samples, --temperatures 0 1.0), or use fewer folds "
-            "(--folds 3).")
+    n_items = len(set(groups))
     if n_pos < min_pos or n_neg < min_pos or pos_items < n_splits:
+        # Class counts do not depend on the fold count; too few positive items for the folds does.
+        fewer = pos_items if n_pos >= min_pos and n_neg >= min_pos else None
         raise InsufficientPositives(
             f"insufficient positives: {n_pos} positive rows from {pos_items} items and {n_neg} negative rows; "
             f"need at least {min_pos} rows of each class and {n_splits} items with a positive for "
-            f"{n_splits}-fold grouped CV. {hint}")
-    if len(set(groups)) < n_splits:
-        raise InsufficientPositives(f"only {len(set(groups))} items for {n_splits} folds. {hint}")
+            f"{n_splits}-fold grouped CV. {thin_data_hint(n_items, n_splits, fewer)}")
+    if n_items < n_splits:
+        raise InsufficientPositives(f"only {n_items} items for {n_splits} folds. "
+                                    f"{thin_data_hint(n_items, n_splits, n_items)}")
     skf = StratifiedGroupKFold(n_splits=n_splits, shuffle=True, random_state=seed)
     folds = []
     for k, (tr, te) in enumerate(skf.split(np.zeros(len(y)), y, groups)):
         if y[te].sum() < min_test_pos or (1 - y[te]).sum() < 1:
             raise InsufficientPositives(
                 f"insufficient positives: test fold {k} holds {int(y[te].sum())} positive and "
-                f"{int((1 - y[te]).sum())} negative rows (need >= {min_test_pos} positive rows per fold). {hint}")
+                f"{int((1 - y[te]).sum())} negative rows (need >= {min_test_pos} positive rows per fold). "
+                f"{thin_data_hint(n_items, n_splits, n_splits - 1)}")
         if set(groups[tr]) & set(groups[te]):  # a real check, not an assert: must survive python -O
             raise RuntimeError("grouped folds leaked an item into both train and test")
         folds.append((tr, te))

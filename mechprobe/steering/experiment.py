@@ -1,4 +1,4 @@
-"""Steering vectors that raise genuine follow-ups under greedy decoding, with controls.
+"""Steering vectors that raise genuine follow-ups under greedy decoding, with controls: the experiment's driver.
 
     python experiments/steer.py                   # embedded default: (layer, alpha) chosen on train items, then held out
     python experiments/steer.py --alpha 4         # the same, the train sweep's ladder running up to 4 x resid norm
@@ -15,60 +15,44 @@ the raw difference-of-means vector (CAA convention). See docs/steering.md.
 Writes ``<run>/steering/alpha_0_none.jsonl`` (unsteered held-out turns) and
 ``<run>/steering/L<layer>_<positions>_<unit>/alpha_<a>_<kind>.jsonl`` (steered, judged), ``results.json`` /
 ``results.md``, ``select.json`` / ``select.md`` (unless ``--no-select-on-train``) and
-``<run>/figures/steer_<run>.png``.
+``<run>/figures/steer_<run>.png``. The whole steer stage holds the steering directory's writer lock
+(``<steer dir>.lock``, removed on exit), so a second ``steer`` on the same directory is refused instead of
+duplicating rows.
 
 An existing ``--run`` is resolved exactly like ``experiments/linear_probe.py`` does it
 (:func:`mechprobe.stages.resolve_run`): its own data file, item count, system prompt and token caps,
 so nothing is added to it and alpha 0 reproduces its greedy turns.
+
+The pieces: :mod:`~mechprobe.steering.config` (settings, alphas), :mod:`~mechprobe.steering.setting` (what a
+directory freezes), :mod:`~mechprobe.steering.items`, :mod:`~mechprobe.steering.conditions` (one vector x alpha),
+:mod:`~mechprobe.steering.statistics`, :mod:`~mechprobe.steering.report` (markdown), :mod:`mechprobe.plots.steering`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
-import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
+from mechprobe.activations.cache import ActivationCache
+from mechprobe.audit.rates import AuditTruth, audit_truth
+from mechprobe.errors import UserError
+from mechprobe.io import read_json, write_json, writer_lock
+from mechprobe.judges.factory import make_judge, shared_judge_model
+from mechprobe.linear.turn import figures_dir
 from mechprobe.lm.llamacpp import load_engine
-
-# A fresh clone runs without `pip install -e .` too: the package sits next to this folder.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from mechprobe.activations.cache import ActivationCache  # noqa: E402
-from mechprobe.audit.estimate import Estimate  # noqa: E402
-from mechprobe.audit.rates import AuditTruth, audit_truth, difference_columns, rate_columns  # noqa: E402
-from mechprobe.audit.rates import cells as rate_cells  # noqa: E402
-from mechprobe.audit.rates import headers as rate_headers  # noqa: E402
-from mechprobe.errors import UserError  # noqa: E402
-from mechprobe.io import JsonlStore, read_json, read_jsonl, write_json  # noqa: E402
-from mechprobe.judges.base import JudgeInput  # noqa: E402
-from mechprobe.judges.factory import make_judge, shared_judge_model  # noqa: E402
-from mechprobe.linear.turn import figures_dir  # noqa: E402
-from mechprobe.lm import chat  # noqa: E402
-from mechprobe.lm.models import load_model, native_bf16_dtype  # noqa: E402
-from mechprobe.plots import plot_steering  # noqa: E402
-from mechprobe.records import AssistantRecord, truncated_item_ids, truncation_note  # noqa: E402
-from mechprobe.splits import ItemSplit, load_split  # noqa: E402
-from mechprobe.stages import (  # noqa: E402
-    Stages,
-    auto_judge,
-    ensure_stages,
-    finding_preset,
-    finding_split,
-    resolve_run,
-)
-from mechprobe.steering.evaluate import (  # noqa: E402
+from mechprobe.lm.models import load_model, native_bf16_dtype
+from mechprobe.plots.steering import plot_steering, steering_title
+from mechprobe.records import truncated_item_ids
+from mechprobe.splits import ItemSplit, load_split
+from mechprobe.stages import Stages, auto_judge, ensure_stages, finding_preset, finding_split, resolve_run
+from mechprobe.steering.conditions import TaskAccuracy, judge_turns, run_condition
+from mechprobe.steering.config import DEFAULT_ALPHAS, SteerConfig, resid_ladder
+from mechprobe.steering.evaluate import (
     NllScorer,
-    SteeredTurn,
-    assistant_accuracy,
-    genuine_by_item,
     paired_vs_base,
     select_on_train,
     split_of,
@@ -76,320 +60,82 @@ from mechprobe.steering.evaluate import (  # noqa: E402
     summarize,
     train_probe_direction,
 )
-from mechprobe.steering.vector import SteeringVector, diff_of_means, from_direction, in_alpha_units  # noqa: E402
-from mechprobe.turns.datasets import load_dataset  # noqa: E402
-from mechprobe.turns.pipeline import assistant_answers  # noqa: E402
+from mechprobe.steering.items import SteerItems, steer_items
+from mechprobe.steering.report import results_header, results_md, select_md
+from mechprobe.steering.setting import (
+    SETTING_FILE,
+    check_setting,
+    freeze_setting,
+    pin_nll_dtype,
+    pin_vector,
+    requested_setting,
+)
+from mechprobe.steering.statistics import heldout_row
+from mechprobe.steering.vector import SteeringVector, diff_of_means, from_direction, in_alpha_units
 
-REPO = Path(__file__).resolve().parents[1]
+__all__ = ["DEFAULT_ALPHAS", "SteerConfig", "SteerResult", "candidate_layers", "resid_ladder", "run_steer",
+           "steer_experiment"]
 
 
 @dataclass
-class SteerConfig:
-    """Every setting of the command, typed (built from the command line by :mod:`mechprobe.cli`)."""
+class SteerResult:
+    """What one ``steer`` run produced: the held-out table (also in ``results.md``) and where the files went."""
 
-    model: str | None = None  # default: the run's model, else the embedded default model
-    dataset: str | None = None  # default: the run's dataset, else the main job's
-    run: str | None = None  # run directory (default runs/<model>-<dataset>)
-    new: bool = False  # --run names a run to build from nothing
-    judge: str = 'auto'  # auto (default: the judge of the run's labels; else offline for the embedded default model,…
-    engine: str | None = None  # engine for the probe stage when the run must be built (default: hf for the embedded defaul…
-    steer_engine: str = 'auto'  # engine for the steered turns: auto (default: llamacpp when the run was generated by it, el…
-    dtype: str | None = None  # HF weights dtype when the run must be built (default: the run's own)
-    layer: int | None = None  # residual index; default: chosen on train items
-    candidate_layers: list[int] | None = None  # layers swept on train items (default: top probe layers, else L/3, L/2, 2L/3)
-    alpha: list[float] | None = None  # alphas in --alpha-unit (default: resid 0 0.05 0.1 0.2 0.4 0.8; raw 4). In resid units one …
-    alpha_unit: str = 'resid'  # resid: alpha x mean residual norm at the layer, equal for every kind (default); raw: alpha…
-    select_on_train: bool = True  # choose (layer, alpha) on --select-items train items, then run only alpha 0 and the chosen …
-    select_items: int | None = None  # train items judged per swept setting (default: 32 for models other than the embedded defau…
-    sweep_past_break: bool = False  # run every swept alpha; by default a layer's larger alphas are skipped once its train degen…
-    max_degenerate: float = 0.2  # selection ignores settings whose train degeneration rate exceeds this
-    positions: str = 'boundary+generated'
-    kinds: str = 'diff_means,random,negative,probe'
-    acc_kinds: str = 'diff_means,probe'  # kinds whose task accuracy with the vector on is measured at each alpha
-    acc_items: int = 24  # held-out items scored for task accuracy
-    max_user_tokens: int | None = None  # cap of the steered user turns (default: the run's own, so alpha 0 reproduces it)
-    max_heldout: int | None = None  # cap held-out items (speed)
-    no_assistant_check: bool = False
-    seed: int = 0
-    steer_dir: str | None = None  # where steered turns and results go (default <run>/steering, or steering_llamacpp)
-    split_file: str | None = None  # fixed held-out/train item ids (default: the hash split; the committed GSM8K split
-    # for models other than the embedded default, :func:`mechprobe.stages.finding_split`)
-    include_truncated: bool = False  # keep turns after truncated assistant answers in the rates
-    figures: str | None = None  # folder for the figure (default: <run>/figures; --figures figures publishes into the repo)
+    out_dir: Path
+    layer: int
+    alphas: list[float]
+    rows: list[dict[str, Any]]
+    table: str
+    figure: Path
+    selection: dict[str, Any] | None = None
+    exit_code: int = 0
 
-    @classmethod
-    def from_namespace(cls, a: Any) -> SteerConfig:
-        """Keep only this config's fields of an argparse namespace (the CLI adds its own keys)."""
-        return cls(**{f.name: getattr(a, f.name) for f in dataclasses.fields(cls) if hasattr(a, f.name)})
+    def summary(self) -> str:
+        """The text the command prints at the end: the table and the files written."""
+        return "\n" + self.table + f"\nwrote {self.out_dir}/results.md, results.json and {self.figure}"
 
 
+@dataclass
+class _Steer:
+    """Everything the stages after setup share: settings, run, models, train rows of the vectors, items."""
+
+    a: SteerConfig
+    run: Path
+    cfg: Any  # the run's ProbeConfig
+    out_dir: Path
+    split: ItemSplit | None
+    lm: Any
+    judge: Any
+    scorer: NllScorer
+    engine: object | None
+    cache: ActivationCache
+    train_rows: torch.Tensor
+    pos_rows: torch.Tensor
+    neg_rows: torch.Tensor
+    items: SteerItems
+
+    @property
+    def unit(self) -> str:
+        return self.a.alpha_unit
+
+    def vec_at(self, layer: int) -> SteeringVector:
+        """The raw difference of means at ``layer``; its yardstick (resid_norm) is the mean boundary-residual
+        norm of these same train rows."""
+        x = self.cache.resid(layer)
+        return diff_of_means(x[self.pos_rows], x[self.neg_rows], layer,
+                             weight_hash=self.cache.meta["identity"]["weight_hash"], source_run=str(self.run),
+                             position="boundary")
+
+    def setting_dir(self, root: Path, layer: int) -> Path:
+        return root / f"L{layer}_{self.a.positions}_{self.unit}"
+
+    def condition(self, vec: SteeringVector | None, alpha: float, items: list, path: Path,
+                  base: dict | None = None) -> tuple[dict, list, dict[str, bool]]:
+        return run_condition(self.lm, self.judge, vec, alpha, self.a, items, self.items.by_item, path,
+                             self.cfg.system, base=base, scorer=self.scorer, engine=self.engine)
 
 
-
-
-
-
-
-
-
-def judge_turns(judge, turns: list[SteeredTurn], by_item: dict[str, AssistantRecord], key: str) -> dict[str, str]:
-    inputs = [JudgeInput(record_id=f"{key}|{t.item_id}", prompt=by_item[t.item_id].prompt,
-                         response=by_item[t.item_id].response, raw_text=t.raw_text, text=t.text,
-                         stop_reason=t.stop_reason, dataset=by_item[t.item_id].dataset, decoding="greedy",
-                         item_id=t.item_id) for t in turns]
-    bar = tqdm(judge.label_many(inputs), total=len(inputs), desc=f"judge {key}", unit="turn", leave=False)
-    return {r.record_id: r.label for r in bar}
-
-
-
-
-def probe_prompt_ids(lm, items, system) -> list[list[int]]:
-    return [list(chat.build_probe_prompt(lm.tokenizer, x.prompt, x.response, system=system,
-                                         history=x.messages or None).input_ids) for x in items]
-
-
-def base_token_ids(lm, turn: SteeredTurn) -> list[int]:
-    """The alpha-0 turn's tokens (rows of older versions lack them: re-tokenised from the raw text)."""
-    if turn.token_ids is not None:
-        return list(turn.token_ids)
-    return list(lm.tokenizer(turn.raw_text, add_special_tokens=False).input_ids)
-
-
-def run_condition(lm, judge, vec, alpha, a, items, by_item, path: Path, system=None,
-                  base: dict[str, SteeredTurn] | None = None, scorer: NllScorer | None = None,
-                  engine: object | None = None) -> tuple[dict, list[SteeredTurn], dict[str, bool]]:
-    """Generate (resuming ``path``), judge and summarise one (vector, alpha) on ``items``.
-
-    With ``base`` (the alpha-0 turns of the same items), each turn also gets ``nll_base_text``: the NLL
-    of the unsteered turn under this condition's steered model. Returns the summary, the turns and
-    per-item genuine flags (for the paired test against alpha 0).
-    """
-    steered = vec is not None and alpha != 0
-    kind = vec.kind if steered else "none"
-    key = f"{kind}|a{alpha:g}"
-    store = JsonlStore(path, key="item_id")
-    done = {r["item_id"] for r in read_jsonl(path, key="item_id")}
-    todo = [x for x in items if x.item_id not in done]
-    if todo:
-        scorer = scorer or NllScorer(lm)
-        t0 = time.perf_counter()
-        turns = steered_user_turns(lm, todo, vec if steered else None, alpha, a.positions, a.max_user_tokens,
-                                   system=system, engine=engine, nll=scorer)
-        turns = with_base_nll(lm, turns, todo, vec if steered else None, alpha, a.positions, system, base, scorer)
-        t1 = time.perf_counter()
-        labels = judge_turns(judge, turns, by_item, key)
-        print(f"{path.parent.name}/{path.name}: {len(todo)} turns generated + NLLs in {t1 - t0:.0f} s, "
-              f"judged in {time.perf_counter() - t1:.0f} s", flush=True)
-        for t in turns:
-            store.append({**asdict(t), "label": labels.get(f"{key}|{t.item_id}"), "judge": judge.name})
-    wanted = {x.item_id for x in items}
-    rows = [r for r in read_jsonl(path, key="item_id") if r["item_id"] in wanted]
-    turns = [SteeredTurn(**{k: v for k, v in r.items() if k not in ("label", "judge")}) for r in rows]
-    missing = [t for t in turns if t.nll_base_text is None]
-    if missing and (base is not None or not steered):  # rows of older versions: compute, do not rewrite the file
-        fixed = {t.item_id: t for t in with_base_nll(lm, missing, [by_item[t.item_id] for t in missing],
-                                                     vec if steered else None, alpha, a.positions, system, base,
-                                                     scorer or NllScorer(lm))}
-        turns = [fixed.get(t.item_id, t) for t in turns]
-    labels = {f"{key}|{r['item_id']}": r["label"] for r in rows if r.get("judge") == judge.name}
-    labels.update(other_judge_labels(judge, turns, rows, by_item, key, path))
-    cut = set() if getattr(a, "include_truncated", False) else truncated_item_ids(by_item[t.item_id] for t in turns)
-    res = summarize(turns, labels, key, cut)
-    nb = [t.nll_base_text for t in turns if t.nll_base_text is not None]
-    res["nll_unsteered_text"] = sum(nb) / len(nb) if nb else None
-    return {"kind": kind, "alpha": alpha, **res}, turns, genuine_by_item(turns, labels, key, cut)
-
-
-SETTING_FILE = "setting.json"
-
-
-def requested_setting(a: SteerConfig, alphas: list[float], split: ItemSplit | None) -> dict[str, Any]:
-    """What the command asks for, before anything is chosen: the keys a steering directory freezes."""
-    return {"alpha_unit": a.alpha_unit, "requested_alphas": sorted({float(x) for x in alphas}),
-            "requested_layers": [a.layer] if a.layer is not None else a.candidate_layers,
-            "select_on_train": a.select_on_train, "select_items": a.select_items if a.select_on_train else None,
-            "max_degenerate": a.max_degenerate if a.select_on_train else None,
-            "kinds": a.kinds.split(","), "positions": a.positions, "judge": a.judge,
-            "split": ({"name": split.name, "sha256": split.sha256} if split is not None
-                      else "hash split (mechprobe.splits.split_of)")}
-
-
-def _setting_sha(setting: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(setting, sort_keys=True).encode()).hexdigest()
-
-
-def check_setting(out_dir: Path, setting: dict[str, Any]) -> None:
-    """Refuse ``setting`` when ``out_dir/setting.json`` froze another value of one of its keys (one line naming
-    the key and the fix). A directory without the file (new, or from an older version) passes."""
-    p = out_dir / SETTING_FILE
-    if not p.exists():
-        return
-    d = read_json(p)
-    if not isinstance(d, dict) or not isinstance(d.get("setting"), dict):
-        raise UserError(f"{p} is not a frozen setting (a JSON object with a 'setting' object); restore it, or pass "
-                        f"--steer-dir NEW_DIR for a fresh steering directory")
-    old = d["setting"]
-    if d.get("sha256") != _setting_sha(old):
-        raise UserError(f"{p} was edited by hand (its sha256 no longer matches its setting); restore it, or pass "
-                        f"--steer-dir NEW_DIR for a fresh steering directory")
-    for k, v in setting.items():
-        if k in old and old[k] != v:
-            raise UserError(f"{out_dir} is frozen at {k}={json.dumps(old[k])} ({p}), this run asks for {k}="
-                            f"{json.dumps(v)}: held-out items are steered at one setting per directory; pass "
-                            f"--steer-dir NEW_DIR to run another setting")
-
-
-def freeze_setting(out_dir: Path, setting: dict[str, Any]) -> str:
-    """Write ``out_dir/setting.json`` (setting + sha256) on first use, else check it; returns the sha256.
-
-    Why: (layer, alpha unit, alphas, kinds, positions, judge) are chosen on train items; held-out numbers mean
-    something only if no held-out result ever fed back into that choice. Freezing the choice before the held-out
-    stage, and refusing a second setting in the same directory, makes a re-run with a tweaked setting visible.
-    """
-    p = out_dir / SETTING_FILE
-    check_setting(out_dir, setting)
-    if p.exists():
-        old = read_json(p)["setting"]
-        missing = sorted(set(setting) - set(old))
-        if missing:
-            raise UserError(f"{p} lacks {missing[0]} (written by an older version); pass --steer-dir NEW_DIR")
-        return _setting_sha(old)
-    write_json(p, {"setting": setting, "sha256": _setting_sha(setting)})
-    return _setting_sha(setting)
-
-
-def split_answers(split: ItemSplit, run: Path, cfg: Any, lm: Any, have: set[str], out_dir: Path,
-                  wanted: list[str] | None = None) -> dict[str, AssistantRecord]:
-    """Assistant answers of the split's items the run does not hold, generated greedily with the run's settings
-    into ``<steer dir>/split_answers/assistant.jsonl`` (resumable).
-
-    ``wanted`` (default: every held-out and train item) names the items this invocation will steer: with a fixed
-    ``--layer`` and no selection the train items are never steered, and ``--max-heldout`` caps the held-out ones,
-    so their answers (minutes each on a CPU for a 1.5B model) are not generated."""
-    need = [i for i in (wanted if wanted is not None else (*split.heldout, *split.train)) if i not in have]
-    if not need:
-        return {}
-    items = {it.item_id: it for it in load_dataset(cfg.dataset, path=cfg.data_path).items}
-    missing = [i for i in need if i not in items]
-    if missing:
-        raise UserError(f"--split-file {split.path} names {len(missing)} items the {cfg.dataset} data lacks (e.g. "
-                        f"{missing[0]}): the data file differs from the split's source; pass the data the split "
-                        f"was drawn from (--data-path) or another split")
-    print(f"{len(need)} items of split {split.name} are not in {run}: greedy assistant answers go to "
-          f"{out_dir / 'split_answers'}")
-    recs = assistant_answers(cfg, lm, [items[i] for i in need], out_dir / "split_answers")
-    return {r.item_id: r for r in recs}
-
-
-def audited_columns(run: Path, audit: AuditTruth | None, path: Path, g: dict[str, bool], base_path: Path,
-                    base_g: dict[str, bool], seed: int) -> dict[str, Any]:
-    """Judge-only and (with audit labels) corrected follow-up rate and paired difference vs alpha 0 of one
-    condition, by :mod:`mechprobe.audit` (turns are named as the audit names them: ``<file>#<item>``)."""
-
-    def ids(p: Path) -> str:
-        return p.resolve().relative_to(run.resolve()).as_posix() if audit is not None else p.name
-
-    rel, base_rel = ids(path), ids(base_path)
-    j, c = rate_columns({f"{rel}#{i}": v for i, v in g.items()}, audit)
-    out: dict[str, Any] = {"followup_judge_only": j.to_dict(), "followup_corrected": c.to_dict() if c else None,
-                           "diff_vs_alpha0_judge_only": None, "diff_vs_alpha0_corrected": None}
-    if path.resolve() == base_path.resolve():
-        return out
-    ta = tb = None
-    if audit is not None:
-        ta = {i: audit.truth[f"{base_rel}#{i}"] for i in base_g if f"{base_rel}#{i}" in audit.truth}
-        tb = {i: audit.truth[f"{rel}#{i}"] for i in g if f"{rel}#{i}" in audit.truth}
-    dj, dc = difference_columns(base_g, g, ta, tb, seed=seed)
-    out.update(diff_vs_alpha0_judge_only=dj.to_dict(), diff_vs_alpha0_corrected=dc.to_dict() if dc else None)
-    return out
-
-
-def pin_vector(base: Path, vec: SteeringVector, turns_dir: Path | None = None) -> None:
-    """Save ``vec`` at ``base`` (.safetensors/.json), or check it equals the one saved there.
-
-    Why: steered turns are stored per (layer, kind, alpha), not per vector. The vector is a difference of means
-    over *judged* train rows, so relabelling the run with another judge changes it; turns generated with the old
-    vector must then not be reused as if they came from the new one. Tolerance: rtol 1e-4 of the vector's norm,
-    far above float summation-order noise of a mean over a few hundred rows, far below any change of labels.
-    """
-    st = base.with_name(base.name + ".safetensors")
-    if st.exists():
-        old = SteeringVector.load(base).vector.float()
-        new = vec.vector.detach().float().cpu()
-        if old.shape != new.shape or float((old - new).norm()) > 1e-4 * max(float(new.norm()), 1e-12):
-            raise UserError(f"{st} holds another steering vector than the one built now (the run's labels or cache "
-                            f"changed since, e.g. a relabel with another judge), so the turns stored beside it are "
-                            f"not this vector's. Pass --steer-dir NEW_DIR for a fresh steering directory, or move "
-                            f"{base.parent} aside")
-        return
-    made = sorted(turns_dir.glob("alpha_*.jsonl")) if turns_dir is not None and turns_dir.is_dir() else []
-    if made:
-        raise UserError(f"{turns_dir} holds steered turns ({made[0].name}, ...) but no record of the vector that made "
-                        f"them (a steering directory from an older version), so they cannot be checked against the "
-                        f"vector built now. Pass --steer-dir NEW_DIR, or move {turns_dir} aside")
-    vec.save(base)
-
-
-def other_judge_labels(judge, turns: list[SteeredTurn], rows: list[dict], by_item: dict[str, AssistantRecord],
-                       key: str, path: Path) -> dict[str, str]:
-    """Labels by ``judge`` for rows another judge labelled (or older rows that do not say which judge did).
-
-    Why: a steering directory outlives its judge (docs/results.md: the 1.5B sweep was re-judged with ``hybrid2:``).
-    Reusing the stored label under another ``--judge`` would mix judges silently; regenerating would waste the turns.
-    So the turns are judged again, never regenerated, and the verdicts kept in ``<file>.labels.jsonl`` keyed by
-    judge and item (resumable; the generation file is never rewritten).
-    """
-    other = [r for r in rows if r.get("judge") != judge.name]
-    if not other:
-        return {}
-    side_p = path.with_name(path.stem + ".labels.jsonl")
-    side = {r["key"]: r["label"] for r in read_jsonl(side_p, key="key")}
-    other_ids = {r["item_id"] for r in other}
-    need = [t for t in turns if t.item_id in other_ids and f"{judge.name}|{t.item_id}" not in side]
-    if need:
-        got = judge_turns(judge, need, by_item, key)
-        store = JsonlStore(side_p, key="key")
-        for t in need:
-            lab = got.get(f"{key}|{t.item_id}")
-            store.append({"key": f"{judge.name}|{t.item_id}", "item_id": t.item_id, "judge": judge.name,
-                          "label": lab})
-            side[f"{judge.name}|{t.item_id}"] = lab
-    return {f"{key}|{r['item_id']}": side[f"{judge.name}|{r['item_id']}"] for r in other}
-
-
-def with_base_nll(lm, turns, items, vec, alpha, positions, system, base, scorer: NllScorer) -> list[SteeredTurn]:
-    """Fill ``nll_base_text``: at alpha 0 the turn is its own base text; steered, score the base turns."""
-    if vec is None:
-        return [replace(t, nll_base_text=t.nll) for t in turns]
-    if base is None:
-        return turns
-    have = [(t, x) for t, x in zip(turns, items) if x.item_id in base]
-    nlls = scorer(probe_prompt_ids(lm, [x for _, x in have], system),
-                  [base_token_ids(lm, base[x.item_id]) for _, x in have], vec, alpha, positions)
-    got = {t.item_id: n for (t, _), n in zip(have, nlls)}
-    return [replace(t, nll_base_text=got.get(t.item_id)) for t in turns]
-
-
-def pin_nll_dtype(out_dir: Path, wanted: str | None, legacy: str | None) -> str | None:
-    """The dtype of the HF model that scores NLLs in ``out_dir``, pinned in ``nll.json`` on first use.
-
-    Why: one table compares NLLs across conditions, and bf16 and fp32 scores of the same text differ by
-    ~0.01 per token (1.5B model), a tenth of the smallest steering effect reported; a resumed run must not
-    mix them. A directory with steered turns but no pin was scored by the run's own model (``legacy``).
-    ``None`` means the model's default dtype.
-    """
-    pin = out_dir / "nll.json"
-    if pin.exists():
-        dt = read_json(pin)["dtype"]
-        if dt != wanted:
-            print(f"note: NLLs in {out_dir} were scored in {dt or 'the default dtype'}; kept for this run")
-        return dt
-    dt = legacy if any(out_dir.rglob("alpha_*.jsonl")) else wanted
-    write_json(pin, {"dtype": dt})
-    return dt
-
-
-def candidate_layers(a, run: Path, n_layers: int) -> list[int]:
+def candidate_layers(a: SteerConfig, run: Path, n_layers: int) -> list[int]:
     """--candidate-layers, else the three best probe layers (AUROC, embeddings excluded), else L/3, L/2, 2L/3."""
     cands = a.candidate_layers
     metrics_path = run / "probes" / "metrics.json"
@@ -399,88 +145,8 @@ def candidate_layers(a, run: Path, n_layers: int) -> list[int]:
     return list(cands or [n_layers // 3, n_layers // 2, 2 * n_layers // 3])
 
 
-def select_md(sel: dict, unit: str, judge_name: str) -> str:
-    ch = sel["chosen"]
-    lines = [f"# Steering setting chosen on train items ({len(sel['items'])} items, judge {judge_name})", "",
-             f"Rule: highest train follow-up rate among settings with degeneration <= {sel['max_degenerate']:g}; "
-             "ties to less degeneration, then smaller |alpha|. alpha in "
-             f"{'x mean residual norm' if unit == 'resid' else 'x raw difference of means'}.", "",
-             f"**Chosen: layer {ch['layer']}, alpha {ch['alpha']:g}**"
-             + ("" if sel["cap_met"] else f" (NO setting met the degeneration cap {sel['max_degenerate']:g}: "
-                                          "this is the least degenerate one, not a working setting)"), "",
-             f"Unsteered on the same train items: follow-up {sel['train_alpha0']['followup_rate']:.3f}, "
-             f"degenerate {sel['train_alpha0']['degenerate_rate']:.3f}", "",
-             "| layer | alpha | resid norm | \\|delta\\| | follow-up [95% CI] | degenerate [95% CI] "
-             "| mean NLL (steered text) |", "|---|---|---|---|---|---|---|"]
-    for r in sel["sweep"]:
-        nll = f"{r['mean_nll']:.2f}" if r["mean_nll"] is not None else "n/a"
-        lines.append(f"| {r['layer']} | {r['alpha']:g} | {fmt(r.get('resid_norm'), '.4g')} "
-                     f"| {fmt(r.get('delta_norm'), '.4g')} | {r['followup_rate']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] "
-                     f"| {r['degenerate_rate']:.3f} [{r['degenerate_ci'][0]:.3f}, {r['degenerate_ci'][1]:.3f}] "
-                     f"| {nll} |")
-    by_layer: dict[tuple[int, float], list[float]] = {}
-    for r in sel.get("skipped", []):
-        by_layer.setdefault((r["layer"], r["broke_at"]), []).append(r["alpha"])
-    if by_layer:
-        lines += ["", "Not run (degeneration past the cap at a smaller alpha on the same layer; "
-                      "`--sweep-past-break` runs them): "
-                  + "; ".join(f"layer {la} alpha {', '.join(f'{x:g}' for x in xs)} (broke at {b:g})"
-                              for (la, b), xs in by_layer.items())]
-    return "\n".join(lines) + "\n"
-
-
-def fmt(x, spec: str = ".2f") -> str:
-    return "n/a" if x is None else format(x, spec)
-
-
-def _est_cells(r: dict, name: str, audited: bool) -> list[str]:
-    """Judge-only (and, audited, corrected) cells of ``r[name + "_judge_only"]`` / ``_corrected``; n/a if absent."""
-    j, c = r.get(f"{name}_judge_only"), r.get(f"{name}_corrected")
-    if j is None:
-        return ["—"] * (2 if audited else 1)
-    return rate_cells(_estimate(j), _estimate(c) if c is not None else None) + (["n/a"] if audited and c is None else [])
-
-
-def _estimate(d: dict) -> Estimate:
-    return Estimate(**{k: (float("nan") if v is None and k in ("point", "lo", "hi") else v) for k, v in d.items()})
-
-
-def results_md(rows: list[dict], header: str, unit: str, audited: bool = False) -> str:
-    u = "x resid norm" if unit == "resid" else "x raw diff-of-means"
-    heads = (rate_headers("genuine follow-up", audited) + rate_headers("difference vs alpha 0 (same items)", audited))
-    lines = [header, "",
-             f"| vector | alpha ({u}) | \\|delta\\| (x resid) | genuine follow-up [95% CI] | vs alpha 0: +/- items, "
-             "McNemar p | degenerate [95% CI] | NLL unsteered text, steered model | NLL steered text, unsteered "
-             "model | task accuracy (vector on) | stock template turns | genuine, template turns not counted | "
-             "labels | " + " | ".join(heads) + " |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(heads)]
-    for r in rows:
-        labs = ", ".join(f"{k} {c}" for k, c in sorted(r["labels"].items(), key=lambda kv: -kv[1]))
-        m = r["mcnemar"]
-        lines.append(
-            f"| {r['kind']} | {r['alpha']:g} | {r['delta_norm']:.4g} ({fmt(r['delta_over_resid'], '.3f')}) "
-            f"| {r['followup_rate']:.3f} [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] "
-            f"| +{m['b']} / -{m['c']}, p={m['p']:.3g} "
-            f"| {r['degenerate_rate']:.3f} [{r['degenerate_ci'][0]:.3f}, {r['degenerate_ci'][1]:.3f}] "
-            f"| {fmt(r['nll_unsteered_text'])} | {fmt(r['mean_nll'])} | {fmt(r['task_accuracy'], '.3f')} "
-            f"| {fmt(r.get('template_rate'), '.3f')} | {fmt(r.get('followup_rate_strict'), '.3f')} | {labs} | "
-            + " | ".join(_est_cells(r, "followup", audited) + _est_cells(r, "diff_vs_alpha0", audited)) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def run_steer(a: SteerConfig) -> int:
-    """Build or reuse the run's stages, choose (layer, alpha) on train items, steer held-out items, write results.
-
-    Args:
-        a: the experiment's settings; ``a.alpha`` is the resolved list of alphas (the command line expands a
-            single resid-unit value into a ladder, :func:`mechprobe.cli.steer.resolve_alphas`).
-
-    Returns:
-        The process exit code (0 on success).
-    """
-    t0 = time.time()
-    alphas = list(a.alpha or [])
-    engine: dict[str, object] = {}  # the steered-generation engine (llama.cpp), loaded below when asked for
+def _resolve(a: SteerConfig) -> tuple[Path, Any, Path, ItemSplit | None]:
+    """The run, its config, the steering directory and the item split; fills ``a``'s ``auto`` choices."""
     run, cfg = resolve_run(a.run, a.model, a.dataset, preset=finding_preset(a.model), new=a.new or a.run is None,
                            engine=a.engine, dtype=a.dtype)
     if a.judge == "auto":  # resolved here, not in ensure_stages: the steered turns need the same judge
@@ -503,19 +169,14 @@ def run_steer(a: SteerConfig) -> int:
                         f"{cfg.dataset}; pass a split of {cfg.dataset} items or --run a {split.dataset} run")
     if a.select_items is None:
         a.select_items = 16 if finding_preset(cfg.model) is None else 32
-    request = requested_setting(a, alphas, split)
-    check_setting(out_dir, request)  # refuse another setting in this steering directory before anything is generated
-    st = Stages(run, cfg)
-    ensure_stages(run, cfg, a.judge, stages=st, include_truncated=a.include_truncated)
-    if a.max_user_tokens is None:
-        a.max_user_tokens = cfg.max_user_tokens
-    elif a.max_user_tokens != cfg.max_user_tokens:
-        print(f"note: --max-user-tokens {a.max_user_tokens} differs from the run's {cfg.max_user_tokens}: alpha 0 "
-              "will not reproduce the run's own turns")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if a.steer_engine == "llamacpp":  # steered generation on llama.cpp (rows together, control vectors)
+    return run, cfg, out_dir, split
 
-        engine["engine"] = load_engine(cfg.model, chat_template=cfg.chat_template)[1]
+
+def _models(a: SteerConfig, st: Stages, cfg: Any, out_dir: Path) -> tuple[Any, NllScorer, Any, object | None]:
+    """The HF model (generation and NLLs), its scorer, the judge and the llama.cpp engine when asked for."""
+    engine = None
+    if a.steer_engine == "llamacpp":  # steered generation on llama.cpp (rows together, control vectors)
+        engine = load_engine(cfg.model, chat_template=cfg.chat_template)[1]
         # The HF model only scores NLLs here, so it need not match the run's dtype: bf16 where native.
         nll_dtype = pin_nll_dtype(out_dir, native_bf16_dtype() or cfg.dtype, legacy=cfg.dtype)
         if nll_dtype == cfg.dtype:
@@ -528,11 +189,15 @@ def run_steer(a: SteerConfig) -> int:
     scorer = NllScorer(lm)
     print(f"NLLs: HF model in {scorer.dtype}")
     judge = make_judge(a.judge, loaded=shared_judge_model(a.judge, lm))  # one copy of the weights per dtype
+    return lm, scorer, judge, engine
 
-    cache = ActivationCache.load(run)
+
+def _train_rows(run: Path, cfg: Any, cache: ActivationCache, split: ItemSplit | None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Cache rows the vectors are built from (train, positive, negative): the run's train rows (hash split), or
+    with a split file every run row not held out by it; refuses fewer than 2 positives with the fix."""
     mask = cache.labeled_mask()
     y = cache.labels("genuine")
-    # Vectors: the run's train rows (hash split), or with a split file every run row not held out by it.
     train_rows = torch.tensor([(i not in split.heldout) if split is not None else split_of(i) == "train"
                                for i in cache.item_ids]) & mask
     pos_rows, neg_rows = train_rows & (y == 1), train_rows & (y == 0)
@@ -543,169 +208,124 @@ def run_steer(a: SteerConfig) -> int:
                         f"--run {run} --limit {2 * len(set(cache.item_ids))}` (more samples per item need a new run: "
                         f"`python experiments/linear_probe.py --run NEW_DIR --new --samples {2 * cfg.samples}`), then re-run "
                         f"this script with that --run")
+    return train_rows, pos_rows, neg_rows
 
-    assistants = [AssistantRecord.from_dict(r) for r in read_jsonl(run / "assistant.jsonl", key="item_id")]
-    by_item = {x.item_id: x for x in assistants}
-    if split is None:
-        train_items = [x for x in assistants if split_of(x.item_id) == "train"]
-        heldout = [x for x in assistants if split_of(x.item_id) == "heldout"][: a.max_heldout]
-    else:
-        wanted = list(split.heldout[: a.max_heldout])
-        if a.select_on_train:
-            wanted += list(split.train[: a.select_items])
-        elif a.layer is None:  # the layer sweep steers every train item
-            wanted += list(split.train)
-        by_item.update(split_answers(split, run, cfg, lm, set(by_item), out_dir, wanted))
-        train_items = [by_item[i] for i in split.train if i in by_item]
-        heldout = [by_item[i] for i in split.heldout if i in by_item][: a.max_heldout]
-        print(f"split {split.name}: {len(train_items)} train items (selection), {len(heldout)} held-out items")
-    cut = truncated_item_ids(by_item[x.item_id] for x in heldout)
-    unit = a.alpha_unit
 
-    def vec_at(layer: int) -> SteeringVector:
-        # The yardstick (resid_norm) is the mean boundary-residual norm of these same train rows.
-        x = cache.resid(layer)
-        return diff_of_means(x[pos_rows], x[neg_rows], layer, weight_hash=cache.meta["identity"]["weight_hash"],
-                             source_run=str(run), position="boundary")
+def _select(s: _Steer, alphas: list[float], n_layers: int) -> tuple[int, list[float], dict[str, Any]]:
+    """(layer, [0, alpha]) chosen on train items only; held-out items are never steered before the choice."""
+    a, unit, out_dir = s.a, s.unit, s.out_dir
+    sel_items = s.items.train[: a.select_items]
+    sel_dir = out_dir / "select"
+    layers = [a.layer] if a.layer is not None else candidate_layers(a, s.run, n_layers)
+    print(f"selecting on {len(sel_items)} train items: layers {layers} x alphas "
+          f"{[x for x in alphas if x != 0]} ({unit} units)")
 
-    def setting_dir(root: Path, layer: int) -> Path:
-        return root / f"L{layer}_{a.positions}_{unit}"
+    def run_setting(items: list, layer: int, alpha: float) -> dict:
+        vec = in_alpha_units(s.vec_at(layer), unit)
+        pin_vector(s.setting_dir(sel_dir, layer) / "vector_diff_means", vec, s.setting_dir(sel_dir, layer))
+        r, _, _ = s.condition(vec, alpha, items, s.setting_dir(sel_dir, layer) / f"alpha_{alpha:g}_diff_means.jsonl")
+        print(f"  train L{layer} alpha {alpha:g}: follow-up {r['followup_rate']:.3f} "
+              f"degenerate {r['degenerate_rate']:.3f}")
+        return {"alpha_unit": unit, "resid_norm": vec.resid_norm, "delta_norm": abs(alpha) * vec.norm,
+                **{k: r[k] for k in ("n", "genuine", "followup_rate", "ci", "degenerate", "degenerate_rate",
+                                     "degenerate_ci", "mean_nll", "labels")}}
 
-    n_layers = cache.meta["n_layers_model"]
-    too_deep = [la for la in [a.layer, *(a.candidate_layers or [])] if la is not None and la > n_layers]
-    if too_deep:
-        raise UserError(f"layers {too_deep} exceed the model's {n_layers} blocks (residual indices 0..{n_layers})")
-    sweep, selection = [], None
-    if a.select_on_train:
-        # (layer, alpha) chosen on train items only; held-out items are never steered before the choice.
-        sel_items = train_items[: a.select_items]
-        sel_dir = out_dir / "select"
-        layers = [a.layer] if a.layer is not None else candidate_layers(a, run, n_layers)
-        print(f"selecting on {len(sel_items)} train items: layers {layers} x alphas "
-              f"{[x for x in alphas if x != 0]} ({unit} units)")
+    selection = select_on_train(run_setting, sel_items, layers, alphas, a.max_degenerate,
+                                stop_at_break=not a.sweep_past_break,
+                                train_ids=set(s.split.train) if s.split is not None else None)
+    base_tr, _, _ = s.condition(None, 0.0, sel_items, sel_dir / "alpha_0_none.jsonl")
+    selection.update(train_alpha0={k: base_tr[k] for k in ("n", "followup_rate", "ci", "degenerate_rate")},
+                     alpha_unit=unit, positions=a.positions, judge=s.judge.name)
+    layer, alphas = selection["chosen"]["layer"], [0.0, selection["chosen"]["alpha"]]
+    write_json(out_dir / "select.json", selection)
+    (out_dir / "select.md").write_text(select_md(selection, unit, s.judge.name))
+    if not selection["cap_met"]:
+        print(f"WARNING: no swept setting kept train degeneration <= {a.max_degenerate:g}; see select.md")
+    print(f"chosen on train: layer {layer}, alpha {alphas[1]:g} (wrote {out_dir}/select.md)")
+    return layer, alphas, selection
 
-        def run_setting(items, layer: int, alpha: float) -> dict:
-            vec = in_alpha_units(vec_at(layer), unit)
-            pin_vector(setting_dir(sel_dir, layer) / "vector_diff_means", vec, setting_dir(sel_dir, layer))
-            r, _, _ = run_condition(lm, judge, vec, alpha, a, items, by_item,
-                                    setting_dir(sel_dir, layer) / f"alpha_{alpha:g}_diff_means.jsonl", cfg.system,
-                                    scorer=scorer, engine=engine.get("engine"))
-            print(f"  train L{layer} alpha {alpha:g}: follow-up {r['followup_rate']:.3f} "
-                  f"degenerate {r['degenerate_rate']:.3f}")
-            return {"alpha_unit": unit, "resid_norm": vec.resid_norm, "delta_norm": abs(alpha) * vec.norm,
-                    **{k: r[k] for k in ("n", "genuine", "followup_rate", "ci", "degenerate", "degenerate_rate",
-                                         "degenerate_ci", "mean_nll", "labels")}}
 
-        selection = select_on_train(run_setting, sel_items, layers, alphas, a.max_degenerate,
-                                    stop_at_break=not a.sweep_past_break,
-                                    train_ids=set(split.train) if split is not None else None)
-        base_tr, _, _ = run_condition(lm, judge, None, 0.0, a, sel_items, by_item, sel_dir / "alpha_0_none.jsonl",
-                                      cfg.system, scorer=scorer, engine=engine.get("engine"))
-        selection.update(train_alpha0={k: base_tr[k] for k in ("n", "followup_rate", "ci", "degenerate_rate")},
-                         alpha_unit=unit, positions=a.positions, judge=judge.name)
-        layer, alphas = selection["chosen"]["layer"], [0.0, selection["chosen"]["alpha"]]
-        write_json(out_dir / "select.json", selection)
-        (out_dir / "select.md").write_text(select_md(selection, unit, judge.name))
-        if not selection["cap_met"]:
-            print(f"WARNING: no swept setting kept train degeneration <= {a.max_degenerate:g}; see select.md")
-        print(f"chosen on train: layer {layer}, alpha {alphas[1]:g} (wrote {out_dir}/select.md)")
-    elif a.layer is not None:
-        layer = a.layer
-    else:
-        # Layer choice on train items only, at the largest alpha.
-        alpha_sel = max(alphas, key=abs)
-        for cand in candidate_layers(a, run, n_layers):
-            v = in_alpha_units(vec_at(cand), unit)
-            turns = steered_user_turns(lm, train_items, v, alpha_sel, a.positions, a.max_user_tokens,
-                                       system=cfg.system, engine=engine.get("engine"), nll=scorer)
-            key = f"sweep|L{cand}"
-            s = summarize(turns, judge_turns(judge, turns, by_item, key), key,
-                          set() if a.include_truncated else truncated_item_ids(by_item[t.item_id] for t in turns))
-            sweep.append({"layer": cand, "alpha": alpha_sel, **s})
-            print(f"  train sweep layer {cand} alpha {alpha_sel:g}: follow-up {s['followup_rate']:.3f} "
-                  f"degenerate {s['degenerate_rate']:.3f}")
-        layer = max(sweep, key=lambda r: (r["followup_rate"], -r["degenerate_rate"]))["layer"]
-    raw = vec_at(layer)
-    resid_norm = raw.resid_norm
-    v = in_alpha_units(raw, unit)
-    pin_vector(out_dir / f"vector_L{layer}_diff_means", v, setting_dir(out_dir, layer))  # in alpha units: bake(v, alpha) adds what steering added
-    print(raw.describe())
+def _layer_sweep(s: _Steer, alphas: list[float], n_layers: int) -> tuple[int, list[dict[str, Any]]]:
+    """Layer choice on train items only, at the largest alpha (``--no-select-on-train`` without ``--layer``)."""
+    a = s.a
+    by_item = s.items.by_item
+    alpha_sel = max(alphas, key=abs)
+    sweep = []
+    for cand in candidate_layers(a, s.run, n_layers):
+        v = in_alpha_units(s.vec_at(cand), s.unit)
+        turns = steered_user_turns(s.lm, s.items.train, v, alpha_sel, a.positions, a.max_user_tokens,
+                                   system=s.cfg.system, engine=s.engine, nll=s.scorer)
+        key = f"sweep|L{cand}"
+        r = summarize(turns, judge_turns(s.judge, turns, by_item, key), key,
+                      set() if a.include_truncated else truncated_item_ids(by_item[t.item_id] for t in turns))
+        sweep.append({"layer": cand, "alpha": alpha_sel, **r})
+        print(f"  train sweep layer {cand} alpha {alpha_sel:g}: follow-up {r['followup_rate']:.3f} "
+              f"degenerate {r['degenerate_rate']:.3f}")
+    return max(sweep, key=lambda r: (r["followup_rate"], -r["degenerate_rate"]))["layer"], sweep
 
+
+def _vectors(s: _Steer, raw: SteeringVector, layer: int) -> list[SteeringVector]:
+    """Every asked-for kind at ``layer``, in alpha units: the vector and its controls."""
+    a, unit = s.a, s.unit
     kinds = a.kinds.split(",")
     vectors: list[SteeringVector] = []
     if "diff_means" in kinds:
-        vectors.append(v)
+        vectors.append(in_alpha_units(raw, unit))
     if "random" in kinds:
         vectors.append(in_alpha_units(raw.random_like(a.seed), unit))
     if "negative" in kinds:
         vectors.append(in_alpha_units(raw.negated(), unit))
     if "probe" in kinds:
-        vectors.append(in_alpha_units(from_direction(train_probe_direction(cache, layer, train_rows, a.seed), raw,
-                                                     kind="probe"), unit))
+        vectors.append(in_alpha_units(from_direction(train_probe_direction(s.cache, layer, s.train_rows, a.seed),
+                                                     raw, kind="probe"), unit))
+    return vectors
 
-    # The setting is frozen before any held-out item is steered: setting.json is written on the first run and
-    # checked on every later one, so held-out numbers in this directory come from one setting only.
-    frozen = freeze_setting(out_dir, {**request, "layer": layer, "alphas": sorted({float(x) for x in alphas})})
-    print(f"setting frozen in {out_dir / SETTING_FILE} (sha256 {frozen[:12]})")
+
+def _heldout(s: _Steer, vectors: list[SteeringVector], raw: SteeringVector, layer: int, alphas: list[float],
+             audit: AuditTruth | None) -> tuple[list[dict[str, Any]], int]:
+    """Alpha 0 and every (kind, nonzero alpha) on the held-out items: one annotated row each, and the number of
+    items scored for task accuracy."""
+    a, out_dir, heldout = s.a, s.out_dir, s.items.heldout
     base_path = out_dir / "alpha_0_none.jsonl"
-    base, base_turns, base_g = run_condition(lm, judge, None, 0.0, a, heldout, by_item, base_path,
-                                             cfg.system, scorer=scorer, engine=engine.get("engine"))
+    base, base_turns, base_g = s.condition(None, 0.0, heldout, base_path)
     base_by_item = {t.item_id: t for t in base_turns}
-    acc_store = JsonlStore(out_dir / "accuracy.jsonl", key="cond")
-    acc_done = {r["cond"]: r["accuracy"] for r in read_jsonl(out_dir / "accuracy.jsonl", key="cond")}
-    n_acc = min(len(heldout), a.acc_items)
+    acc = TaskAccuracy(s.lm, out_dir / "accuracy.jsonl", heldout[: min(len(heldout), a.acc_items)], layer, s.unit,
+                       a, s.cfg, s.engine)
 
-    def accuracy(vec: SteeringVector | None, alpha: float) -> float | None:
-        if a.no_assistant_check or (vec is not None and vec.kind not in a.acc_kinds.split(",") and alpha != 0):
-            return None
-        steered = vec is not None and alpha != 0
-        cond = (f"{vec.kind}|L{layer}|{unit}|a{alpha:g}|seed{a.seed}|n{n_acc}" if steered else f"none|n{n_acc}")
-        if cond not in acc_done:
-            acc_done[cond] = assistant_accuracy(lm, heldout[:n_acc], vec if steered else None, alpha,
-                                                cfg.max_assistant_tokens, system=cfg.system,
-                                                engine=engine.get("engine"))
-            acc_store.append({"cond": cond, "accuracy": acc_done[cond], "n_items": n_acc})
-        return acc_done[cond]
-
-    audit = audit_truth(run) if out_dir.resolve().parent == run.resolve() else None
-
-    def annotate(r: dict, vec: SteeringVector, alpha: float, g: dict[str, bool], path: Path) -> dict:
-        dn = abs(alpha) * vec.norm
-        return {**r, "kind": vec.kind, "layer": layer, "alpha_unit": unit, "resid_norm": resid_norm,
-                "delta_norm": dn, "delta_over_resid": dn / resid_norm if resid_norm else None,
-                "raw_alpha_equiv": dn / raw.norm if raw.norm else None,
-                "mcnemar": paired_vs_base(g, base_g), "task_accuracy": accuracy(vec, alpha),
-                **audited_columns(run, audit, path, g, base_path, base_g, a.seed)}
+    def row(r: dict, vec: SteeringVector, alpha: float, g: dict[str, bool], path: Path) -> dict:
+        return heldout_row(r, vec, alpha, layer=layer, unit=s.unit, raw=raw, mcnemar=paired_vs_base(g, base_g),
+                           task_accuracy=acc(vec, alpha), run=s.run, audit=audit, path=path, g=g,
+                           base_path=base_path, base_g=base_g, seed=a.seed)
 
     rows = []
     for vec in vectors:
-        rows.append(annotate(base, vec, 0.0, base_g, base_path))
+        rows.append(row(base, vec, 0.0, base_g, base_path))
         for alpha in sorted(set(alphas) - {0.0}):
-            path = setting_dir(out_dir, layer) / f"alpha_{alpha:g}_{vec.kind}.jsonl"
-            r, _, g = run_condition(lm, judge, vec, alpha, a, heldout, by_item, path, cfg.system,
-                                    base=base_by_item, scorer=scorer, engine=engine.get("engine"))
-            rows.append(annotate(r, vec, alpha, g, path))
-    header = (f"layer {layer}, positions {a.positions}, {len(heldout)} held-out items, judge {judge.name}, alpha unit "
-              f"{unit} (mean boundary residual norm {resid_norm:.4g} on train rows); {raw.describe()}"
-              + (f"; (layer, alpha) chosen on {len(selection['items'])} train items (select.md)" if selection else "")
-              + (f"; items of split {split.name} ({split.display_path})" if split is not None else "; hash split of the run's items")
-              + f"\n\n{truncation_note(len(cut), len(heldout), a.include_truncated)}"
-              + ("" if a.include_truncated else " (their user turns are left out of every rate and paired test)")
-              + (f"; corrected = audit {audit.sample_id} ({len(audit)} audited turns, labellers "
-                 f"{', '.join(audit.labellers)}), PPI++ via mechprobe.audit" if audit is not None
-                 else "; no audit labels for this steering directory: judge only")
-              + f"; NLLs by the HF model in {scorer.dtype}"
-              + f"\n\ntask accuracy: assistant turn with the vector on at every position, first {n_acc} held-out "
-                "items; McNemar: paired exact test vs alpha 0 on the same items (+ genuine only when steered, "
-                "- genuine only unsteered)")
-    table = results_md(rows, header, unit, audited=audit is not None)
+            path = s.setting_dir(out_dir, layer) / f"alpha_{alpha:g}_{vec.kind}.jsonl"
+            r, _, g = s.condition(vec, alpha, heldout, path, base=base_by_item)
+            rows.append(row(r, vec, alpha, g, path))
+    return rows, acc.n_items
+
+
+def _write_results(s: _Steer, *, layer: int, alphas: list[float], raw: SteeringVector, v: SteeringVector,
+                   rows: list[dict], sweep: list[dict], selection: dict | None, n_acc: int, audit: AuditTruth | None,
+                   frozen: str, t0: float) -> SteerResult:
+    """results.md, results.json and the figure."""
+    a, out_dir, split, heldout = s.a, s.out_dir, s.split, s.items.heldout
+    cut = truncated_item_ids(s.items.by_item[x.item_id] for x in heldout)
+    header = results_header(layer=layer, positions=a.positions, n_heldout=len(heldout), judge=s.judge.name,
+                            unit=s.unit, resid_norm=raw.resid_norm, vector=raw.describe(),
+                            n_selection=len(selection["items"]) if selection else None, split=split, n_cut=len(cut),
+                            include_truncated=a.include_truncated, audit=audit, nll_dtype=s.scorer.dtype,
+                            n_acc=n_acc)
+    table = results_md(rows, header, s.unit, audited=audit is not None)
     (out_dir / "results.md").write_text(table)
-    write_json(out_dir / "results.json", {"layer": layer, "positions": a.positions, "alpha_unit": unit,
-                                          "resid_norm": resid_norm, "alphas": sorted(set(alphas)),
+    write_json(out_dir / "results.json", {"layer": layer, "positions": a.positions, "alpha_unit": s.unit,
+                                          "resid_norm": raw.resid_norm, "alphas": sorted(set(alphas)),
                                           "vector": raw.describe(), "vector_meta": v.meta, "sweep_train": sweep,
                                           "selection": selection, "heldout": rows,
                                           "assistant_accuracy_items": None if a.no_assistant_check else n_acc,
-                                          "judge": judge.name, "nll_dtype": scorer.dtype,
+                                          "judge": s.judge.name, "nll_dtype": s.scorer.dtype,
                                           "split": {"file": split.display_path, "sha256": split.sha256} if split else None,
                                           "setting_sha256": frozen,
                                           "truncated": {"n": len(cut), "of": len(heldout),
@@ -713,30 +333,82 @@ def run_steer(a: SteerConfig) -> int:
                                           "audit": {"sample_id": audit.sample_id, "n_audited": len(audit),
                                                     "labellers": list(audit.labellers)} if audit else None,
                                           "seconds": round(time.time() - t0, 1)})
-    xlabel = ("alpha (x mean residual norm at the layer; equal |delta| for every kind)" if unit == "resid"
+    xlabel = ("alpha (x mean residual norm at the layer; equal |delta| for every kind)" if s.unit == "resid"
               else "alpha (multiplies the raw difference-of-means vector)")
-    fig = plot_steering(rows, figures_dir(a.figures, run) / f"steer_{run.name}.png",
-                        f"{cfg.model} · layer {layer} · {a.positions} · {len(heldout)} held-out items", xlabel=xlabel)
-    print("\n" + table + f"\nwrote {out_dir}/results.md, results.json and {fig}")
-    return 0
+    title = steering_title(s.cfg.model, s.judge.name, len(heldout), layer, a.positions)
+    fig = plot_steering(rows, figures_dir(a.figures, s.run) / f"steer_{s.run.name}.png", title, xlabel=xlabel)
+    return SteerResult(out_dir, layer, sorted(set(alphas)), rows, table, fig, selection)
 
 
-# Default alphas per unit. In resid units a ladder from a gentle 5% of the residual norm up to 80% (where
-# small models' text usually breaks), so one run shows the rate rise or the text break; in raw units the
-# CAA convention's customary single push.
-DEFAULT_ALPHAS = {"resid": [0.0, 0.05, 0.1, 0.2, 0.4, 0.8], "raw": [4.0]}
+def _steer(a: SteerConfig, run: Path, cfg: Any, out_dir: Path, split: ItemSplit | None, st: Stages,
+           alphas: list[float], request: dict[str, Any], t0: float) -> SteerResult:
+    """The steer stage proper (the caller holds the steering directory's writer lock)."""
+    lm, scorer, judge, engine = _models(a, st, cfg, out_dir)
+    cache = ActivationCache.load(run)
+    rows = _train_rows(run, cfg, cache, split)
+    s = _Steer(a, run, cfg, out_dir, split, lm, judge, scorer, engine, cache, *rows,
+               steer_items(a, run, cfg, lm, split, out_dir))
+    n_layers = cache.meta["n_layers_model"]
+    too_deep = [la for la in [a.layer, *(a.candidate_layers or [])] if la is not None and la > n_layers]
+    if too_deep:
+        raise UserError(f"layers {too_deep} exceed the model's {n_layers} blocks (residual indices 0..{n_layers})")
+    sweep: list[dict[str, Any]] = []
+    selection = None
+    if a.select_on_train:
+        layer, alphas, selection = _select(s, alphas, n_layers)
+    elif a.layer is not None:
+        layer = a.layer
+    else:
+        layer, sweep = _layer_sweep(s, alphas, n_layers)
+    raw = s.vec_at(layer)
+    v = in_alpha_units(raw, s.unit)
+    # In alpha units: bake(v, alpha) adds what steering added.
+    pin_vector(out_dir / f"vector_L{layer}_diff_means", v, s.setting_dir(out_dir, layer))
+    print(raw.describe())
+    vectors = _vectors(s, raw, layer)
+    # The setting is frozen before any held-out item is steered: setting.json is written on the first run and
+    # checked on every later one, so held-out numbers in this directory come from one setting only.
+    frozen = freeze_setting(out_dir, {**request, "layer": layer, "alphas": sorted({float(x) for x in alphas})})
+    print(f"setting frozen in {out_dir / SETTING_FILE} (sha256 {frozen[:12]})")
+    audit = audit_truth(run) if out_dir.resolve().parent == run.resolve() else None
+    rows, n_acc = _heldout(s, vectors, raw, layer, alphas, audit)
+    return _write_results(s, layer=layer, alphas=alphas, raw=raw, v=v, rows=rows, sweep=sweep, selection=selection,
+                          n_acc=n_acc, audit=audit, frozen=frozen, t0=t0)
 
 
-def resid_ladder(end: float) -> list[float]:
-    """The default resid ladder cut at ``end``, extended by doublings up to it, ending exactly at ``end``.
+def steer_experiment(a: SteerConfig) -> SteerResult:
+    """Build or reuse the run's stages, choose (layer, alpha) on train items, steer held-out items, write results.
 
-    Why: ``--alpha 4`` used to mean 4 class gaps (CAA); in resid units it is a push four times the size of
-    the residual itself, which breaks the text. Run alone it would say only "broken"; as the end of a
-    ladder it shows where the follow-up rate rises (if it does) and where the text breaks.
+    Args:
+        a: the experiment's settings; ``a.alpha`` is the resolved list of alphas (the command line expands a
+            single resid-unit value into a ladder, :func:`mechprobe.cli.steer.resolve_alphas`).
+
+    Returns:
+        The held-out rows, the table and the files written (the command prints :meth:`SteerResult.summary`).
+
+    Raises:
+        UserError: among others when another process is steering into the same directory (its writer lock).
     """
-    if end <= 0:
-        raise UserError(f"a single --alpha in resid units is the end of the sweep and must be > 0, got {end:g}")
-    ladder = [x for x in DEFAULT_ALPHAS["resid"] if x < end]
-    while ladder[-1] * 2 < end and ladder[-1] > 0:
-        ladder.append(round(ladder[-1] * 2, 6))
-    return ladder + [end]
+    t0 = time.time()
+    alphas = list(a.alpha or [])
+    run, cfg, out_dir, split = _resolve(a)
+    request = requested_setting(a, alphas, split)
+    check_setting(out_dir, request)  # refuse another setting in this steering directory before anything is generated
+    st = Stages(run, cfg)
+    ensure_stages(run, cfg, a.judge, stages=st, include_truncated=a.include_truncated)
+    if a.max_user_tokens is None:
+        a.max_user_tokens = cfg.max_user_tokens
+    elif a.max_user_tokens != cfg.max_user_tokens:
+        print(f"note: --max-user-tokens {a.max_user_tokens} differs from the run's {cfg.max_user_tokens}: alpha 0 "
+              "will not reproduce the run's own turns")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Two steer commands on one directory would each skip the rows *they* saw at start and both append.
+    with writer_lock(out_dir, remove=True):
+        return _steer(a, run, cfg, out_dir, split, st, alphas, request, t0)
+
+
+def run_steer(a: SteerConfig) -> int:
+    """:func:`steer_experiment`, printing its summary as the command does; returns the exit code (0)."""
+    res = steer_experiment(a)
+    print(res.summary())
+    return res.exit_code
