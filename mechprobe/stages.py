@@ -154,7 +154,7 @@ def finding_engine(model: str) -> dict[str, str]:
     """Generation engine (and dtype) for a finding-sized run of ``model`` on this machine.
 
     llama.cpp when it is installed, no GPU is visible and ``model`` is a GGUF (embedded name or .gguf file): the
-    engine of the documented 1.5B findings (docs/results.md; their turns came partly from an older sampler, so
+    engine of the documented 1.5B findings (docs/findings_appendix.md; their turns came partly from an older sampler, so
     not token for token), at half the memory of bf16 HF (benchmarks/README.md: 2.7 vs 5.2 GB peak, 1.5B). It is
     not the fastest there: bf16 HF with automatic batches decoded 39 vs 24 tok/s in bench_speed.py (8 items), so
     pass ``--engine hf --dtype bfloat16`` for speed. Else HF, in bf16 on CPUs with native bf16 matmuls.

@@ -111,7 +111,7 @@ def test_steer2_fixture_is_well_formed_blind_and_paired():
 
 
 def test_steer2_hand_labels_table_reproduces_the_documented_counts():
-    """The numbers docs/results.md quotes for the hybrid2-selected setting come from this fixture and this code."""
+    """The numbers docs/findings_appendix.md quotes for the hybrid2-selected setting come from this fixture and this code."""
     from mechprobe.steering.evaluate import hand_label_table
 
     t = {(r["labels"], r["condition"]): r for r in hand_label_table(_rows(STEER2_FILE),

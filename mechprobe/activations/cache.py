@@ -170,6 +170,8 @@ class ActivationCache:
         record_ids: row order (``user_turns.jsonl`` order); ``item_ids``: the source item of each row, the
             groups for grouped cross-validation.
         layers: cached residual indices; ``positions``: cached positions; ``d_model``; ``n_layers_model``.
+        model_name: the model named in the manifest (``load_model(cache.model_name)`` loads it);
+            ``weight_hash``: the hash of its weights.
 
     Example:
         >>> from mechprobe import ActivationCache
@@ -279,6 +281,20 @@ class ActivationCache:
         return list(self.meta["positions"])
 
     @property
+    def model_name(self) -> str | None:
+        """The model the activations came from, as the manifest names it (embedded name, hub id or path).
+
+        Why: a probe or steering vector fitted on this cache only means something for that model;
+        ``load_model(cache.model_name)`` loads it (None when the manifest names none).
+        """
+        return self.meta.get("model") or self.meta.get("identity", {}).get("model")
+
+    @property
+    def weight_hash(self) -> str | None:
+        """sha256 of the weights the activations came from; steering refuses a model with other weights."""
+        return self.meta.get("identity", {}).get("weight_hash")
+
+    @property
     def n_layers_model(self) -> int:
         return int(self.meta["n_layers_model"])
 
@@ -290,7 +306,7 @@ class ActivationCache:
         return len(self.meta["record_ids"])
 
     def __repr__(self) -> str:
-        return (f"ActivationCache({len(self)} records, model={self.meta['model']!r}, layers {self.layers[0]}.."
+        return (f"ActivationCache({len(self)} records, model={self.model_name!r}, layers {self.layers[0]}.."
                 f"{self.layers[-1]}, positions={self.positions}, dtype={self.meta['dtype']}, path={str(self.path)!r})")
 
     def _position(self, position: str) -> torch.Tensor:
@@ -347,16 +363,39 @@ class ActivationCache:
             return [None if r is None or r.genuine is None else r.label for r in recs]
         raise ValueError(f"field must be 'genuine' or 'label', got {field!r}")
 
+    def _own_labels(self, labels: Any) -> torch.Tensor:
+        """Caller-given labels as a float tensor of 1/0/NaN aligned with the rows (checked)."""
+        vals = [float("nan") if v is None else float(v) for v in
+                (labels.tolist() if isinstance(labels, torch.Tensor | np.ndarray) else list(labels))]
+        if len(vals) != len(self):
+            raise UsageError(f"labels has {len(vals)} entries but the cache has {len(self)} rows: pass one label per "
+                             "row, in cache.record_ids order (NaN or None for rows to leave out)")
+        y = torch.tensor(vals, dtype=torch.float32)
+        bad = ~torch.isnan(y) & (y != 0) & (y != 1)
+        if bad.any():
+            raise UsageError(f"labels must be 1/True (genuine follow-up), 0/False or NaN/None; row "
+                             f"{int(bad.nonzero()[0])} is {vals[int(bad.nonzero()[0])]}")
+        return y
+
     def labeled_mask(self, labels_file: str = "labels.jsonl") -> torch.Tensor:
         """Bool ``[n_records]``: True where the row has a usable genuine/not-genuine verdict."""
         return ~torch.isnan(self.labels("genuine", labels_file))
 
-    def dataset(self, layer: int, position: str = "boundary", labels_file: str = "labels.jsonl") -> LabeledData:
-        """Labelled rows only, ready for a grouped-CV probe: ``X, y, groups, record_ids = cache.dataset(12)``."""
-        y = self.labels("genuine", labels_file)
+    def dataset(self, layer: int, position: str = "boundary", labels_file: str = "labels.jsonl",
+                labels: Sequence[float | bool | None] | np.ndarray | torch.Tensor | None = None) -> LabeledData:
+        """Labelled rows only, ready for a grouped-CV probe: ``X, y, groups, record_ids = cache.dataset(12)``.
+
+        ``labels`` replaces the judge's labels with your own, one per row in :attr:`record_ids` order: 1/True
+        for a genuine follow-up, 0/False for not, NaN/None to leave the row out.
+        """
+        if layer not in self.meta["layers"]:
+            raise UsageError(f"layer {layer} is not cached here (cached residual indices: {self.layers}); re-cache "
+                             f"with `mechprobe cache {self.path.parent} --layers ...` into a fresh directory")
+        y = self.labels("genuine", labels_file) if labels is None else self._own_labels(labels)
         keep = ~torch.isnan(y)
         if not keep.any():
-            raise UsageError(f"no usable labels in {self.path.parent / labels_file} (all unjudged or judge_error)")
+            where = "the labels passed" if labels is not None else str(self.path.parent / labels_file)
+            raise UsageError(f"no usable labels in {where} (all unjudged, judge_error or NaN)")
         idx = keep.nonzero().flatten().tolist()
         return LabeledData(X=self.resid(layer, position)[keep], y=y[keep].long(),
                            groups=[self.item_ids[i] for i in idx], record_ids=[self.record_ids[i] for i in idx])

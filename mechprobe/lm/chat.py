@@ -301,6 +301,21 @@ def stop_token_ids(tokenizer: Any, model: Any = None) -> dict[int, str]:
 
     The user end-of-turn token (``end_of_turn``) plus the tokenizer's and generation config's EOS
     ids (``eos``) — a model that ends its text with EOS instead of the user end-of-turn is visible.
+    These are the stops of a *user* turn, what a probe prompt needs;
+    :func:`mechprobe.lm.generation.generate` uses them by default for a ``LoadedModel``.
+
+    Args:
+        tokenizer: an HF tokenizer with a chat template.
+        model: the HF model, whose ``generation_config`` may name more EOS ids; None (default) = none.
+
+    Returns:
+        ``{token_id: "end_of_turn" | "eos"}``, the format :func:`~mechprobe.lm.generation.generate` takes.
+
+    Example:
+        >>> from mechprobe import load_model, stop_token_ids
+        >>> lm = load_model("smollm2-135m-instruct")                     # doctest: +SKIP
+        >>> stop_token_ids(lm.tokenizer, lm.model)                       # doctest: +SKIP
+        {2: 'end_of_turn'}
     """
     out: dict[int, str] = {}
     eos: list[int] = []

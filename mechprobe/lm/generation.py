@@ -21,15 +21,31 @@ from typing import Any
 
 import torch
 
-from mechprobe.lm.models import kv_kw, out_cache
+from mechprobe.errors import UsageError
+from mechprobe.lm.chat import ProbePrompt, stop_token_ids, tokenize_rendered
+from mechprobe.lm.models import LoadedModel, kv_kw, out_cache
 
 
 @dataclass
 class Generation:
-    """One decoded continuation. ``token_ids`` include the stop token when there was one."""
+    """One decoded continuation, as :func:`generate` returns it.
+
+    Attributes:
+        token_ids: the new tokens, the stop token included when there was one.
+        stop_reason: ``"end_of_turn"``, ``"eos"`` or ``"max_tokens"``.
+        text: the cleaned text (no special tokens, no stop token) when :func:`generate` knew the tokenizer
+            (it was given a :class:`~mechprobe.lm.models.LoadedModel`), else None.
+
+    Example:
+        >>> from mechprobe import Generation
+        >>> g = Generation(token_ids=[42, 2], stop_reason="end_of_turn", text="Why 84?")
+        >>> g.stop_reason, g.text
+        ('end_of_turn', 'Why 84?')
+    """
 
     token_ids: list[int]
     stop_reason: str  # "end_of_turn" | "eos" | "max_tokens"
+    text: str | None = None
 
 
 def input_device(model: Any) -> torch.device:
@@ -67,20 +83,23 @@ def _make_generators(seeds: Sequence[int | None], device: torch.device) -> list[
 @torch.inference_mode()
 def generate(
     model: Any,
-    prompts: Sequence[Sequence[int]],
+    prompts: Sequence[Sequence[int] | ProbePrompt | str],
     *,
-    stop_ids: dict[int, str],
+    stop_ids: dict[int, str] | None = None,
     max_new_tokens: int = 128,
     temperatures: float | Sequence[float] = 0.0,
     seeds: Sequence[int | None] | None = None,
-    pad_id: int = 0,
+    pad_id: int | None = None,
     top_p: float = 1.0,
     share_prefill: bool = True,
     drop_finished: bool = True,
 ) -> list[Generation]:
     """Decode a batch of prompts; temperature 0 is greedy (argmax), >0 samples with the row's seed.
 
-    ``stop_ids`` maps token id -> stop reason (see :func:`mechprobe.lm.chat.stop_token_ids`).
+    ``stop_ids`` maps token id -> stop reason. Given a :class:`~mechprobe.lm.models.LoadedModel`, it
+    defaults to :func:`mechprobe.lm.chat.stop_token_ids` of the model's chat template: the token that ends a
+    *user* turn plus the EOS ids, what a probe prompt (which ends at the user-role header) needs. The pad id
+    then defaults to the tokenizer's, and each result carries its decoded ``text``.
 
     ``share_prefill``: rows with identical prompts (the greedy turn and the k samples of one item) are
     prefilled once and their KV cache rows copied, because on CPU the prompt's forward pass costs more
@@ -96,26 +115,33 @@ def generate(
     see one prefill call, whose last position is the boundary in every row, then one call per new token.
 
     Args:
-        model: an HF causal LM (``nn.Module``, not a ``LoadedModel``); inputs go to its embedding's device.
-        prompts: token-id lists, one per row (non-empty; left-padded with ``pad_id`` here).
+        model: a :class:`~mechprobe.lm.models.LoadedModel` or an HF causal LM (``nn.Module``); inputs go to its
+            embedding's device.
+        prompts: one per row (non-empty; left-padded here): token-id lists, :class:`~mechprobe.lm.chat.ProbePrompt`
+            (from :func:`~mechprobe.lm.chat.build_probe_prompt`), or, with a ``LoadedModel``, already rendered
+            text (tokenised as it stands).
         stop_ids: token id -> stop reason; a row stops after emitting one of them (the token is kept).
-            ``{}`` decodes exactly ``max_new_tokens`` tokens.
+            ``{}`` decodes exactly ``max_new_tokens`` tokens. None (default): the chat template's user-turn stops
+            (needs a ``LoadedModel``).
         max_new_tokens: cap on new tokens per row (default 128); a row that hits it gets ``"max_tokens"``.
         temperatures: one float for all rows or one per row; 0.0 (default) = greedy argmax.
         seeds: one seed per row (None = no generator); every row with temperature > 0 needs one.
             None (default) = no seeds, only valid for greedy rows.
-        pad_id: id used for left padding (default 0; masked out, so its value does not matter).
+        pad_id: id used for left padding (masked out, so its value does not matter); None (default) = the
+            tokenizer's pad id with a ``LoadedModel``, else 0.
         top_p: nucleus sampling mass for sampled rows (default 1.0 = off).
         share_prefill: prefill identical prompts once and copy their KV rows (default True; same outputs).
         drop_finished: drop finished rows from the batch (default True; same outputs).
 
     Returns:
-        ``list[Generation]`` in prompt order: ``token_ids`` (new tokens, the stop token included) and
-        ``stop_reason`` (the ``stop_ids`` value of the stop token, or ``"max_tokens"``).
+        ``list[Generation]`` in prompt order: ``token_ids`` (new tokens, the stop token included),
+        ``stop_reason`` (the ``stop_ids`` value of the stop token, or ``"max_tokens"``) and, with a
+        ``LoadedModel``, ``text`` (special tokens and the stop token removed).
 
     Raises:
         ValueError: a temperature count that differs from the prompt count, a sampled row without a seed,
             or an empty prompt.
+        UsageError: ``stop_ids=None`` or a text prompt without a ``LoadedModel`` (no tokenizer to ask).
 
     Example:
         >>> from mechprobe import generate, tiny_model
@@ -130,9 +156,24 @@ def generate(
         ...                 temperatures=[0.0, 1.0], seeds=[None, 7])
         >>> [len(g.token_ids) for g in gens]
         [4, 4]
+        >>> from mechprobe import build_probe_prompt, load_model
+        >>> lm = load_model("smollm2-135m-instruct")                                    # doctest: +SKIP
+        >>> pp = build_probe_prompt(lm.tokenizer, "What is 12 * 7?", "12 * 7 = 84.")     # doctest: +SKIP
+        >>> generate(lm, [pp], max_new_tokens=32)[0].text  # the model's next *user* turn  # doctest: +SKIP
     """
     from transformers import DynamicCache
 
+    tok = None
+    if isinstance(model, LoadedModel):
+        model, tok = model.model, model.tokenizer
+    prompts = [_prompt_ids(p, tok) for p in prompts]
+    if stop_ids is None:
+        if tok is None:
+            raise UsageError("generate() needs stop_ids= for a bare nn.Module; pass a LoadedModel (load_model) to "
+                             "take the stop tokens from its chat template")
+        stop_ids = stop_token_ids(tok, model)
+    if pad_id is None:
+        pad_id = int(tok.pad_token_id) if tok is not None and tok.pad_token_id is not None else 0
     b = len(prompts)
     temps = [float(temperatures)] * b if isinstance(temperatures, int | float) else [float(t) for t in temperatures]
     if len(temps) != b:
@@ -192,7 +233,22 @@ def generate(
         step_ids = nxt[:, None]
         step_pos = step_pos[:, -1:] + 1
         mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=dev)], dim=1)
-    return [Generation(token_ids=out_tokens[i], stop_reason=reasons[i] or "max_tokens") for i in range(b)]
+    gens_out = [Generation(token_ids=out_tokens[i], stop_reason=reasons[i] or "max_tokens") for i in range(b)]
+    if tok is not None:
+        for g in gens_out:
+            g.text = decode(tok, g)[1]
+    return gens_out
+
+
+def _prompt_ids(p: Sequence[int] | ProbePrompt | str, tokenizer: Any) -> list[int]:
+    """Token ids of one prompt given as ids, a :class:`ProbePrompt` or (with a tokenizer) rendered text."""
+    if isinstance(p, ProbePrompt):
+        return list(p.input_ids)
+    if isinstance(p, str):
+        if tokenizer is None:
+            raise UsageError("a text prompt needs a LoadedModel (its tokenizer); pass token ids for a bare nn.Module")
+        return tokenize_rendered(tokenizer, p)[0]
+    return [int(t) for t in p]
 
 
 def _top_p(probs: torch.Tensor, p: float) -> torch.Tensor:

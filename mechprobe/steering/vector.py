@@ -51,7 +51,9 @@ import torch
 from torch import nn
 
 from mechprobe.activations.backends import _blocks_path
+from mechprobe.activations.cache import ActivationCache
 from mechprobe.errors import MissingInput, UsageError
+from mechprobe.linear.linear_probe import LinearProbe
 from mechprobe.lm.generation import input_device, left_pad
 from mechprobe.lm.models import get_blocks
 
@@ -94,6 +96,15 @@ class SteeringVector:
         ('negative', [-1.0, -1.0, -1.0, -1.0])
         >>> v.save("runs/smol-gsm8k/vectors/layer2")                        # doctest: +SKIP
         >>> SteeringVector.load("runs/smol-gsm8k/vectors/layer2")           # doctest: +SKIP
+
+        The research loop (cache -> probe -> vector -> steered generation; alpha in residual-norm units):
+
+        >>> from mechprobe import ActivationCache, fit_probe, generate, load_model
+        >>> cache = ActivationCache.load("runs/smol-gsm8k")                 # doctest: +SKIP
+        >>> vec = SteeringVector.from_probe(fit_probe(cache, layer=12))     # doctest: +SKIP
+        >>> lm = load_model(cache.model_name)                               # doctest: +SKIP
+        >>> with vec.apply(lm, alpha=0.2):   # adds 0.2 x the mean residual norm  # doctest: +SKIP
+        ...     turns = generate(lm, prompts)                               # doctest: +SKIP
     """
 
     vector: torch.Tensor
@@ -173,6 +184,57 @@ class SteeringVector:
         """See :func:`random_like`."""
         return random_like(self, seed, orthogonal)
 
+    @classmethod
+    def from_probe(cls, probe: LinearProbe, norm: float | None = None) -> SteeringVector:
+        """A ``"probe"`` vector along a :class:`~mechprobe.linear.linear_probe.LinearProbe`'s direction.
+
+        Its norm defaults to the class gap (the difference-of-means norm) of the rows the probe was fitted on,
+        the convention that puts every vector kind on one raw scale (:func:`from_direction`); the probe's
+        ``resid_norm`` travels along, so :meth:`apply` can take alpha in residual-norm units.
+
+        Args:
+            probe: a fitted :class:`~mechprobe.linear.linear_probe.LinearProbe` (:func:`fit_probe`).
+            norm: the raw norm to give the vector; None (default) = the probe's ``diff_means_norm``.
+
+        Returns:
+            A :class:`SteeringVector` of kind ``"probe"`` at ``probe.layer`` pointing towards genuine follow-ups,
+            with the probe's provenance (``model``, ``weight_hash``, ``source_run``, ``resid_norm``, ``probe_auroc``).
+        """
+        if not isinstance(probe, LinearProbe):
+            raise TypeError(f"from_probe needs a LinearProbe (from fit_probe), got {type(probe).__name__}")
+        scale = float(norm) if norm is not None else float(probe.metadata.get("diff_means_norm", 0.0))
+        meta = {k: probe.metadata[k] for k in ("model", "weight_hash", "source_run", "resid_norm") if k in probe.metadata}
+        meta.update(position=probe.position, probe_auroc=probe.auroc, n_pos=probe.n_pos, n_neg=probe.n_neg)
+        return from_direction(probe.direction, scale, layer=probe.layer, kind="probe", **meta)
+
+    def apply(self, model: Any, alpha: float, *, unit: str = "resid", positions: str = "boundary+generated"
+              ) -> contextlib.AbstractContextManager[None]:
+        """Steer ``model`` by ``alpha`` along this vector inside a ``with`` block; hooks always come off.
+
+        ``unit="resid"`` (default, the package's unit, as in ``mechprobe steer``): the added vector's norm is
+        ``alpha`` x the layer's mean residual norm at the boundary (``metadata["resid_norm"]``), so ``alpha = 0.2``
+        is a push of a fifth of the residual's size in any model and layer, and every kind gets the same norm
+        at the same alpha. ``unit="raw"``: the residual becomes ``h + alpha * vector`` (CAA; ``alpha = 1`` = one
+        class gap for a difference-of-means vector). ``alpha = 0`` is token-identical to no steering.
+        See docs/steering.md.
+
+        Args:
+            model: a :class:`~mechprobe.lm.models.LoadedModel` (its weight hash is checked against the vector's)
+                or an HF causal LM.
+            alpha: the strength, in ``unit``; finite, negative pushes away from genuine follow-ups.
+            unit: ``"resid"`` (default) or ``"raw"``.
+            positions: where to add it: ``"boundary+generated"`` (default), ``"boundary"``, ``"generated"`` or
+                ``"all"`` (see :func:`steer`).
+
+        Returns:
+            A context manager; the hooks are registered on entry and removed on exit, also after an exception.
+
+        Raises:
+            UsageError: an unknown unit or positions, ``unit="resid"`` on a vector without ``resid_norm``, or a
+                vector built for another model.
+        """
+        return steer(model, in_alpha_units(self, unit), alpha, positions)
+
     def save(self, path: str | Path) -> Path:
         """Write ``<path>.safetensors`` (the vector) and ``<path>.json`` (layer, kind, metadata)."""
         from safetensors.torch import save_file
@@ -218,23 +280,34 @@ def _base_path(path: str | Path) -> Path:
     return p
 
 
-def diff_of_means(x_pos: torch.Tensor, x_neg: torch.Tensor, layer: int, *, position: str = "boundary",
+def diff_of_means(x_pos: torch.Tensor | ActivationCache, x_neg: torch.Tensor | int | None = None,
+                  layer: int | None = None, *, labels: Any = None, position: str = "boundary",
                   weight_hash: str | None = None, source_run: str | None = None, resid_norm: float | None = None,
                   **extra: Any) -> SteeringVector:
-    """``mean(x_pos) - mean(x_neg)`` (rows: examples, columns: d_model), the CAA vector.
+    """``mean(x_pos) - mean(x_neg)`` (rows: examples, columns: d_model), the CAA vector; or straight from a cache.
 
+    Two forms: ``diff_of_means(x_pos, x_neg, layer)`` on tensors, and ``diff_of_means(cache, layer)`` on an
+    :class:`~mechprobe.activations.cache.ActivationCache`, which splits the cache's labelled rows at ``layer``
+    by the judge's labels (or ``labels``) and records the cache's model, weight hash and run.
     ``resid_norm`` defaults to the mean L2 norm of all rows (both classes): the layer's typical
-    residual size at ``position``, which :meth:`SteeringVector.describe` divides by.
+    residual size at ``position``, which :meth:`SteeringVector.describe` divides by and
+    :meth:`SteeringVector.apply` takes alpha in units of.
 
     Args:
-        x_pos: ``[n_pos, d_model]`` activations of the genuine follow-ups (label 1); computed in float32.
-        x_neg: ``[n_neg, d_model]`` activations of the other turns (label 0); same ``d_model``.
+        x_pos: ``[n_pos, d_model]`` activations of the genuine follow-ups (label 1), computed in float32; or an
+            ``ActivationCache``.
+        x_neg: ``[n_neg, d_model]`` activations of the other turns (label 0), same ``d_model``; with a cache,
+            the layer (``diff_of_means(cache, 12)``) or None when ``layer=`` is given.
         layer: residual index the rows were read at (0 = embeddings, ``r`` = input of block ``r``), which is
             where the vector will be added.
-        position: where the rows were read (recorded in the metadata; default ``"boundary"``).
-        weight_hash: hash of the model the activations came from; None (default) records nothing. With
-            it, :func:`steer` refuses a :class:`~mechprobe.lm.models.LoadedModel` with other weights.
-        source_run: run directory the activations came from; None records nothing.
+        labels: with a cache only: one label per cache row (1 genuine, 0 not, NaN/None left out); None
+            (default) = the judge's ``labels.jsonl`` beside the cache.
+        position: where the rows were read (recorded in the metadata; default ``"boundary"``); with a cache,
+            the cached position to read.
+        weight_hash: hash of the model the activations came from; None (default) records nothing (a cache's
+            own hash is used). With it, :func:`steer` refuses a :class:`~mechprobe.lm.models.LoadedModel`
+            with other weights.
+        source_run: run directory the activations came from; None records nothing (a cache's run is used).
         resid_norm: the yardstick for ``|v|``; None (default) = mean L2 norm of all rows of both classes.
         **extra: further metadata entries, stored as given (None values are dropped).
 
@@ -244,6 +317,7 @@ def diff_of_means(x_pos: torch.Tensor, x_neg: torch.Tensor, layer: int, *, posit
 
     Raises:
         ValueError: the inputs are not 2-D with one ``d_model``, or a class has no rows.
+        UsageError: with a cache, no layer, a layer or position not cached, or malformed ``labels``.
 
     Example:
         >>> import torch
@@ -257,7 +331,28 @@ def diff_of_means(x_pos: torch.Tensor, x_neg: torch.Tensor, layer: int, *, posit
         True
         >>> v.metadata["n_pos"], v.metadata["n_neg"], v.metadata["position"]
         (8, 8, 'boundary')
+        >>> from mechprobe import ActivationCache
+        >>> v = diff_of_means(ActivationCache.load("runs/smol-gsm8k"), 12)     # doctest: +SKIP
     """
+    if isinstance(x_pos, ActivationCache):
+        cache = x_pos
+        if layer is None and isinstance(x_neg, int):
+            layer, x_neg = x_neg, None
+        if layer is None or x_neg is not None:
+            raise UsageError("diff_of_means(cache, layer): pass the cache and a layer (tensors go as "
+                             "diff_of_means(x_pos, x_neg, layer))")
+        if position not in cache.positions:
+            raise UsageError(f"position {position!r} is not cached here (cached: {', '.join(cache.positions)})")
+        X, y, _, _ = cache.dataset(int(layer), position, labels=labels)
+        model = extra.pop("model", cache.model_name)
+        return diff_of_means(X[y == 1], X[y == 0], int(layer), position=position,
+                             weight_hash=weight_hash or cache.weight_hash,
+                             source_run=source_run or str(cache.path.parent), resid_norm=resid_norm, model=model,
+                             **extra)
+    if labels is not None:
+        raise UsageError("labels= goes with diff_of_means(cache, layer); with tensors, split the rows yourself")
+    if layer is None:
+        raise UsageError("diff_of_means(x_pos, x_neg, layer) needs the layer the rows were read at")
     x_pos, x_neg = torch.as_tensor(x_pos), torch.as_tensor(x_neg)
     if x_pos.dim() != 2 or x_neg.dim() != 2 or x_pos.shape[1] != x_neg.shape[1]:
         raise ValueError(f"x_pos and x_neg must be [n, d_model] with the same d_model, got {tuple(x_pos.shape)} "
@@ -363,6 +458,26 @@ def in_alpha_units(vec: SteeringVector, unit: str, resid_norm: float | None = No
       exactly the same norm at the same alpha, whatever its raw norm was.
 
     The unit and the yardstick are recorded in the metadata (``alpha_unit``, ``resid_norm``).
+    :meth:`SteeringVector.apply` calls this for you (``unit="resid"`` by default).
+
+    Args:
+        vec: the :class:`SteeringVector` to rescale.
+        unit: ``"raw"`` (unchanged) or ``"resid"`` (norm = the layer's mean residual norm).
+        resid_norm: the yardstick for ``"resid"``; None (default) = ``vec.resid_norm`` from its metadata.
+
+    Returns:
+        A new :class:`SteeringVector` (same layer and kind) with ``alpha_unit`` recorded in its metadata.
+
+    Raises:
+        UsageError: an unknown unit, ``"resid"`` without a yardstick, or a zero vector.
+
+    Example:
+        >>> import torch
+        >>> from mechprobe import SteeringVector, in_alpha_units
+        >>> v = SteeringVector(torch.tensor([3.0, 4.0]), layer=1, metadata={"resid_norm": 20.0})
+        >>> u = in_alpha_units(v, "resid")
+        >>> u.norm, u.metadata["alpha_unit"]       # alpha 0.2 now adds a vector of norm 0.2 x 20
+        (20.0, 'resid')
     """
     if unit not in ALPHA_UNITS:
         raise UsageError(f"alpha unit {unit!r}: use one of {', '.join(ALPHA_UNITS)}")

