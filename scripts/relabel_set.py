@@ -159,16 +159,22 @@ def score(out: Path) -> dict[str, Any]:
             either = _rate([any(labs[n][t][field] == GENUINE for n in names) for t in ids])
             cell[reading] = {"per_labeller": per, "both": both, "either": either}
         cell["v1_lenient_both"] = _rate([all(v1[n][t]["label"] == GENUINE for n in v1) for t in ids])
-        cell["judge_only"] = _rate([judge.get(t) == GENUINE for t in ids])
+        judged = [t for t in ids if t in judge]  # the labelled set keeps verdicts for its test split only
+        cell["judge_only"] = _rate([judge[t] == GENUINE for t in judged])
         rep["by_condition"][c] = cell
     ids = sorted(turns)
+    judged = [t for t in ids if t in judge]
+    rep["n_judged"] = len(judged)
     a, b = names[0], names[-1]
+
+    def calls(who: dict[str, Any], field: str, among: list[str]) -> list[str]:
+        return ["g" if who[t][field] == GENUINE else "n" for t in among]
+
     for reading, field in (("lenient", "label"), (STRICT, "strict_label")):
-        ga = ["g" if labs[a][t][field] == GENUINE else "n" for t in ids]
-        gb = ["g" if labs[b][t][field] == GENUINE else "n" for t in ids]
-        gj = ["g" if judge.get(t) == GENUINE else "n" for t in ids]
-        rep["kappa"][reading] = {"labellers": cohen_kappa(ga, gb),
-                                 "judge_vs_" + a: cohen_kappa(gj, ga), "judge_vs_" + b: cohen_kappa(gj, gb)}
+        gj = ["g" if judge[t] == GENUINE else "n" for t in judged]
+        rep["kappa"][reading] = {"labellers": cohen_kappa(calls(labs[a], field, ids), calls(labs[b], field, ids)),
+                                 "judge_vs_" + a: cohen_kappa(gj, calls(labs[a], field, judged)),
+                                 "judge_vs_" + b: cohen_kappa(gj, calls(labs[b], field, judged))}
     v1a = ["g" if v1["labeller-a"][t]["label"] == GENUINE else "n" for t in ids]
     v1b = ["g" if v1["labeller-b"][t]["label"] == GENUINE else "n" for t in ids]
     rep["kappa"]["v1_lenient_labellers"] = cohen_kappa(v1a, v1b)
@@ -243,10 +249,12 @@ def markdown(rep: dict[str, Any]) -> str:
                      + " | ".join(_pct(r["per_labeller"][n]) for n in rep["labellers"])
                      + f" | {_pct(r['both'])} | {_pct(r['either'])} |")
     L += ["", "Earlier labels of the same turns (codebook v1, lenient, both labellers) and the judge "
-          f"(hybrid2:{rep['model']}, judge only):", ""]
+          f"(hybrid2:{rep['model']}, judge only; the labelled set keeps its verdicts for the {rep['n_judged']} "
+          "test-split turns only, so judge rates and judge kappas are over those):", ""]
     for c, cell in rep["by_condition"].items():
         L.append(f"- {c}: v1 both {_pct(cell['v1_lenient_both'])}; judge only {_pct(cell['judge_only'])}")
-    L += ["", "Binary Cohen's kappa (genuine vs not) over all turns:", ""]
+    L += ["", "Binary Cohen's kappa (genuine vs not); labeller vs labeller over all turns, judge vs labeller over "
+          "the judged turns:", ""]
     for reading in ("lenient", "strict"):
         L.append(f"- {reading}: " + ", ".join(f"{k} {v:.2f}" for k, v in rep["kappa"][reading].items()))
     L.append(f"- v1 labellers (lenient): {rep['kappa']['v1_lenient_labellers']:.2f}")
