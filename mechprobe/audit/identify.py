@@ -42,7 +42,7 @@ from mechprobe.io import read_json, read_jsonl, write_json
 from mechprobe.records import AssistantRecord
 
 from .estimate import judge_only_rate
-from .labels import _NAME, LABELLER_KINDS
+from .labels import LABELLER_KINDS, LABELLER_NAME_PATTERN
 from .sample import AuditSample, audit_dir
 from .sheet import render_page
 from .table import TurnTable
@@ -319,7 +319,7 @@ def read_identify_file(path: str | Path, sample: AuditSample, pairs: list[Identi
     d = json.loads(path.read_text(encoding="utf-8"))
     lab = d.get("labeller") or {}
     who = str(lab.get("name") or "").strip() or path.stem
-    if not _NAME.match(who):
+    if not LABELLER_NAME_PATTERN.match(who):
         raise UsageError(f"{path}: labeller name {who!r} must be letters, digits, '_', '.', '-' (at most 64); "
                          f"type a plain name in identify.html and export again")
     file_kind = str(lab.get("kind") or "").strip()

@@ -28,11 +28,12 @@ from .sample import AuditSample, audit_dir
 from .store import write_json_atomic
 
 __all__ = ["RowLabel", "LabellerLabels", "read_labels_file", "read_labellers_file", "import_labels", "load_labellers",
-           "LABELLER_KINDS", "LABELS_FORMAT"]
+           "LABELLER_KINDS", "LABELS_FORMAT", "LABELLER_NAME_PATTERN"]
 
 LABELLER_KINDS = ("person", "model")
 LABELS_FORMAT = "mechprobe-audit-labels-v1"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# A labeller name becomes a file name (<run>/audit/labels/<name>.json), so it is kept to a safe, portable set.
+LABELLER_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _TRUE = {"1", "true", "yes", "y", "x", "b", "borderline"}
 _FALSE = {"", "0", "false", "no", "n"}
 
@@ -168,6 +169,9 @@ def _read_csv(path: Path) -> dict[str, Any]:
                              f"of <run>/audit/sheet.csv rather than a new table")
         rows, sample_ids = [], set()
         for i, r in enumerate(reader, start=2):
+            if any(x.strip() for x in r.get(None) or []):  # typed past the header: read by no column name
+                raise UsageError(f"{path}:{i}: cells beyond the last named column; name their column in the first "
+                                 f"row (e.g. strict, on a sheet.csv without it) or delete them")
             sample_ids.add((r.get("sample_id") or "").strip())
             if not (r.get("label") or "").strip():
                 continue  # not labelled (yet)
@@ -196,7 +200,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _one_labeller(path: Path, who: str, kind: str | None, file_kind: str, sample_id: str,
                   rows: list[dict[str, Any]]) -> LabellerLabels:
-    if not _NAME.match(who):
+    if not LABELLER_NAME_PATTERN.match(who):
         raise UsageError(f"{path}: labeller name {who!r} must be letters, digits, '_', '.', '-' (at most 64); "
                          f"type a plain name in the sheet or rename the file")
     if kind and file_kind and kind != file_kind:

@@ -20,13 +20,17 @@ from typing import Any, Protocol
 from mechprobe.errors import UsageError
 from mechprobe.taxonomy import DEFINITIONS, GENUINE, LABELS
 
-__all__ = ["READINGS", "LENIENT", "STRICT", "STRICT_YES", "STRICT_NO_DEFAULT", "parse_strict", "label_under",
-           "genuine_under"]
+__all__ = ["READINGS", "LENIENT", "STRICT", "STRICT_YES", "STRICT_NO_DEFAULT", "STRICT_LABELS", "STRICT_CHOICES",
+           "parse_strict", "label_under", "genuine_under"]
 
 LENIENT, STRICT = "lenient", "strict"
 READINGS: tuple[str, ...] = (LENIENT, STRICT)
 STRICT_YES = "yes"
 STRICT_NO_DEFAULT = "generic_followup"  # what a bare "no" means: the codebook's label for most such turns
+# The labels the codebook's table assigns to turns that are genuine only under the lenient reading; the sheet
+# offers these beside "yes" (a CSV may still name any other non-genuine label, which parse_strict accepts).
+STRICT_LABELS: tuple[str, ...] = ("generic_followup", "empty_or_degenerate", "assistant_continuation")
+STRICT_CHOICES: tuple[str, ...] = (STRICT_YES, *STRICT_LABELS)
 _YES = {"1", "true", "yes", "y", "x"}
 _NO = {"0", "false", "no", "n"}
 

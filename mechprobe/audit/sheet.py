@@ -9,8 +9,12 @@ towards a hypothesis. ``sheet.csv`` holds the same rows for spreadsheet users an
 
 Why the layout: a sheet of 200 rows is labelled over hours, so the codebook sits beside the row, each label's
 definition under its button, the answer scrolls (and opens at full length) with the keyboard, a label moves
-on to the next unlabelled row, and a row overview marks the unlabelled and borderline rows. The same template
-serves the answer-identification page (:mod:`mechprobe.audit.identify`) in its ``identify`` mode.
+on to the next unlabelled row, and a row overview marks the unlabelled and borderline rows. A ``genuine_followup``
+row also takes the codebook's strict reading (``yes`` or the turn's strict label, :mod:`mechprobe.audit.readings`):
+the page shows that choice only on such rows, waits for it before moving on, and marks genuine rows still without
+it, since a missing entry falls back to the rule for older files and silently narrows less than the labeller
+meant. The same template serves the answer-identification page (:mod:`mechprobe.audit.identify`) in its
+``identify`` mode.
 Why texts starting with ``=``, ``+``, ``-``, ``@``, a tab or a CR get a leading ``'`` in ``sheet.csv`` (the OWASP
 advice for CSV injection): a spreadsheet evaluates such a cell, so a generated turn ``=HYPERLINK(...)`` becomes a
 live link and ``-2+3`` shows as ``1``; the quote makes it text. The import reads only the labeller's columns,
@@ -31,22 +35,27 @@ from importlib import resources
 from pathlib import Path
 
 from mechprobe.errors import UsageError
-from mechprobe.taxonomy import TAXONOMY
+from mechprobe.taxonomy import GENUINE, TAXONOMY
 
 from .codebook import codebook_text
-from .labels import LABELS_FORMAT
+from .labels import LABELLER_NAME_PATTERN, LABELS_FORMAT
+from .readings import STRICT_CHOICES
 from .sample import AuditSample, audit_dir
 from .store import write_text_atomic
 from .table import TurnTable
 
-__all__ = ["SheetRow", "sheet_rows", "render_sheet_html", "render_page", "write_sheet", "CSV_COLUMNS", "csv_cell",
-           "refuse_filled_sheet", "FORMULA_START"]
+__all__ = ["SheetRow", "sheet_rows", "render_sheet_html", "render_page", "write_sheet", "CSV_COLUMNS", "TOOL_COLUMNS",
+           "LABELLER_COLUMNS", "csv_cell", "refuse_filled_sheet", "FORMULA_START", "STRICT_KEYS"]
 
-CSV_COLUMNS = ("sample_id", "row", "query", "answer", "user_turn", "label", "borderline", "note", "labeller",
-               "labeller_kind")
+# What the tool fills in sheet.csv, and what the labeller fills (blank when written). An older sheet.csv may lack
+# some labeller columns (``strict``); the import reads each by name and treats a missing one as empty.
+TOOL_COLUMNS = ("sample_id", "row", "query", "answer", "user_turn")
+LABELLER_COLUMNS = ("label", "borderline", "strict", "note", "labeller", "labeller_kind")
+CSV_COLUMNS = TOOL_COLUMNS + LABELLER_COLUMNS
+# The sheet's keys for the strict choice: mnemonic letters that no other key of the page uses.
+STRICT_KEYS = {"yes": "y", "generic_followup": "g", "empty_or_degenerate": "d", "assistant_continuation": "a"}
 _PLACEHOLDER = re.compile(r"\{\{(TITLE|MODE|CODEBOOK_HTML|DATA_JSON)\}\}")
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-_TOOL_COLUMNS = {"sample_id", "row", "query", "answer", "user_turn"}  # what the tool writes; the rest is the labeller's
 
 
 @dataclass(frozen=True)
@@ -105,6 +114,7 @@ def render_sheet_html(sample: AuditSample, rows: list[SheetRow], codebook: str |
     """
     data = {"mode": "label", "format": LABELS_FORMAT, "sample_id": sample.sample_id,
             "labels": [{"name": lab.name, "definition": lab.definition} for lab in TAXONOMY],
+            "genuine": GENUINE, "strict": [{"value": v, "key": STRICT_KEYS[v]} for v in STRICT_CHOICES],
             "rows": [{"row": r.row, "query": r.query, "answer": r.answer, "turn": r.turn, "truncated": r.truncated}
                      for r in rows]}
     return render_page(f"mechprobe audit sheet {sample.sample_id}", data,
@@ -117,13 +127,16 @@ def render_page(title: str, data: dict[str, object], codebook: str = "") -> str:
     Args:
         title: the page title (escaped here).
         data: what the page's script reads: ``mode``, ``format``, ``sample_id``, ``labels`` (the buttons:
-            ``name``, ``definition``, optional ``title``) and ``rows``.
+            ``name``, ``definition``, optional ``title``), ``rows`` and, in the label mode, ``genuine`` (the label
+            that takes a strict choice) and ``strict`` (the choices: ``value``, ``key``). The labeller-name
+            pattern of the import is added here, so the page refuses the names the import would.
         codebook: markdown shown beside the row (escaped here); empty in the identify mode.
     Returns:
         HTML with no external resource.
     """
     values = {"TITLE": html.escape(title), "MODE": html.escape(str(data["mode"])),
-              "CODEBOOK_HTML": html.escape(codebook, quote=False), "DATA_JSON": _json_for_script(data)}
+              "CODEBOOK_HTML": html.escape(codebook, quote=False),
+              "DATA_JSON": _json_for_script({**data, "name_pattern": LABELLER_NAME_PATTERN.pattern})}
     template = resources.files(__package__).joinpath("sheet_template.html").read_text(encoding="utf-8")
     return _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
 
@@ -136,15 +149,21 @@ def csv_cell(text: str) -> str:
 def _filled_rows(path: Path) -> str | None:
     """What a labeller put into ``path`` (e.g. ``"3 filled rows"``), or None when it is a blank sheet.
 
-    Any non-empty cell outside the tool's own columns counts. A file that no longer reads as the tool's
-    UTF-8 CSV was edited (a spreadsheet saved it in another encoding), so it counts as filled too.
+    Any non-empty cell outside the tool's own columns counts: the labeller columns of this or an older sheet, a
+    column the labeller added (``strict`` on an older sheet) and cells typed beyond the header (which the CSV
+    reader gathers as a list). A file that no longer reads as the tool's UTF-8 CSV was edited (a spreadsheet saved
+    it in another encoding), so it counts as filled too.
     """
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
             rows = list(csv.DictReader(f))
     except (UnicodeDecodeError, csv.Error) as e:
         return f"edits ({type(e).__name__})"
-    n = sum(any((v or "").strip() for k, v in r.items() if k not in _TOOL_COLUMNS) for r in rows)
+
+    def filled(v: str | list[str] | None) -> bool:
+        return any(x.strip() for x in v) if isinstance(v, list) else bool((v or "").strip())
+
+    n = sum(any(filled(v) for k, v in r.items() if k not in TOOL_COLUMNS) for r in rows)
     return f"{n} filled row(s)" if n else None
 
 
@@ -180,7 +199,7 @@ def write_sheet(run: str | Path, sample: AuditSample, table: TurnTable, seed: in
     w.writerow(CSV_COLUMNS)
     for r in rows:
         w.writerow([sample.sample_id, r.row, csv_cell(r.query), csv_cell(r.answer), csv_cell(r.turn),
-                    "", "", "", "", ""])
+                    *([""] * len(LABELLER_COLUMNS))])
     write_text_atomic(html_p, render_sheet_html(sample, rows))
     write_text_atomic(csv_p, buf.getvalue(), newline="")
     return html_p, csv_p

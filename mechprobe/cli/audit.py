@@ -124,7 +124,8 @@ def _next_steps(run_dir: Path, html_p: Path, csv_p: Path, ident_p: Path, n_pairs
     return "\n".join([
         "next:",
         f"  1. label: open {html_p} in a browser (offline, from file://), type your name, label every row "
-        f"(keys 1-8), press Export (e); or fill the label column of a copy of {csv_p.name}",
+        f"(keys 1-8; y/g/d/a the strict reading of a genuine row), press Export (e); or fill the label column "
+        f"(and strict on genuine_followup rows) of a copy of {csv_p.name}",
         f"  2. optional, a codebook-free check by someone who has not seen {html_p.name}: open {ident_p} "
         f"({n_pairs} pairs{left}), pick the answer each turn follows, Export",
         f"  3. import and report: mechprobe audit {run_dir} --labels <exported .json or filled .csv> ... "

@@ -17,7 +17,7 @@ from mechprobe.audit import load_run_table, load_sample
 from mechprobe.audit.identify import load_pairs
 from mechprobe.cli.audit import add_args, run
 from mechprobe.io import read_json
-from mechprobe.taxonomy import DEFINITIONS, LABELS
+from mechprobe.taxonomy import DEFINITIONS, GENUINE, LABELS
 
 from .run_fixture import build_run
 
@@ -177,11 +177,14 @@ def test_label_reload_export_import(browser, tmp_path, capsys):
         if i == 0:
             body.send_keys("b")
         body.send_keys(str(LABELS.index(want[key]) + 1))
+        if want[key] == GENUINE:
+            assert _pos(browser) == i  # waits for the strict choice
+            body.send_keys("y")
     assert _pos(browser) == 6
     assert browser.find_element(By.ID, "progress").text == "6 / 8 labelled"
     assert _cells(browser) == ["done"] * 6 + ["open"] * 2
     assert "bl" in browser.find_elements(By.CSS_SELECTOR, "#overview button")[0].get_attribute("class")
-    assert browser.find_element(By.ID, "overview-summary").text == "2 unlabelled, 1 borderline"
+    assert browser.find_element(By.ID, "overview-summary").text == "2 unlabelled, 1 borderline, 0 genuine_followup without strict"
 
     # clear a label (key 0), then the overview jumps back to it
     browser.find_elements(By.CSS_SELECTOR, "#overview button")[2].click()
@@ -213,6 +216,8 @@ def test_label_reload_export_import(browser, tmp_path, capsys):
             key = _key(browser)
             seen.append(key) if key not in seen else None
             body.send_keys(str(LABELS.index(want[key]) + 1))
+            if want[key] == GENUINE:
+                body.send_keys("y")
     assert sorted(seen) == sorted(keys)
     assert browser.find_element(By.ID, "progress").text == "8 / 8 labelled"
     assert "every row is labelled" in browser.find_element(By.ID, "status").text
@@ -237,7 +242,8 @@ def test_label_reload_export_import(browser, tmp_path, capsys):
 
     assert run(_ns(str(run_dir), "--labels", str(exported), "--n-boot", "20")) == 0
     out = capsys.readouterr().out
-    assert "alice (person, 8 labelled, 1 borderline)" in out
+    n_genuine = sum(v == GENUINE for v in want.values())
+    assert f"alice (person, 8 labelled, 1 borderline, strict given on {n_genuine})" in out
     stored = read_json(run_dir / "audit" / "labels" / "alice.json")
     assert sum(r["note"] == "the answer's step" for r in stored["rows"]) == 1
     rep = read_json(run_dir / "audit" / "report.json")
@@ -251,6 +257,112 @@ def _alert(browser):
         return browser.switch_to.alert
     except Exception:  # selenium's NoAlertPresentException: not open yet
         return None
+
+
+def _strict_box(browser):
+    from selenium.webdriver.common.by import By
+
+    box = browser.find_element(By.ID, "strict-box")
+    on = [b.get_attribute("data-strict") for b in box.find_elements(By.CSS_SELECTOR, "button.on")]
+    return box.is_displayed(), on
+
+
+def _entry(browser, key: str) -> dict:
+    return browser.execute_script("return window.mechprobeAudit.state().labels[arguments[0]] || {}", key)
+
+
+def test_strict_choice_on_genuine_rows(browser, tmp_path, capsys):
+    """A genuine label waits for its strict choice; the choice is kept, exported, imported and read as strict."""
+    from selenium.webdriver.common.by import By
+
+    run_dir = tmp_path / "run"
+    build_run(run_dir, n_steer_items=6, n_probe_items=2)
+    assert run(_ns(str(run_dir), "--n", "8", "--by", "condition")) == 0
+    capsys.readouterr()
+    sample = load_sample(run_dir)
+    genuine_key, new_query_key = str(LABELS.index(GENUINE) + 1), str(LABELS.index("new_query") + 1)
+
+    browser.get((run_dir / "audit" / "sheet.html").as_uri())
+    body = browser.find_element(By.TAG_NAME, "body")
+    browser.find_element(By.ID, "labeller-name").send_keys("sam")
+    assert _strict_box(browser) == (False, [])  # shown on genuine rows only
+    summary = browser.find_element(By.ID, "overview-summary")
+
+    # row 1: genuine waits (the overview marks it), then g chooses generic_followup and the next row opens
+    keys = [_key(browser)]
+    body.send_keys(genuine_key)
+    assert _pos(browser) == 0 and _cells(browser)[0] == "strict" and _strict_box(browser) == (True, [])
+    assert "strict reading" in browser.find_element(By.ID, "status").text
+    assert summary.text == "7 unlabelled, 0 borderline, 1 genuine_followup without strict"
+    assert browser.find_element(By.ID, "progress").text == "1 / 8 labelled"
+    body.send_keys("g")
+    assert _pos(browser) == 1 and _cells(browser)[0] == "done"
+    # row 2: with the mouse, genuine then yes
+    keys.append(_key(browser))
+    browser.find_element(By.CSS_SELECTOR, f'#labels button.choice[data-label="{GENUINE}"]').click()
+    assert _pos(browser) == 1
+    browser.find_element(By.CSS_SELECTOR, '#strict-box button[data-strict="yes"]').click()
+    assert _pos(browser) == 2
+    # row 3: genuine + a, then relabelled new_query: the strict choice goes with the genuine label
+    keys.append(_key(browser))
+    body.send_keys(genuine_key)
+    body.send_keys("a")
+    assert _pos(browser) == 3 and _entry(browser, keys[2])["strict"] == "assistant_continuation"
+    body.send_keys("p")
+    assert _strict_box(browser) == (True, ["assistant_continuation"])
+    body.send_keys(new_query_key)
+    assert _entry(browser, keys[2])["label"] == "new_query" and not _entry(browser, keys[2])["strict"]
+    assert _pos(browser) == 3
+    body.send_keys("p")
+    assert _strict_box(browser) == (False, [])
+    body.send_keys("y")  # no strict choice on a row that is not genuine
+    assert "genuine_followup rows only" in browser.find_element(By.ID, "status").text
+    assert not _entry(browser, keys[2])["strict"] and _pos(browser) == 2
+    body.send_keys("n")
+    # row 4: genuine, left without a strict choice; the rest new_query, after which the genuine row opens again
+    keys.append(_key(browser))
+    body.send_keys(genuine_key)
+    body.send_keys("n")
+    for i in range(4, 8):
+        assert _pos(browser) == i
+        body.send_keys(new_query_key)
+    assert _pos(browser) == 3 and _cells(browser)[3] == "strict"
+    assert summary.text == "0 unlabelled, 0 borderline, 1 genuine_followup without strict"
+
+    # export: warned about the genuine row without strict, like about unlabelled rows
+    body.send_keys("e")
+    alert = _wait(lambda: _alert(browser))
+    assert "1 genuine_followup row(s) without a strict choice (first: row 4)" in alert.text
+    assert "unlabelled" not in alert.text
+    alert.dismiss()
+    assert "not exported" in browser.find_element(By.ID, "status").text
+    body.send_keys("d")
+    assert "every row is labelled" in browser.find_element(By.ID, "status").text
+    assert _cells(browser) == ["done"] * 8
+
+    browser.refresh()  # kept in localStorage with the rest
+    body = browser.find_element(By.TAG_NAME, "body")
+    _wait(lambda: browser.find_element(By.ID, "progress").text == "8 / 8 labelled")
+    browser.find_elements(By.CSS_SELECTOR, "#overview button")[0].click()
+    assert _strict_box(browser) == (True, ["generic_followup"])
+    body.send_keys("e")  # nothing missing: no question asked
+    exported = _wait(lambda: list(browser.downloads.glob("labels_sam_*.json")))[0]
+    data = json.loads(_wait(lambda: exported.read_text() or None))
+    got = {r["row"]: (r["label"], r["strict"]) for r in data["rows"]}
+    assert [got[k] for k in keys] == [(GENUINE, "generic_followup"), (GENUINE, "yes"), ("new_query", None),
+                                      (GENUINE, "empty_or_degenerate")]
+    assert sum(v == ("new_query", None) for v in got.values()) == 5
+
+    assert run(_ns(str(run_dir), "--labels", str(exported), "--n-boot", "20")) == 0
+    assert "strict given on 3" in capsys.readouterr().out
+    stored = {r["row"]: r.get("strict") for r in read_json(run_dir / "audit" / "labels" / "sam.json")["rows"]}
+    assert [stored[k] for k in keys] == ["generic_followup", "yes", None, "empty_or_degenerate"]
+    rep = read_json(run_dir / "audit" / "report.json")
+    (lab,) = rep["labellers"]
+    assert lab["strict_given"] == 3 and lab["genuine"] == {"lenient": 3, "strict": 1}
+    assert sum(s["audited_genuine"] for s in rep["rates"].values()) == 3
+    assert sum(s["strict"]["audited_genuine"] for s in rep["rates"].values()) == 1
+    assert sample.sample_id == data["sample_id"]
 
 
 def test_identify_mode_round_trip(browser, tmp_path, capsys):

@@ -1,17 +1,23 @@
-"""Strict and lenient readings of genuine_followup from one labelling pass; old label files still load."""
+"""Strict and lenient readings of genuine_followup from one labelling pass; old label files and sheets still load."""
 
 from __future__ import annotations
 
 import csv
 import json
+import re
 
 import pytest
 
-from mechprobe.audit import build_report, report_markdown, table_from_rows
+from mechprobe.audit import build_report, codebook_text, report_markdown, table_from_rows
 from mechprobe.audit.labels import LabellerLabels, RowLabel, read_labels_file
-from mechprobe.audit.readings import STRICT, genuine_under, label_under
+from mechprobe.audit.readings import STRICT, STRICT_CHOICES, STRICT_LABELS, genuine_under, label_under
 from mechprobe.audit.sample import draw_sample
+from mechprobe.audit.sheet import CSV_COLUMNS, STRICT_KEYS
+from mechprobe.cli import main
 from mechprobe.errors import UsageError
+from mechprobe.io import read_json
+
+from .run_fixture import build_run
 
 G = "genuine_followup"
 
@@ -90,3 +96,100 @@ def test_report_prints_both_readings_side_by_side():
     assert set(d) >= {"judge_only", "corrected", "corrected_strict"}
     md = report_markdown(rep)
     assert "corrected, strict" in md and "binary, strict" in md and "| none | consensus |" in md
+
+
+# --------------------------------------------------------------------------------------- sheet.csv's strict column
+
+
+@pytest.fixture()
+def drawn(tmp_path, capsys):
+    """A run with a drawn sample of 8 turns and its blank sheet.csv (written by the command)."""
+    run = tmp_path / "run"
+    build_run(run, n_steer_items=6, n_probe_items=2)
+    assert main(["audit", str(run), "--n", "8"]) == 0
+    capsys.readouterr()
+    return run
+
+
+def _sheet(run) -> tuple[list[str], list[dict[str, str]]]:
+    with open(run / "audit" / "sheet.csv", newline="", encoding="utf-8") as f:
+        r = csv.DictReader(f)
+        return list(r.fieldnames or []), list(r)
+
+
+def _write(path, header, rows):
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=header, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def test_sheet_csv_strict_column_round_trips(drawn, tmp_path, capsys):
+    header, rows = _sheet(drawn)
+    assert header == list(CSV_COLUMNS) and header.index("strict") == header.index("borderline") + 1
+    assert all(r["strict"] == "" for r in rows)
+    strict = ["yes", "no", "assistant_continuation", "empty_or_degenerate"]
+    for i, r in enumerate(rows):
+        r["label"] = G if i < 4 else "new_query"
+        r["strict"] = strict[i] if i < 4 else ""
+    filled = _write(tmp_path / "sam.csv", header, rows)
+    assert main(["audit", str(drawn), "--labels", str(filled), "--labeller-kind", "person", "--n-boot", "20"]) == 0
+    stored = {r["row"]: r.get("strict") for r in read_json(drawn / "audit" / "labels" / "sam.json")["rows"]}
+    assert [stored[r["row"]] for r in rows] == ["yes", "generic_followup", "assistant_continuation",
+                                                "empty_or_degenerate", None, None, None, None]
+    rep = read_json(drawn / "audit" / "report.json")
+    (lab,) = rep["labellers"]
+    assert lab["strict_given"] == 4 and lab["genuine"] == {"lenient": 4, "strict": 1}
+    assert sum(s["audited_genuine"] for s in rep["rates"].values()) == 4
+    assert sum(s["strict"]["audited_genuine"] for s in rep["rates"].values()) == 1
+
+
+def test_older_sheet_csv_without_strict_column_still_imports(drawn, tmp_path, capsys):
+    header, rows = _sheet(drawn)
+    old = [c for c in header if c != "strict"]
+    for i, r in enumerate(rows):
+        r["label"] = G if i < 2 else "new_query"
+        r["borderline"] = "1" if i == 1 else ""
+    assert main(["audit", str(drawn), "--labels", str(_write(tmp_path / "old.csv", old, rows)),
+                 "--labeller-kind", "person", "--n-boot", "20"]) == 0
+    (lab,) = read_json(drawn / "audit" / "report.json")["labellers"]
+    assert lab["strict_given"] == 0 and lab["genuine"] == {"lenient": 2, "strict": 1}  # genuine and not borderline
+    # the codebook's fix for such a sheet: a column named strict added at the end
+    for r in rows:
+        r["strict"] = "yes" if r["label"] == G else ""
+    added = _write(tmp_path / "olda.csv", [*old, "strict"], rows)
+    assert {r.strict for r in read_labels_file(added, kind="person").rows} == {"yes", None}
+
+
+def test_strict_typed_beyond_the_header_is_refused_and_counts_as_filled(drawn, capsys):
+    header, rows = _sheet(drawn)
+    old = [c for c in header if c != "strict"]
+    sheet = drawn / "audit" / "sheet.csv"
+    with open(sheet, "w", newline="", encoding="utf-8") as f:  # an older sheet, strict typed in a cell with no name
+        w = csv.writer(f)
+        w.writerow(old)
+        for i, r in enumerate(rows):
+            w.writerow([r[c] for c in old] + (["yes"] if i == 0 else []))
+    before = sheet.read_bytes()
+    assert main(["audit", str(drawn), "--n", "8"]) == 2  # a labeller's work: never overwritten
+    assert "holds labels" in _one_line(capsys)
+    assert sheet.read_bytes() == before
+    assert main(["audit", str(drawn), "--labels", str(sheet), "--labeller-kind", "person"]) == 2
+    msg = _one_line(capsys)
+    assert "sheet.csv:2: cells beyond the last named column" in msg and "strict" in msg
+
+
+def _one_line(capsys) -> str:
+    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if ln.strip()]
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    return err[0]
+
+
+def test_sheet_offers_the_codebooks_strict_labels():
+    """The sheet's strict choices are the labels the codebook's table assigns, plus yes."""
+    text = codebook_text()
+    section = text.split("## Strict and lenient readings")[1].split("\n## ")[0]
+    table = set(re.findall(r"^\|[^\n]*\| `([a-z_]+)` \|$", section, flags=re.M))
+    assert table == set(STRICT_LABELS) and STRICT_CHOICES == ("yes", *STRICT_LABELS)
+    assert set(STRICT_KEYS) == set(STRICT_CHOICES) and len(set(STRICT_KEYS.values())) == len(STRICT_KEYS)
