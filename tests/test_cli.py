@@ -100,14 +100,20 @@ def test_cli_run_is_positional_everywhere():
     seen = []
     import mechprobe.cli.steer as cli_steer
 
-    orig = cli_steer.run_steer
-    cli_steer.run_steer = lambda cfg: seen.append((cfg.run, cfg.alpha)) or 0
+    class _Done:
+        exit_code = 0
+
+        def summary(self) -> str:
+            return ""
+
+    orig = cli_steer.steer_experiment
+    cli_steer.steer_experiment = lambda cfg: seen.append((cfg.run, cfg.alpha)) or _Done()
     try:
         assert cli.main(["steer", "runs/x", "--alpha", "4", "4.5"]) == 0
         assert cli.main(["steer", "--run", "runs/x", "--alpha-unit", "raw"]) == 0
         assert cli.main(["steer", "runs/x", "--run", "runs/y"]) == 2
     finally:
-        cli_steer.run_steer = orig
+        cli_steer.steer_experiment = orig
     assert seen == [("runs/x", [4.0, 4.5]), ("runs/x", [4.0])]
 
 
