@@ -30,7 +30,7 @@ from mechprobe.linear.turn import (
     modal_c,
     multiclass_confusion,
     oof_scores,
-    probe_layers,
+    sweep_layers,
     shuffle_by_group,
     transfer_matrix,
 )
@@ -59,7 +59,7 @@ def planted():
     x, y, g, w = synth()
     greedy = np.zeros(len(y), bool)
     greedy[::4] = True  # first turn of every item plays the greedy one
-    rep = probe_layers(x, [0, 1, 2], y, g, greedy_mask=greedy, n_boot=200, n_random=50, progress=False)
+    rep = sweep_layers(x, [0, 1, 2], y, g, greedy_mask=greedy, n_boot=200, n_random=50, progress=False)
     return x, y, g, w, rep
 
 
@@ -203,7 +203,7 @@ def test_too_few_positives_stops():
     with pytest.raises(InsufficientPositives, match="positive rows"):
         make_folds(y2, g)
     with pytest.raises(InsufficientPositives):
-        probe_layers(x, [0, 1, 2], y2, g, progress=False)
+        sweep_layers(x, [0, 1, 2], y2, g, progress=False)
 
 
 def test_too_few_positives_per_test_fold_stops():

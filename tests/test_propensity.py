@@ -21,7 +21,7 @@ from mechprobe.linear.propensity import (
     item_targets,
     one_row_per_item,
     propensity_controls,
-    propensity_probe_layers,
+    propensity_sweep_layers,
     propensity_table,
     propensity_transfer,
     split_half_reliability,
@@ -175,7 +175,7 @@ def _planted(n=120, d=24, k=16, seed=0, layers=(0, 1, 2, 3), planted=2, strength
 
 def test_planted_signal_is_recovered_and_nested_picks_its_layer():
     stack, layers, t = _planted()
-    rep = propensity_probe_layers(stack, layers, t, n_splits=5, seed=0, n_boot=200, n_random=50, progress=False)
+    rep = propensity_sweep_layers(stack, layers, t, n_splits=5, seed=0, n_boot=200, n_random=50, progress=False)
     m = rep.layer(2).rho
     assert m.value > 0.5 and m.lo > 0, m
     assert rep.best_layer == 2
@@ -206,7 +206,7 @@ def test_greedy_auroc_is_not_reported_when_a_fold_cannot_be_fitted():
     g = np.zeros(len(t))
     g[[3, 50]] = 1.0  # two positives, uncorrelated with the states
     t = _targets(t.propensity, t.samples, greedy=g)
-    rep = propensity_probe_layers(stack, layers, t, n_splits=5, seed=0, n_boot=50, n_random=0, progress=False)
+    rep = propensity_sweep_layers(stack, layers, t, n_splits=5, seed=0, n_boot=50, n_random=0, progress=False)
     assert all(r.greedy_auroc is None for r in rep.per_layer), [r.greedy_auroc for r in rep.per_layer]
     assert rep.layer(2).rho.lo > 0  # the rest of the report is unaffected
 
@@ -216,7 +216,7 @@ def test_shuffled_target_is_not_recovered():
     rng = np.random.default_rng(5)
     perm = rng.permutation(len(t))
     t_sh = _targets(t.propensity[perm], [t.samples[i] for i in perm])
-    rep = propensity_probe_layers(stack, layers, t_sh, n_splits=5, seed=0, n_boot=200, n_random=0,
+    rep = propensity_sweep_layers(stack, layers, t_sh, n_splits=5, seed=0, n_boot=200, n_random=0,
                                   shuffled=False, progress=False)
     m = rep.nested["rho"]
     assert m.lo < 0 < m.hi, m
@@ -239,10 +239,10 @@ def test_constant_propensity_and_too_few_items_are_refused():
     stack, layers, t = _planted(n=40)
     flat = _targets(np.full(len(t), 0.5), t.samples)
     with pytest.raises(InsufficientItems, match="nothing to rank"):
-        propensity_probe_layers(stack, layers, flat, progress=False)
+        propensity_sweep_layers(stack, layers, flat, progress=False)
     small = t.subset(range(6))
     with pytest.raises(InsufficientItems, match="only 6 items"):
-        propensity_probe_layers(stack[:6], layers, small, n_splits=5, progress=False)
+        propensity_sweep_layers(stack[:6], layers, small, n_splits=5, progress=False)
 
 
 def test_one_row_per_item_checks_rows_are_the_same_state():
@@ -310,7 +310,7 @@ def test_probe_beyond_length_is_zero_when_length_carries_the_signal():
     stack, layers, t, logit = _planted(n=200, seed=3, with_logit=True)
     ds = ["a" if i % 2 else "b" for i in range(len(t))]
     t2 = _targets(t.propensity, t.samples, datasets=ds)
-    rep = propensity_probe_layers(stack, layers, t2, n_splits=5, seed=0, n_boot=200, n_random=0, progress=False)
+    rep = propensity_sweep_layers(stack, layers, t2, n_splits=5, seed=0, n_boot=200, n_random=0, progress=False)
     assert rep.nested["rho"].lo > 0.3
     offset = np.where(np.asarray(ds) == "a", 0.0, 3.0)  # dataset b's answers are longer
     riding = np.exp(logit + offset)  # length = a monotone function of the state's signal

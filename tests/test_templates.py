@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mechprobe.turns.templates import template_kind, template_share
+from mechprobe.turns.stock_turns import template_kind, template_share
 
 FIX = Path(__file__).parent / "fixtures" / "hand_labels_steer2_q15.jsonl"
 
