@@ -56,12 +56,12 @@ def test_auto_judge(tmp_path, monkeypatch):
     monkeypatch.delenv("MECHPROBE_JUDGE_MODEL", raising=False)
     assert stages.auto_judge(tmp_path, DEFAULT_MODEL) == "offline"
     assert stages.auto_judge(tmp_path, str(tmp_path)) == "offline"          # a local checkpoint
-    monkeypatch.setattr("mechprobe.judges.factory.best_judge", lambda: "hybrid2:qwen2.5-coder-1.5b-instruct")
-    assert stages.auto_judge(tmp_path, "qwen2.5-coder-1.5b-instruct") == "hybrid2:qwen2.5-coder-1.5b-instruct"
+    monkeypatch.setattr("mechprobe.judges.factory.best_judge", lambda: "hybrid-voice:qwen2.5-coder-1.5b-instruct")
+    assert stages.auto_judge(tmp_path, "qwen2.5-coder-1.5b-instruct") == "hybrid-voice:qwen2.5-coder-1.5b-instruct"
     # the run's own labels decide, so a re-run never meets a judge mismatch
     for name, want in [("offline-v3+minilm", "offline"), ("offline-v3+lexical", "offline-lexical"),
                        ("hybrid:qwen2.5-coder-1.5b-instruct@hybrid-v2+voice0.1+offline-v3+minilm",
-                        "hybrid2:qwen2.5-coder-1.5b-instruct"),
+                        "hybrid-voice:qwen2.5-coder-1.5b-instruct"),
                        ("hybrid:qwen2.5-coder-1.5b-instruct@hybrid-v1+offline-v3+minilm",
                         "hybrid:qwen2.5-coder-1.5b-instruct")]:
         (tmp_path / "labels.jsonl").write_text(json.dumps({"record_id": "a", "judge": name}) + "\n")

@@ -104,14 +104,14 @@ STEER2_FILE = FIXTURES / "hand_labels_steer2_q15.jsonl"
 
 
 def test_steer2_fixture_is_well_formed_blind_and_paired():
-    """192 turns = 48 held-out items x (unsteered, diff-of-means, random, probe) of the hybrid2-selected 1.5B
+    """192 turns = 48 held-out items x (unsteered, diff-of-means, random, probe) of the hybrid-voice-selected 1.5B
     steering setting (residual 18, alpha 0.8), two blind labellings per turn."""
     _check_blind_paired(_rows(STEER2_FILE), ("label_g", "label_h", "hybrid2_label"),
                         {"none", "diff_means", "random", "probe"}, 48)
 
 
 def test_steer2_hand_labels_table_reproduces_the_documented_counts():
-    """The numbers docs/findings_appendix.md quotes for the hybrid2-selected setting come from this fixture and this code."""
+    """The numbers docs/findings_appendix.md quotes for the hybrid-voice-selected setting come from this fixture and this code."""
     from mechprobe.steering.evaluate import hand_label_table
 
     t = {(r["labels"], r["condition"]): r for r in hand_label_table(_rows(STEER2_FILE),

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from mechprobe.errors import UsageError
 from mechprobe.io import read_jsonl
 from mechprobe.judges.base import JudgeInput, inputs_from_rows
 from mechprobe.judges.factory import make_judge
@@ -153,7 +154,7 @@ def test_voice_margin_equals_full_forward_computation(smol):
 
 
 @requires_smollm2
-def test_hybrid2_voice_check_only_demotes_genuine_turns(smol):
+def test_hybrid_voice_check_only_demotes_genuine_turns(smol):
     """With the voice check, a genuine verdict whose voice margin is below the minimum becomes
     assistant_continuation; nothing else changes. Extreme minimums make the effect certain either way."""
     rows = [r for r in read_jsonl(FIXTURE) if r["split"] == "dev"][:12]
@@ -281,17 +282,20 @@ def test_a_judge_of_the_run_model_shares_its_weights(smol, monkeypatch):
     from mechprobe.judges import factory
 
     monkeypatch.setattr(factory, "judge_dtype", lambda device: torch.float32)  # smol is fp32
-    assert factory.shared_judge_model("hybrid2:smollm2-135m-instruct", smol) is smol
+    assert factory.shared_judge_model("hybrid-voice:smollm2-135m-instruct", smol) is smol
     assert factory.shared_judge_model("trained:smollm2-135m-instruct", smol) is smol
-    assert factory.shared_judge_model("hybrid2:qwen2.5-coder-1.5b-instruct", smol) is None
+    assert factory.shared_judge_model("hybrid-voice:qwen2.5-coder-1.5b-instruct", smol) is None
     assert factory.shared_judge_model("offline", smol) is None
     assert factory.shared_judge_model("auto", smol) is None
     monkeypatch.setattr(factory, "judge_dtype", lambda device: torch.bfloat16)
-    assert factory.shared_judge_model("hybrid2:smollm2-135m-instruct", smol) is None
+    assert factory.shared_judge_model("hybrid-voice:smollm2-135m-instruct", smol) is None
     monkeypatch.setattr(factory, "judge_dtype", lambda device: torch.float32)
     j = make_judge("hybrid2:smollm2-135m-instruct", loaded=factory.shared_judge_model("hybrid2:smollm2-135m-instruct",
                                                                                       smol), cache_dir=False)
     assert j.lm is smol and j.store.model is smol.model
+    # the older spec kind builds the same judge (same recorded name, so the same caches and reports)
+    assert j.name == make_judge("hybrid-voice:smollm2-135m-instruct", loaded=smol, cache_dir=False).name
+    assert "+voice" in j.name
 
 
 @requires_smollm2
@@ -310,23 +314,23 @@ def test_after_a_llamacpp_probe_the_judge_and_cache_share_one_load(smol, monkeyp
     monkeypatch.setattr(stages_mod, "pool_bytes_for", lambda run, model: 0)  # no user_turns.jsonl in tmp_path
     cfg = ProbeConfig(model="smollm2-135m-instruct", engine="llamacpp")
     st = stages_mod.Stages(tmp_path, cfg)
-    st.labels("hybrid2:smollm2-135m-instruct")
+    st.labels("hybrid-voice:smollm2-135m-instruct")
     assert lent == [smol] and len(loads) == 1 and st.model() is smol and len(loads) == 1
 
     other = stages_mod.Stages(tmp_path, cfg)
-    other.labels("hybrid2:qwen2.5-coder-1.5b-instruct")
+    other.labels("hybrid-voice:qwen2.5-coder-1.5b-instruct")
     other.labels("offline")
     assert lent[1:] == [None, None] and len(loads) == 1 and other.lm is None
 
     monkeypatch.setattr(stages_mod, "cache_complete", lambda run: True)
     done = stages_mod.Stages(tmp_path, cfg)
-    done.labels("hybrid2:smollm2-135m-instruct")
+    done.labels("hybrid-voice:smollm2-135m-instruct")
     assert lent[3] is None and len(loads) == 1
 
 
 @requires_smollm2
 def test_the_cache_stage_reads_the_judges_kept_conversations(smol, monkeypatch, tmp_path):
-    """probe -> hybrid2 judge of the run's own model -> cache, as ``ensure_stages`` runs them: the cache stage takes
+    """probe -> hybrid-voice judge of the run's own model -> cache, as ``ensure_stages`` runs them: the cache stage takes
     each conversation the judge prefilled from the judge's KV pool (one token per prompt instead of the whole
     prompt) and writes the same vectors as a cache built from nothing (float16 storage: one ulp, 1e-3)."""
     import shutil
@@ -342,7 +346,7 @@ def test_the_cache_stage_reads_the_judges_kept_conversations(smol, monkeypatch, 
                       temperatures=[0.0, 1.0], max_assistant_tokens=24, max_user_tokens=12, batch_size=8)
     run = tmp_path / "run"
     st = stages_mod.Stages(run, cfg)
-    stages_mod.ensure_stages(run, cfg, "hybrid2:smollm2-135m-instruct", stages=st)
+    stages_mod.ensure_stages(run, cfg, "hybrid-voice:smollm2-135m-instruct", stages=st)
     man = json.loads((run / "activations" / "manifest.json").read_text())
     hybrid_runs = json.loads((run / "labels_manifest.json").read_text())
     assert man["timing"]["prefix_hits"] >= 1, (man["timing"], hybrid_runs["timing"])
@@ -354,3 +358,22 @@ def test_the_cache_stage_reads_the_judges_kept_conversations(smol, monkeypatch, 
     assert "prefix_hits" not in json.loads((ref / "activations" / "manifest.json").read_text())["timing"]
     torch.testing.assert_close(ActivationCache.load(run).stack(), ActivationCache.load(ref).stack(),
                                rtol=1e-3, atol=1e-3)
+
+
+def test_hybrid2_is_an_alias_of_hybrid_voice():
+    """``hybrid2:MODEL`` is accepted wherever ``hybrid-voice:MODEL`` is: parsing, the model it loads, the hybrid
+    options, the agreement command's judge-or-file choice; resuming a run names the voice judge ``hybrid-voice:``."""
+    from mechprobe.judges import factory
+    from mechprobe.judges.agreement import is_judge_spec
+
+    m = "smollm2-135m-instruct"
+    assert factory.canonical_spec(f"hybrid2:{m}") == f"hybrid-voice:{m}"
+    assert factory.canonical_spec(f"hybrid:{m}") == f"hybrid:{m}"
+    for kind in ("hybrid2", "hybrid-voice", "hybrid"):
+        assert factory.check_judge_spec(f"{kind}:{m}") == f"{kind}:{m}"
+        assert factory.judges_model(f"{kind}:{m}") == m
+        assert factory.is_hybrid_spec(f"{kind}:{m}") and is_judge_spec(f"{kind}:{m}")
+    assert not factory.is_hybrid_spec(f"local:{m}") and not factory.is_hybrid_spec("hybrid2")
+    assert factory.spec_of_judge_name(f"hybrid:{m}@hybrid-v2+voice0.1+offline-v3+minilm") == f"hybrid-voice:{m}"
+    with pytest.raises(UsageError, match="hybrid-voice:MODEL"):
+        factory.check_judge_spec(f"hybrid3:{m}")

@@ -30,8 +30,8 @@ from mechprobe.linear.turn import (
     modal_c,
     multiclass_confusion,
     oof_scores,
-    sweep_layers,
     shuffle_by_group,
+    sweep_layers,
     transfer_matrix,
 )
 

@@ -31,8 +31,8 @@ from mechprobe.linear.turn import (
     load_labelled_activations,
     modal_c,
     multiclass_confusion,
-    sweep_layers,
     results_table,
+    sweep_layers,
     transfer_matrix,
 )
 from mechprobe.plots.linear import plot_layer_auroc, plot_no_curve
