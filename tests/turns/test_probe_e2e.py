@@ -13,8 +13,7 @@ import pytest
 
 from mechprobe.cli import main
 from mechprobe.io import read_jsonl
-
-from .conftest import REPO, requires_smollm2
+from tests.conftest import REPO, requires_smollm2
 
 ARGS = ["--dataset", "builtin", "--limit", "3", "--temperatures", "0", "1.0", "--samples", "2",
         "--max-assistant-tokens", "40", "--max-user-tokens", "12"]

@@ -10,7 +10,7 @@ import pytest
 
 from mechprobe.turns.stock_turns import template_kind, template_share
 
-FIX = Path(__file__).parent / "fixtures" / "hand_labels_steer2_q15.jsonl"
+FIX = Path(__file__).parents[1] / "fixtures" / "hand_labels_steer2_q15.jsonl"
 
 
 @pytest.mark.parametrize("text,kind", [

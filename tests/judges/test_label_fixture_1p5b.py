@@ -12,7 +12,7 @@ from mechprobe.judges.agreement import cohen_kappa
 from mechprobe.judges.base import inputs_from_rows
 from mechprobe.taxonomy import GENUINE, LABELS
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 C_FILE, D_FILE = FIXTURES / "hand_labels_q15_c.jsonl", FIXTURES / "hand_labels_q15_d.jsonl"
 MARGIN = 0.15
 

@@ -19,8 +19,7 @@ from mechprobe.turns.scoring import (
     normalize_number,
     score,
 )
-
-from .conftest import shared_data_dir
+from tests.conftest import shared_data_dir
 
 SHARED = shared_data_dir()
 

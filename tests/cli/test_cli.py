@@ -240,8 +240,8 @@ def test_experiment_scripts_are_thin_wrappers_with_the_commands_flags(script, mo
 def tiny_model_run(tmp_path):
     """A run whose manifest names a real model directory (tiny random Llama + word-level tokenizer)."""
     from mechprobe.lm.models import load_model, tiny_model
-    from tests.test_activations import tiny_run, write_run_manifest
-    from tests.test_backends import make_tiny_tokenizer
+    from tests.activations.test_backends import make_tiny_tokenizer
+    from tests.activations.test_cache import tiny_run, write_run_manifest
 
     d = tmp_path / "tiny-model"
     make_tiny_tokenizer(d)

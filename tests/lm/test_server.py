@@ -144,7 +144,7 @@ def test_real_model_answers_over_http(smol):
 EXIT_MID_GENERATION = r"""
 import json, sys, threading, time, urllib.request
 sys.path.insert(0, sys.argv[1])
-from tests.test_server import tiny_chat_tokenizer
+from tests.lm.test_server import tiny_chat_tokenizer
 from mechprobe.lm.models import tiny_model
 from mechprobe.lm.server import ChatServer, HFResponder
 
@@ -182,7 +182,7 @@ def test_interpreter_exit_with_generation_in_flight_does_not_abort(tmp_path):
 
     script = tmp_path / "exit_mid_generation.py"
     script.write_text(EXIT_MID_GENERATION)
-    repo = str(Path(__file__).resolve().parents[1])
+    repo = str(Path(__file__).resolve().parents[2])
     r = subprocess.run([sys.executable, str(script), repo], capture_output=True, text=True, timeout=600)
     assert "exits with a generation in flight" in r.stdout, r.stderr[-2000:]
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])

@@ -32,8 +32,7 @@ from mechprobe.errors import UsageError, UserError
 from mechprobe.io import dumps_row
 from mechprobe.records import LabelRecord, UserTurnRecord
 from mechprobe.steering.vector import placeholder_tokenizer
-
-from .conftest import REPO, requires_smollm2
+from tests.conftest import REPO, requires_smollm2
 
 POS_TOKEN, NEG_TOKEN = 5, 9  # the boundary token of genuine / other rows: the planted signal
 

@@ -15,8 +15,7 @@ import pytest
 from mechprobe.io import read_jsonl
 from mechprobe.steering.evaluate import split_of
 from mechprobe.turns.pipeline import ProbeConfig, run_probe
-
-from .test_experiments_e2e import _write_labels
+from tests.e2e.test_experiments import _write_labels
 
 pytestmark = pytest.mark.slow
 

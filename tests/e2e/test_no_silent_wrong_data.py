@@ -2,7 +2,7 @@
 
 Fast: a tiny random-init Llama with a word-level chat tokenizer runs the real probe stage (real files,
 real generation, real manifests) in well under a second per call. Items 6 and the steering advice need
-the real model and live in tests/test_experiments_e2e.py.
+the real model and live in tests/e2e/test_experiments.py.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from mechprobe.lm.models import LoadedModel, tiny_model
 from mechprobe.lm.server import ChatServer, Fault, ScriptedResponder
 from mechprobe.records import Item
 from mechprobe.turns.pipeline import ProbeConfig, run_probe
-
-from .test_judge_run import make_run
+from tests.judges.test_judge_stage import make_run
 
 CTX = 64  # the tiny model's context: small, so item 7 can overflow it with a short prompt
 

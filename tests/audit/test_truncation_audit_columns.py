@@ -20,8 +20,7 @@ from mechprobe.steering.report import results_md
 from mechprobe.steering.statistics import audited_columns
 from mechprobe.taxonomy import GENUINE
 from mechprobe.turns.pipeline import summarize_run
-
-from .audit.run_fixture import build_run
+from tests.audit.run_fixture import build_run
 
 
 def _jsonl(path: Path, rows: list[dict]) -> None:

@@ -17,10 +17,10 @@ from mechprobe.lm import chat
 from mechprobe.post_train import pairs as pp
 from mechprobe.post_train import train as pt
 from tests.conftest import _has_smollm2, shared_data_dir
+from tests.lm.test_chat import QWEN25
 from tests.study_helpers import make_chatml_tokenizer
-from tests.test_chat import QWEN25
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 
 # ------------------------------------------------------------------------------------------ pair construction
@@ -136,7 +136,7 @@ REJECTED = "Solve: a train travels 60 miles in 1.5 hours."
 
 @pytest.fixture(scope="module", params=["smol+qwen2.5-template", "qwen2.5-coder-tokenizer"])
 def qwen_tok(request):
-    """Qwen2.5's template with its default system prompt: on SmolLM2's tokenizer (as tests/test_chat.py builds
+    """Qwen2.5's template with its default system prompt: on SmolLM2's tokenizer (as tests/lm/test_chat.py builds
     template families), and the real Qwen2.5-Coder tokenizer when its files are on this machine (no weights load)."""
     from mechprobe.lm.models import load_tokenizer
 
@@ -220,7 +220,7 @@ RUNNER = textwrap.dedent("""
     from pathlib import Path
     from mechprobe.lm.models import tiny_model
     from mechprobe.post_train import dpo
-    from tests.test_post_train_dpo import qwen_pairs, qwen_word_tokenizer
+    from tests.post_train.test_dpo import qwen_pairs, qwen_word_tokenizer
     tok = qwen_word_tokenizer(Path(sys.argv[1]) / "tok")
     cfg = dpo.DPOTrainConfig(steps=12, batch_size=3, lr=2e-2, checkpoint_every=4, warmup_steps=2, beta=0.1)
     pm, res = dpo.train_dpo(tiny_model("qwen2", seed=1), tok, qwen_pairs(tok), cfg, Path(sys.argv[1]) / "t",

@@ -256,7 +256,7 @@ def test_target_modules_are_checked_against_the_model_before_training():
 
 
 def _judge_run_dir(tmp_path: Path) -> Path:
-    from tests.test_judge_run import make_run
+    from tests.judges.test_judge_stage import make_run
 
     return make_run(tmp_path)
 

@@ -21,8 +21,7 @@ from mechprobe.turns.perturb import (
     variant_records,
 )
 from mechprobe.turns.pipeline import ProbeConfig, run_probe, run_variant
-
-from .study_helpers import assistant, make_chatml_tokenizer
+from tests.study_helpers import assistant, make_chatml_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -25,8 +25,7 @@ from mechprobe.splits import (
 from mechprobe.stages import finding_split
 from mechprobe.steering.evaluate import select_on_train
 from mechprobe.steering.setting import SETTING_FILE, check_setting, freeze_setting
-
-from .conftest import REPO, shared_data_dir
+from tests.conftest import REPO, shared_data_dir
 
 
 def test_committed_split_regenerates_bit_for_bit():
@@ -81,8 +80,7 @@ def test_selection_with_a_split_file_takes_only_its_train_ids():
 @pytest.mark.slow
 def test_split_file_ids_and_refusal_before_generation(smol, tmp_path):
     from mechprobe.turns.pipeline import ProbeConfig, run_probe
-
-    from .test_experiments_e2e import _write_labels
+    from tests.e2e.test_experiments import _write_labels
 
     run = tmp_path / "run"
     run_probe(ProbeConfig(dataset="builtin", limit=12, temperatures=[0.0, 1.0], samples=2, max_assistant_tokens=24,

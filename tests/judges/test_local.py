@@ -18,7 +18,7 @@ from mechprobe.lm.choice import ChoiceScorer, normalise, prompt_ids
 from mechprobe.lm.server import ChatServer, HFResponder
 from mechprobe.taxonomy import LABELS
 from tests.conftest import REPO, requires_smollm2
-from tests.test_judge_run import make_run
+from tests.judges.test_judge_stage import make_run
 
 FIXTURE = REPO / "tests" / "fixtures" / "hand_labels.jsonl"
 

@@ -19,8 +19,7 @@ from mechprobe.io import JsonlStore, read_json, read_jsonl
 from mechprobe.judges.factory import make_judge
 from mechprobe.records import LabelRecord
 from mechprobe.turns.pipeline import ProbeConfig, run_probe
-
-from .conftest import REPO
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
 
@@ -74,7 +73,7 @@ def test_propensity_script_on_tiny_real_run(smol, tmp_path):
 def test_datasets_pool_runs_and_transfer(smol, tmp_path, monkeypatch):
     """``--datasets gsm8k mt_bench``: one run per dataset at runs/<model>-<dataset> (built here, labels
     written by the test), pooled probes with a transfer matrix, outputs in runs/<model>-gsm8k+mt_bench."""
-    from .conftest import shared_data_dir
+    from tests.conftest import shared_data_dir
 
     data = shared_data_dir()
     if data is None:

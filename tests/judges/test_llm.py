@@ -273,7 +273,7 @@ def test_item8_echoed_key_never_reaches_labels_or_cache(echo_server, tmp_path):
     is scrubbed before labels.jsonl, the judge cache, the manifest and the summary are written."""
     from mechprobe.judges.base import inputs_from_run
     from mechprobe.judges.run import judge_run
-    from tests.test_judge_run import make_run
+    from tests.judges.test_judge_stage import make_run
 
     port = echo_server.server_address[1]
     run = make_run(tmp_path)

@@ -11,8 +11,7 @@ import pytest
 
 from mechprobe.io import read_jsonl
 from mechprobe.study.report import labels_file_for
-
-from .conftest import REPO, requires_smollm2
+from tests.conftest import REPO, requires_smollm2
 
 
 @pytest.mark.slow

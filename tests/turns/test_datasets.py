@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from mechprobe.turns.datasets import NAMES, SPECS, data_dir_candidates, find_data_dir, load_dataset, parse_hh
-
-from .conftest import shared_data_dir
+from tests.conftest import shared_data_dir
 
 SHARED = shared_data_dir()
 needs_shared = pytest.mark.skipif(SHARED is None, reason="no shared/data folder beside the repo (../shared/data)")
@@ -83,7 +82,7 @@ def test_real_file_loads_every_row_with_unique_stable_ids(name):
 @needs_shared
 def test_default_search_finds_shared_data_from_the_repo(monkeypatch):
     monkeypatch.delenv("MECHPROBE_DATA_DIR", raising=False)
-    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
     assert find_data_dir().resolve() == SHARED.resolve()  # ../shared may be a symlink
     assert Path(load_dataset("gsm8k", limit=3).source).resolve() == SHARED.resolve() / "gsm8k" / "test.jsonl"
 

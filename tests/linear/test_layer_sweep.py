@@ -34,8 +34,7 @@ from mechprobe.linear.turn import (
     sweep_layers,
     transfer_matrix,
 )
-
-from .conftest import REPO, requires_smollm2
+from tests.conftest import REPO, requires_smollm2
 
 
 def synth(n_items=60, per_item=4, d=24, n_layers=3, signal_layer=2, scale=6.0, seed=0):

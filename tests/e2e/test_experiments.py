@@ -19,8 +19,7 @@ from mechprobe.judges.factory import make_judge
 from mechprobe.records import LabelRecord
 from mechprobe.steering.evaluate import split_of
 from mechprobe.turns.pipeline import ProbeConfig, run_probe
-
-from .conftest import REPO
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
 

@@ -28,7 +28,7 @@ from mechprobe.io import JsonlStore, write_json
 from mechprobe.lm import chat
 from mechprobe.lm.models import LoadedModel, tiny_model
 from mechprobe.records import LabelRecord, UserTurnRecord, make_record_id
-from tests.test_backends import make_tiny_tokenizer, oracle, rel
+from tests.activations.test_backends import make_tiny_tokenizer, oracle, rel
 
 POS3 = "boundary,assistant_last,assistant_mean"
 

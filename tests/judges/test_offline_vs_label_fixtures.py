@@ -22,7 +22,7 @@ from mechprobe.judges.base import inputs_from_rows
 from mechprobe.judges.offline import OfflineJudge
 from mechprobe.taxonomy import GENUINE, LABELS
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 A_FILE = FIXTURES / "hand_labels.jsonl"
 B_FILE = FIXTURES / "hand_labels_b.jsonl"
 
