@@ -1,9 +1,9 @@
 """The boundary cache from the judge's kept conversations vs from nothing, on a real run's probe files.
 
-    python benchmarks/bench_cache_from_judge.py RUN [--judge hybrid2:qwen2.5-coder-1.5b-instruct]
+    python benchmarks/bench_cache_from_judge.py RUN [--judge hybrid-voice:qwen2.5-coder-1.5b-instruct]
 
 Not a test. One process, the run's own model loaded once (its dtype and template), the run's
-``assistant.jsonl`` / ``user_turns.jsonl`` / ``manifest.json`` copied into two scratch runs. The ``hybrid2:``
+``assistant.jsonl`` / ``user_turns.jsonl`` / ``manifest.json`` copied into two scratch runs. The ``hybrid-voice:``
 judge of that model (disk cache off, so it runs its model on every candidate) labels the first copy with its
 KV pool sized as ``Stages.labels`` sizes it; then the cache stage runs on the second copy from nothing (the
 baseline: every conversation prefilled again) and on the first with ``prefixes=`` the judge's store. Reports
@@ -41,12 +41,12 @@ PROBE_FILES = ("assistant.jsonl", "user_turns.jsonl", "manifest.json")
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", help="a probe run directory (its probe files are copied, never changed)")
-    p.add_argument("--judge", default=None, help="default: hybrid2:<the run's model>")
+    p.add_argument("--judge", default=None, help="default: hybrid-voice:<the run's model>")
     p.add_argument("--out", default=None, help="default: benchmarks/results/cache_from_judge_<model>.json")
     a = p.parse_args(argv)
     run = Path(a.run)
     cfg = read_json(run / "manifest.json")["config"]
-    judge_spec = a.judge or f"hybrid2:{cfg['model']}"
+    judge_spec = a.judge or f"hybrid-voice:{cfg['model']}"
     lm = load_model(cfg["model"], dtype=cfg.get("dtype"), chat_template=cfg.get("chat_template"))
     out: dict = {"model": cfg["model"], "judge": judge_spec, "cpu": cpu_name(), "threads": torch.get_num_threads(),
                  "model_dtype": str(lm.dtype), "versions": versions()}

@@ -5,7 +5,7 @@
 
 Not a test. One process, one real steering directory: the first ``n`` held-out items of every
 ``alpha_*.jsonl`` in it (plus the directory above's ``alpha_0_none.jsonl``) are judged one condition per
-``label_many`` call, exactly as ``steer.py`` judges them, by the ``hybrid2:`` judge with its disk cache off:
+``label_many`` call, exactly as ``steer.py`` judges them, by the ``hybrid-voice:`` judge with its disk cache off:
 once with ``pool_mb=0`` (every call re-runs each conversation's prefill: the baseline, what ran before) and
 once with the default pool. Reports seconds per judged turn, the ratio, the pool's size in MB, and whether
 every label and P(genuine) is the same (the pool returns the very tensors of the first prefill, so they

@@ -1,4 +1,4 @@
-"""The hybrid2 judge's voice minimum: chosen on dev halves of the two 1.5B hand-label fixtures, scored once on test.
+"""The hybrid-voice judge's voice minimum: chosen on dev halves of the two 1.5B hand-label fixtures, scored once on test.
 
     python benchmarks/choose_voice.py [--out benchmarks/results/voice_choice.json]
 

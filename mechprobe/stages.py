@@ -103,7 +103,7 @@ class Stages:
         """Judge the run's turns; a model-based judge of the run's own model reuses the loaded weights.
 
         Why the model may load here: after a llama.cpp (or vLLM) probe stage no HF model is held yet, and a
-        ``hybrid2:`` judge of the run's own model would load the weights for itself, and the cache stage load
+        ``hybrid-voice:`` judge of the run's own model would load the weights for itself, and the cache stage load
         them again after it. When the cache is still to be built, the stage model is loaded first and lent to the
         judge, so they load once (the judge's dtype permitting: :func:`shared_judge_model`). The judge then also
         keeps every conversation it prefilled (its KV pool, sized here for the run within a quarter of the free

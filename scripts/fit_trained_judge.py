@@ -5,7 +5,7 @@ Steps, in order; each reads what the previous wrote:
     python scripts/fit_trained_judge.py labels     # labels.md: the set's contents and labeller agreement
     python scripts/fit_trained_judge.py features   # every turn's features and offline verdict
                                                    #   (the 0.5B scoring model; cached, resumable)
-    python scripts/fit_trained_judge.py judges     # the compared judges' verdicts on the test turns (hybrid2:
+    python scripts/fit_trained_judge.py judges     # the compared judges' verdicts on the test turns (hybrid-voice:
                                                    #   the 1.5B model; resumable)
     python scripts/fit_trained_judge.py fit        # dev split only: item-grouped CV picks C and the threshold,
                                                    #   leave-one-subject-model-out, weights -> mechprobe/data
@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from mechprobe.audit.agreement import kappa_with_ci  # noqa: E402
 from mechprobe.judges.base import JudgeInput  # noqa: E402
+from mechprobe.judges.factory import canonical_spec  # noqa: E402
 from mechprobe.judges.trained import DEFAULT_WEIGHTS, WEIGHTS_FORMAT, predict_proba, verdict, weights_digest  # noqa: E402
 from mechprobe.judges.turn_features import FEATURE_NAMES, vector  # noqa: E402
 from mechprobe.taxonomy import GENUINE, LABELS  # noqa: E402
@@ -43,10 +44,10 @@ DIR = REPO / "reports" / "labelled_turns"
 LABEL_DIR = DIR / "labels"
 FEATURES = DIR / "features.jsonl"
 WEIGHTS = REPO / "mechprobe" / "data" / DEFAULT_WEIGHTS
-SCORING_MODEL = "qwen2.5-coder-0.5b-instruct"  # 3x cheaper forwards than the 1.5B hybrid2 judge
+SCORING_MODEL = "qwen2.5-coder-0.5b-instruct"  # 3x cheaper forwards than the 1.5B hybrid-voice judge
 JUDGES = DIR / "judges.jsonl"
 # The best-validated judge, and the 8-way LLM-judge prompt with the codebook (local:) on the 0.5B and 1.5B models.
-COMPARE = ("hybrid2:qwen2.5-coder-1.5b-instruct", "local:qwen2.5-coder-0.5b-instruct", "local:qwen2.5-coder-1.5b-instruct")
+COMPARE = ("hybrid-voice:qwen2.5-coder-1.5b-instruct", "local:qwen2.5-coder-0.5b-instruct", "local:qwen2.5-coder-1.5b-instruct")
 VERSION = "trained-v2"
 C_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 N_FOLDS = 5
@@ -188,8 +189,9 @@ def cmd_judges(args: argparse.Namespace) -> None:
     turns = load_turns()
     have = set()
     if JUDGES.exists():
-        have = {(r["turn_id"], r["spec"]) for r in map(json.loads, JUDGES.read_text(encoding="utf-8").splitlines())}
-    for spec in args.judge or COMPARE:
+        have = {(r["turn_id"], canonical_spec(r["spec"]))
+                for r in map(json.loads, JUDGES.read_text(encoding="utf-8").splitlines())}
+    for spec in map(canonical_spec, args.judge or COMPARE):
         todo = [r for tid, r in sorted(turns.items()) if r["split"] in args.split and (tid, spec) not in have]
         print(f"{spec}: {len(todo)} turns to judge", file=sys.stderr)
         if not todo:
@@ -210,11 +212,11 @@ def cmd_judges(args: argparse.Namespace) -> None:
 
 
 def _judge_labels() -> dict[str, dict[str, str]]:
-    """spec -> {turn_id: label} from judges.jsonl."""
+    """spec -> {turn_id: label} from judges.jsonl (specs recorded as ``hybrid2:`` read as ``hybrid-voice:``)."""
     out: dict[str, dict[str, str]] = {}
     if JUDGES.exists():
         for r in map(json.loads, JUDGES.read_text(encoding="utf-8").splitlines()):
-            out.setdefault(r["spec"], {})[r["turn_id"]] = r["label"]
+            out.setdefault(canonical_spec(r["spec"]), {})[r["turn_id"]] = r["label"]
     return out
 
 

@@ -34,6 +34,7 @@ from mechprobe.audit.codebook import CODEBOOK_VERSION  # noqa: E402
 from mechprobe.audit.identify import CANT_TELL, perturb_numbers, score_choices  # noqa: E402
 from mechprobe.audit.readings import STRICT  # noqa: E402
 from mechprobe.judges.agreement import cohen_kappa  # noqa: E402
+from mechprobe.judges.factory import canonical_spec  # noqa: E402
 from mechprobe.stats import wilson  # noqa: E402
 from mechprobe.stats.clustered import clopper_pearson  # noqa: E402
 from mechprobe.taxonomy import GENUINE, LABELS  # noqa: E402
@@ -143,7 +144,7 @@ def score(out: Path) -> dict[str, Any]:
     judge = {}
     for x in (SET / "judges.jsonl").read_text().splitlines():
         j = json.loads(x)
-        if j["turn_id"] in turns and j["spec"].startswith("hybrid2:"):
+        if j["turn_id"] in turns and canonical_spec(j["spec"]).startswith("hybrid-voice:"):  # recorded as hybrid2: too
             judge[j["turn_id"]] = j["label"]
     conds = sorted({r["condition"] for r in turns.values()})
     names = sorted(labs)
@@ -221,7 +222,7 @@ def _write_evidence(out: Path, key: dict[str, Any], turns: dict[str, Any], labs:
             t = turns[tid]
             rec = {"turn_id": tid, "item_id": t["item_id"], "condition": t["condition"], "split": t["split"],
                    "query": t["query"], "answer": t["answer"], "turn": t["turn"],
-                   "judge": {"spec": "hybrid2:" + key["model"], "label": judge.get(tid)},
+                   "judge": {"spec": "hybrid-voice:" + key["model"], "label": judge.get(tid)},
                    "labels_v2": {n: labs[n][tid] for n in sorted(labs)},
                    "labels_v1": {n: {k: v1[n][tid][k] for k in ("label", "borderline", "note")} for n in sorted(v1)},
                    "identify": ({"real": row_of[tid][1], "choices": ident_choice.get(tid, {})}
@@ -249,7 +250,7 @@ def markdown(rep: dict[str, Any]) -> str:
                      + " | ".join(_pct(r["per_labeller"][n]) for n in rep["labellers"])
                      + f" | {_pct(r['both'])} | {_pct(r['either'])} |")
     L += ["", "Earlier labels of the same turns (codebook v1, lenient, both labellers) and the judge "
-          f"(hybrid2:{rep['model']}, judge only; the labelled set keeps its verdicts for the {rep['n_judged']} "
+          f"(hybrid-voice:{rep['model']}, judge only; the labelled set keeps its verdicts for the {rep['n_judged']} "
           "test-split turns only, so judge rates and judge kappas are over those):", ""]
     for c, cell in rep["by_condition"].items():
         L.append(f"- {c}: v1 both {_pct(cell['v1_lenient_both'])}; judge only {_pct(cell['judge_only'])}")

@@ -7,7 +7,7 @@
 Reads the run's ``audit/report.json`` (written by ``mechprobe audit RUN --labels ...``), its sample and labels, and
 the judged turns. Per condition: turns, judge-only rate, corrected rate (prediction-powered, from the report),
 the audited rate under the codebook as written (share of labellers calling a turn genuine, mean over audited turns)
-and under the strict reading that does not count stock template turns (:mod:`mechprobe.turns.templates`), the
+and under the strict reading that does not count stock template turns (:mod:`mechprobe.turns.stock_turns`), the
 share of template turns among all the condition's turns, and the paired difference vs alpha 0 (judge only and
 corrected, from the report).
 """
@@ -29,7 +29,7 @@ from mechprobe.audit import load_labellers, load_run_table, load_sample  # noqa:
 from mechprobe.audit.report import audit_rows  # noqa: E402
 from mechprobe.judges.factory import spec_of_judge_name  # noqa: E402
 from mechprobe.stats import wilson  # noqa: E402
-from mechprobe.turns.templates import template_kind  # noqa: E402
+from mechprobe.turns.stock_turns import template_kind  # noqa: E402
 
 COND = re.compile(r"^(?P<kind>[a-z_]+)\|L(?P<layer>\d+)\|a(?P<alpha>[-0-9.e]+)")
 
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
              "Corrected = prediction-powered inference (ppi_py) from the audited turns, or the audit's own Wilson "
              "interval where every turn of a stratum was audited. Audited rate = mean share of labellers calling a "
              "turn genuine (the codebook as written); strict = the same with stock template turns "
-             "(acknowledgement plus plan, a request for the final answer; mechprobe.turns.templates) not counted. "
+             "(acknowledgement plus plan, a request for the final answer; mechprobe.turns.stock_turns) not counted. "
              "Template share is over all the condition's turns.", "",
              "| condition | turns | judge only | corrected (n audited) | audited, codebook | audited, strict | "
              "template share | vs alpha 0, judge only | vs alpha 0, corrected |",

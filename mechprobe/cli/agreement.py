@@ -2,7 +2,7 @@
 
     mechprobe agreement runs/a runs/b                          # two runs' labels.jsonl
     mechprobe agreement FIXTURE offline --split test           # a judge run on the rows of a labelled fixture
-    mechprobe agreement --human-reference hybrid2:MODEL --n 100
+    mechprobe agreement --human-reference hybrid-voice:MODEL --n 100
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from mechprobe.cli import common
 from mechprobe.errors import UsageError
 from mechprobe.judges import human_reference
 from mechprobe.judges.agreement import compare, is_judge_spec, judge_source, load_labels, report_markdown
+from mechprobe.judges.factory import is_hybrid_spec
 
 HELP = "agreement between two label sources (kappa, confusion)"
 
@@ -54,7 +55,7 @@ def run(a: argparse.Namespace) -> int:
     hybrid_opts = {"dtype": a.dtype, "threshold": a.threshold}
 
     def opts_for(spec: str) -> dict[str, Any]:
-        return local_opts if spec.startswith("local:") else hybrid_opts if spec.startswith(("hybrid:", "hybrid2:")) else {}
+        return local_opts if spec.startswith("local:") else hybrid_opts if is_hybrid_spec(spec) else {}
 
     if a.human_reference:
         text, _ = human_reference.run(a.human_reference, n=a.n, save=a.save_labels, max_chars=a.max_chars,

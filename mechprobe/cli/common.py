@@ -140,10 +140,10 @@ def batch_size_arg(v: str) -> int | None:
 
 # ------------------------------------------------------------------ flags shared by several commands, defined once
 
-JUDGE_HELP = ("offline | offline-lexical | hybrid:MODEL | hybrid2:MODEL | local:MODEL | openai:MODEL | auto (default). "
+JUDGE_HELP = ("offline | offline-lexical | hybrid:MODEL | hybrid-voice:MODEL (alias hybrid2:MODEL) | local:MODEL | openai:MODEL | auto (default). "
               "auto: openai:$MECHPROBE_JUDGE_MODEL when set; else the judge that already labelled the run; else "
               "offline for the embedded default model; else the best-validated judge this machine can run "
-              "(hybrid2 on the 1.5B Qwen when fetched, else offline)")
+              "(hybrid-voice on the 1.5B Qwen when fetched, else offline)")
 DTYPES = ("float32", "bfloat16", "float16")
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from mechprobe.cli import common
 from mechprobe.io import read_json
+from mechprobe.judges.factory import is_hybrid_spec
 from mechprobe.judges.run import LABELS_FILE, judge_run
 from mechprobe.stages import auto_judge
 
@@ -53,7 +54,7 @@ def run(a: argparse.Namespace) -> int:
         opts = {"base_url": a.base_url, "concurrency": a.concurrency, "timeout": a.timeout,
                 "max_retries": a.max_retries, "api_key": os.environ.get(a.api_key_env) or None}
         opts["cache_dir"] = False if a.no_cache else a.cache_dir
-    elif spec.startswith(("local:", "hybrid:", "hybrid2:")):
+    elif spec.startswith("local:") or is_hybrid_spec(spec):
         opts = {"cache_dir": False if a.no_cache else a.cache_dir}
     s = judge_run(a.run, spec, labels_file=a.labels, retry_errors=not a.keep_errors, limit=a.limit or None,
                   progress=not a.no_progress, **opts)

@@ -1,6 +1,6 @@
 """Re-judge a finished steering run's turns with another judge, without generating anything again.
 
-    mechprobe relabel-steering RUN [--steer-dir RUN/steering_llamacpp] --judge hybrid2:MODEL
+    mechprobe relabel-steering RUN [--steer-dir RUN/steering_llamacpp] --judge hybrid-voice:MODEL
 
 Why: steering results are only as good as the judge that scored them (docs/results.md: the hybrid judge counted
 assistant-voice re-solving as follow-ups). This reads every ``alpha_*.jsonl`` of the steering directory (the

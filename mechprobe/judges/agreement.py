@@ -23,7 +23,7 @@ from typing import Any
 from mechprobe.errors import MissingInput, UsageError
 from mechprobe.io import JsonlStore, read_jsonl
 from mechprobe.judges.base import inputs_from_rows
-from mechprobe.judges.factory import make_judge
+from mechprobe.judges.factory import is_hybrid_spec, make_judge
 from mechprobe.stats import cohen_kappa
 from mechprobe.taxonomy import GENUINE, JUDGE_ERROR, LABELS
 
@@ -88,7 +88,8 @@ def is_judge_spec(spec: str) -> bool:
 
     Public because the agreement command decides with it whether its second source is labelled on the spot.
     """
-    return spec in ("offline", "offline-lexical", "offline-embed") or spec.startswith(("openai:", "local:", "hybrid:", "hybrid2:"))
+    return (spec in ("offline", "offline-lexical", "offline-embed") or spec.startswith(("openai:", "local:"))
+            or is_hybrid_spec(spec))
 
 
 def load_labels(path: str | Path, split: str | None = None, name: str | None = None) -> LabelSource:

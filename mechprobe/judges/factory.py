@@ -24,7 +24,34 @@ from mechprobe.lm.models import (
     embedded_gguf_path,
 )
 
-BEST_JUDGE = "hybrid2:qwen2.5-coder-1.5b-instruct"
+HYBRID_VOICE = "hybrid-voice"
+"""Spec kind of the hybrid judge with the voice check (``hybrid-voice:MODEL``); plain ``hybrid:`` has none."""
+SPEC_ALIASES = {"hybrid2": HYBRID_VOICE}
+"""Other spec kinds accepted wherever a judge spec is: ``hybrid2:MODEL`` is ``hybrid-voice:MODEL``, so commands,
+scripts and recorded specs written with the older kind keep working."""
+MODEL_JUDGE_KINDS = ("local", "hybrid", HYBRID_VOICE, "trained")
+"""Spec kinds whose judge loads a language model (the part after ``:`` names it)."""
+
+BEST_JUDGE = f"{HYBRID_VOICE}:qwen2.5-coder-1.5b-instruct"
+
+
+def canonical_spec(spec: str) -> str:
+    """``spec`` with an alias kind replaced by its name (``hybrid2:M`` -> ``hybrid-voice:M``); others unchanged.
+
+    Why: every check of a spec's kind goes through one name, so an alias cannot be accepted in one place and
+    refused in another.
+
+    Example:
+        >>> canonical_spec("hybrid2:qwen2.5-coder-1.5b-instruct"), canonical_spec("offline")
+        ('hybrid-voice:qwen2.5-coder-1.5b-instruct', 'offline')
+    """
+    kind, sep, rest = spec.partition(":")
+    return f"{SPEC_ALIASES[kind]}:{rest}" if sep and kind in SPEC_ALIASES else spec
+
+
+def is_hybrid_spec(spec: str) -> bool:
+    """Whether ``spec`` builds a :class:`HybridJudge` (``hybrid:``, ``hybrid-voice:`` or its alias ``hybrid2:``)."""
+    return canonical_spec(spec).startswith(("hybrid:", f"{HYBRID_VOICE}:"))
 
 
 def best_judge() -> str:
@@ -60,7 +87,7 @@ def spec_of_judge_name(name: str) -> str | None:
         return "trained:" + name.split(":", 1)[1].split("@", 1)[0]
     if name.startswith("hybrid:") and "@" in name:
         judge_model = name.split(":", 1)[1].split("@", 1)[0]
-        return f"{'hybrid2' if '+voice' in name else 'hybrid'}:{judge_model}"
+        return f"{HYBRID_VOICE if '+voice' in name else 'hybrid'}:{judge_model}"
     return None
 
 
@@ -93,14 +120,14 @@ def default_judge(model: str | None = None, labelled_by: str | None = None) -> s
 
 
 def judges_model(spec: str | None) -> str | None:
-    """The model a model-based judge spec loads (``hybrid2:M`` -> ``M``), else None (offline, openai, auto).
+    """The model a model-based judge spec loads (``hybrid-voice:M`` -> ``M``), else None (offline, openai, auto).
 
     Example:
-        >>> judges_model("hybrid2:qwen2.5-coder-1.5b-instruct"), judges_model("offline")
+        >>> judges_model("hybrid-voice:qwen2.5-coder-1.5b-instruct"), judges_model("offline")
         ('qwen2.5-coder-1.5b-instruct', None)
     """
-    kind, sep, model = (spec or "").partition(":")
-    return model if sep and kind in ("local", "hybrid", "hybrid2", "trained") and model else None
+    kind, sep, model = canonical_spec(spec or "").partition(":")
+    return model if sep and kind in MODEL_JUDGE_KINDS and model else None
 
 
 def shared_judge_model(spec: str | None, lm: Any) -> Any:
@@ -108,7 +135,7 @@ def shared_judge_model(spec: str | None, lm: Any) -> Any:
     device), else None: pass it as ``loaded=`` so a process holds one copy of the weights per dtype.
 
     Why: a steering or probe command already holds the subject model; a model-based judge of the same model
-    (``hybrid2:qwen2.5-coder-1.5b-instruct`` on a 1.5B run) would otherwise load a second copy of the same
+    (``hybrid-voice:qwen2.5-coder-1.5b-instruct`` on a 1.5B run) would otherwise load a second copy of the same
     weights (another 3-6 GB and a load) to compute the same forwards.
 
     Args:
@@ -148,8 +175,8 @@ def make_judge(spec: str | None = "offline", **opts: Any) -> Judge:
     Args:
         spec: ``"offline"`` (default; rules, embedding variant when installed), ``"offline-lexical"``,
             ``"offline-embed"``, ``"openai:MODEL"`` (:class:`LLMJudge`), ``"local:MODEL"``
-            (:class:`LocalJudge`), ``"hybrid:MODEL"`` or ``"hybrid2:MODEL"`` (:class:`HybridJudge`, the latter
-            with the voice check). None = ``openai:$MECHPROBE_JUDGE_MODEL`` when set, else ``offline``.
+            (:class:`LocalJudge`), ``"hybrid:MODEL"`` or ``"hybrid-voice:MODEL"`` (:class:`HybridJudge`, the
+            latter with the voice check; ``"hybrid2:MODEL"`` is accepted for it). None = ``openai:$MECHPROBE_JUDGE_MODEL`` when set, else ``offline``.
         **opts: constructor options; options the chosen judge does not take, and None values, are dropped.
 
     Returns:
@@ -165,7 +192,7 @@ def make_judge(spec: str | None = "offline", **opts: Any) -> Judge:
         ('OfflineJudge', 'offline-v3+lexical')
         >>> make_judge("openai:gpt-4o-mini")        # needs OPENAI_API_KEY or base_url=  # doctest: +SKIP
     """
-    spec = resolve_judge_spec(spec)
+    spec = canonical_spec(resolve_judge_spec(spec))
     opts = {k: v for k, v in opts.items() if v is not None}
     if spec in ("offline", "offline-lexical", "offline-embed"):
 
@@ -191,7 +218,7 @@ def make_judge(spec: str | None = "offline", **opts: Any) -> Judge:
 
         allowed = {"dtype", "device", "few_shot", "bias", "cache_dir", "loaded"}
         return LocalJudge(model, **{k: v for k, v in opts.items() if k in allowed})
-    if spec.startswith(("hybrid:", "hybrid2:")):
+    if is_hybrid_spec(spec):
         model = spec.split(":", 1)[1]
         if not model:
             raise UsageError("--judge hybrid:MODEL needs a model: an embedded name (e.g. "
@@ -199,7 +226,7 @@ def make_judge(spec: str | None = "offline", **opts: Any) -> Judge:
 
         allowed = {"dtype", "device", "threshold", "veto", "cache_dir", "loaded", "embed", "voice"}
         kw = {k: v for k, v in opts.items() if k in allowed}
-        if spec.startswith("hybrid2:"):  # + the voice check at the margin chosen on the dev splits
+        if spec.startswith(f"{HYBRID_VOICE}:"):  # + the voice check at the margin chosen on the dev splits
 
             kw.setdefault("voice", DEFAULT_VOICE)
         return HybridJudge(model, **kw)
@@ -211,12 +238,12 @@ def make_judge(spec: str | None = "offline", **opts: Any) -> Judge:
         allowed = {"dtype", "device", "cache_dir", "loaded", "embed", "weights"}
         return TrainedJudge(model, **{k: v for k, v in opts.items() if k in allowed})
     raise UsageError(f"unknown judge {spec!r}: use 'offline', 'offline-lexical', 'openai:MODEL', 'local:MODEL', "
-                     "'hybrid:MODEL', 'hybrid2:MODEL' or 'trained:MODEL'")
+                     "'hybrid:MODEL', 'hybrid-voice:MODEL' or 'trained:MODEL'")
 
 
 def check_judge_spec(spec: str | None, flag: str = "--judge") -> str:
     """Parse a judge spec without building the judge (nothing is loaded): the resolved spec, or a
-    :class:`UsageError`. The model of ``local:``/``hybrid:``/``hybrid2:`` must be a known model source
+    :class:`UsageError`. The model of ``local:``/``hybrid:``/``hybrid-voice:`` (alias ``hybrid2:``) must be a known model source
     (:func:`mechprobe.lm.models.check_model_source`). Lets a long command refuse a typo before its first model loads.
     ``auto`` (or None) passes: it is resolved to a concrete judge later, from the run."""
     if spec in (None, "auto"):
@@ -224,9 +251,9 @@ def check_judge_spec(spec: str | None, flag: str = "--judge") -> str:
     if spec in ("offline", "offline-lexical", "offline-embed"):
         return spec
     kind, sep, model = spec.partition(":")
-    if kind not in ("openai", "local", "hybrid", "hybrid2", "trained") or not sep:
+    if canonical_spec(spec).partition(":")[0] not in ("openai", *MODEL_JUDGE_KINDS) or not sep:
         raise UsageError(f"unknown judge {spec!r} ({flag}): use 'offline', 'offline-lexical', 'openai:MODEL', "
-                         "'local:MODEL', 'hybrid:MODEL', 'hybrid2:MODEL' or 'trained:MODEL'")
+                         "'local:MODEL', 'hybrid:MODEL', 'hybrid-voice:MODEL' or 'trained:MODEL'")
     if not model:
         raise UsageError(f"{flag} {kind}:MODEL needs a model name, e.g. {kind}:qwen2.5-coder-1.5b-instruct")
     if kind != "openai":

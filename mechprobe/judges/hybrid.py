@@ -53,7 +53,7 @@ from mechprobe.records import LabelRecord
 from mechprobe.taxonomy import GENUINE, is_genuine
 
 HYBRID_VERSION = "hybrid-v1"
-HYBRID_V2 = "hybrid-v2"  # + the voice check (``--judge hybrid2:MODEL``)
+HYBRID_V2 = "hybrid-v2"  # + the voice check (``--judge hybrid-voice:MODEL``)
 NULL_RESPONSE = "Sure, I can help with that."
 CANDIDATES = frozenset({GENUINE, "generic_followup", "new_query"})
 # Chosen on the dev split of tests/fixtures/hand_labels.jsonl (docs/judge_agreement.md); test untouched.
@@ -61,7 +61,7 @@ DEFAULT_THRESHOLD = 0.3
 DEFAULT_VETO = 0.0
 SCALE = 0.1  # log-ratio units per logit of the reported P(genuine); only shapes probs, not labels
 DEFAULT_POOL_MB = 1024.0  # kept conversation prefixes: ~0.5 GB for 96 GSM8K items on the 1.5B judge (bf16)
-DEFAULT_VOICE = 0.1  # chosen on the dev splits of both 1.5B fixtures (docs/judge_agreement.md); hybrid2: only
+DEFAULT_VOICE = 0.1  # chosen on the dev splits of both 1.5B fixtures (docs/judge_agreement.md); hybrid-voice: only
 
 
 @torch.inference_mode()
@@ -221,7 +221,7 @@ class HybridJudge:
         embed: the inner :class:`OfflineJudge`'s ``embed`` switch (None: embedding variant when installed).
         voice: minimum voice score (user-slot minus assistant-slot log-probability of the turn) for a
             ``genuine_followup``; lower becomes ``assistant_continuation``. None (default) = no voice check
-            (``hybrid2:`` uses 0.1).
+            (``hybrid-voice:`` uses 0.1).
         pool_mb: memory for kept conversation KV prefixes, in MiB (default 1024).
 
     Attributes:

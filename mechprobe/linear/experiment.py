@@ -1,7 +1,7 @@
 """The linear-probe experiment over a run: build or reuse the stages, probe every layer, write probes/ and figures.
 
 Takes a typed :class:`LinearProbeConfig` (the command line builds it in :mod:`mechprobe.cli.linear_probe`) and
-returns a :class:`~mechprobe.linear.result.ProbesResult` the command prints. The turn target runs here; the
+returns a :class:`~mechprobe.linear.result.LinearProbeResult` the command prints. The turn target runs here; the
 item-level propensity target in :mod:`mechprobe.linear.propensity.driver`.
 """
 
@@ -22,17 +22,17 @@ from mechprobe.linear.fit import InsufficientPositives, to_jsonable
 from mechprobe.linear.propensity.driver import propensity_experiment
 from mechprobe.linear.propensity.load import choose_target
 from mechprobe.linear.report import no_fit_md, turn_metrics_md
-from mechprobe.linear.result import ProbesResult
+from mechprobe.linear.result import LinearProbeResult
 from mechprobe.linear.turn import (
-    ProbeData,
+    LabelledActivations,
     controls,
     directions,
     figures_dir,
-    load_probe_data,
+    load_labelled_activations,
     modal_c,
     multiclass_confusion,
-    probe_layers,
     results_table,
+    sweep_layers,
     transfer_matrix,
 )
 from mechprobe.plots.linear import plot_layer_auroc, plot_no_curve
@@ -80,7 +80,7 @@ class LinearProbeConfig:
         return cls(**{f.name: getattr(a, f.name) for f in dataclasses.fields(cls) if hasattr(a, f.name)})
 
 
-def _transfer(a: LinearProbeConfig, run: Path, cfg: ProbeConfig, data: ProbeData, layer: int
+def _transfer(a: LinearProbeConfig, run: Path, cfg: ProbeConfig, data: LabelledActivations, layer: int
              ) -> dict[str, Any] | None:
     """Stack this run with the transfer runs (same model) at one layer and train-on-A / test-on-B.
 
@@ -101,7 +101,7 @@ def _transfer(a: LinearProbeConfig, run: Path, cfg: ProbeConfig, data: ProbeData
         return None
     xs, ys, gs, ds = [data.stack[:, data.layers.index(layer)]], [data.y], [data.groups], [data.datasets]
     for r in runs:
-        other = load_probe_data(r, str(layer))
+        other = load_labelled_activations(r, str(layer))
         if other.meta["identity"]["weight_hash"] != data.meta["identity"]["weight_hash"]:
             raise ValueError(f"{r} was cached from another model; transfer needs one model")
         xs.append(other.stack[:, other.layers.index(layer)])
@@ -113,7 +113,7 @@ def _transfer(a: LinearProbeConfig, run: Path, cfg: ProbeConfig, data: ProbeData
     return {**tm, "layer": layer, "runs": [str(run), *map(str, runs)]}
 
 
-def run_linear_probe(a: LinearProbeConfig) -> ProbesResult:
+def run_linear_probe(a: LinearProbeConfig) -> LinearProbeResult:
     """probe -> judge -> cache (reused when complete), then the probes; exit code 3 when the run is too small to fit."""
 
     t0 = time.time()
@@ -156,7 +156,7 @@ def run_linear_probe(a: LinearProbeConfig) -> ProbesResult:
         return _analyse(a, run, cfg, timings, judge_name, t0, t_an)
 
 
-def label_counts(data: ProbeData) -> dict[str, int]:
+def label_counts(data: LabelledActivations) -> dict[str, int]:
     """What a turn-level fit rests on: rows and items of each class, and the rows no label could be used for."""
     y, groups = data.y, data.groups
     counts = {"genuine rows": int(y.sum()), "not genuine rows": int(len(y) - y.sum()),
@@ -167,7 +167,7 @@ def label_counts(data: ProbeData) -> dict[str, int]:
 
 
 def _no_fit(out_dir: Path, fig_path: Path, base: dict[str, Any], counts: dict[str, int], reason: str,
-            title: str, t0: float) -> ProbesResult:
+            title: str, t0: float) -> LinearProbeResult:
     """Too few positives to fit: metrics.json/.md with the label counts and the reason, a figure saying why."""
     write_json(out_dir / "metrics.json", {**base, "status": "insufficient_positives", "reason": reason,
                                           "label_counts": counts, "total_seconds": round(time.time() - t0, 1)})
@@ -176,10 +176,10 @@ def _no_fit(out_dir: Path, fig_path: Path, base: dict[str, Any], counts: dict[st
     msg = (f"\nNot reporting probe metrics: {reason}\n(wrote {out_dir}/metrics.json and metrics.md with the label "
            f"counts and the reason, and {fig}; everything computed so far is kept: the run's turns, labels and "
            "activations are reused when you re-run)")
-    return ProbesResult("insufficient_positives", out_dir, fig, message=msg, exit_code=3)
+    return LinearProbeResult("insufficient_positives", out_dir, fig, message=msg, exit_code=3)
 
 
-def _save_directions(out_dir: Path, data: ProbeData, report: Any, cfg: ProbeConfig, run: Path, judge_name: str,
+def _save_directions(out_dir: Path, data: LabelledActivations, report: Any, cfg: ProbeConfig, run: Path, judge_name: str,
                      seed: int) -> None:
     """directions.safetensors/.json: each layer's probe and difference-of-means directions, for steering."""
     from safetensors.numpy import save_file
@@ -200,10 +200,10 @@ def _save_directions(out_dir: Path, data: ProbeData, report: Any, cfg: ProbeConf
 
 
 def _analyse(a: LinearProbeConfig, run: Path, cfg: ProbeConfig, timings: dict[str, float], judge_name: str,
-             t0: float, t_an: float) -> ProbesResult:
+             t0: float, t_an: float) -> LinearProbeResult:
     """Everything after the stages: probes, controls, extras, files, figure."""
 
-    data = load_probe_data(run, a.layers)
+    data = load_labelled_activations(run, a.layers)
     y, groups = data.y, data.groups
     out_dir = run / "probes"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -215,7 +215,7 @@ def _analyse(a: LinearProbeConfig, run: Path, cfg: ProbeConfig, timings: dict[st
     title = figure_title(cfg.model, judge_name, f"{len(y)} turns ({int(y.sum())} genuine, "
                                                 f"{len(set(groups))} items)", cfg.dataset)
     try:
-        report = probe_layers(data.stack, data.layers, y, groups, data.greedy, n_splits=a.folds, seed=a.seed,
+        report = sweep_layers(data.stack, data.layers, y, groups, data.greedy, n_splits=a.folds, seed=a.seed,
                               n_boot=a.n_boot, shuffled=not a.no_shuffled)
     except InsufficientPositives as e:
         return _no_fit(out_dir, fig_path, base, label_counts(data), str(e), title, t0)
@@ -244,4 +244,4 @@ def _analyse(a: LinearProbeConfig, run: Path, cfg: ProbeConfig, timings: dict[st
         f"\nwrote {out_dir}/metrics.json, metrics.md, directions.safetensors, directions.json and {fig}",
         json.dumps({"stage_seconds": timings, "analysis_seconds": analysis_s,
                     "total_seconds": metrics["total_seconds"]})])
-    return ProbesResult("ok", out_dir, fig, summary=summary)
+    return LinearProbeResult("ok", out_dir, fig, summary=summary)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 @dataclass
-class ProbesResult:
+class LinearProbeResult:
     """The outcome of :func:`mechprobe.linear.experiment.run_linear_probe` (either target).
 
     ``summary`` is printed on stdout, ``message`` (why nothing is reported) on stderr. ``exit_code`` 3 means

@@ -14,7 +14,7 @@ serve any run and any model. Design choices a reviewer will ask about:
 * **Pooled out-of-fold scores**: every row is scored once by a model that never saw its item; AUROC and
   balanced accuracy are computed on the pooled scores.
 * **Layer selection is honest.** The "best layer" of a curve of 30 noisy AUROCs is optimistic.
-  :func:`probe_layers` also reports a *nested* estimate: inside each outer fold the layer (and ``C``) is
+  :func:`sweep_layers` also reports a *nested* estimate: inside each outer fold the layer (and ``C``) is
   chosen by inner-CV AUROC on training items only, and the test items are scored at that layer.
 * **Too few positives** (fewer than ``min_pos`` rows of a class, fewer positive items than folds, or a
   test fold with fewer than ``min_test_pos`` positives) raises :class:`InsufficientPositives` instead of
@@ -85,8 +85,8 @@ class LayerResult:
 
 
 @dataclass
-class ProbeReport:
-    """Everything :func:`probe_layers` measured; ``scores`` (out-of-fold, per layer) is not serialised."""
+class LayerSweepReport:
+    """Everything :func:`sweep_layers` measured; ``scores`` (out-of-fold, per layer) is not serialised."""
 
     layers: list[int]
     per_layer: list[LayerResult]
@@ -211,10 +211,10 @@ def shuffle_by_group(y: np.ndarray, groups: Sequence[str] | np.ndarray, seed: in
 # ----------------------------------------------------------------------------------------- main sweep
 
 
-def probe_layers(stack: np.ndarray, layers: Sequence[int], y: Sequence[int] | np.ndarray,
+def sweep_layers(stack: np.ndarray, layers: Sequence[int], y: Sequence[int] | np.ndarray,
                  groups: Sequence[str] | np.ndarray, greedy_mask: np.ndarray | None = None, n_splits: int = 5,
                  seed: int = 0, n_boot: int = 1000, shuffled: bool = True, n_random: int = 200,
-                 cs: Sequence[float] = CS, progress: bool = True, folds: Folds | None = None) -> ProbeReport:
+                 cs: Sequence[float] = CS, progress: bool = True, folds: Folds | None = None) -> LayerSweepReport:
     """Logistic-regression and difference-of-means probes at every layer, with controls and CIs.
 
     ``stack`` is ``[n, len(layers), d]``. Raises :class:`InsufficientPositives` before fitting anything
@@ -277,11 +277,11 @@ def probe_layers(stack: np.ndarray, layers: Sequence[int], y: Sequence[int] | np
                 "positive_items": len(set(groups[y == 1])), "folds": len(folds)}
     if gm is not None:
         n_counts.update(greedy_rows=int(gm.sum()), greedy_positive=int(y[gm].sum()))
-    return ProbeReport(list(layers), results, best, nested, item_ceiling(y, groups, n_boot, seed), n_counts,
+    return LayerSweepReport(list(layers), results, best, nested, item_ceiling(y, groups, n_boot, seed), n_counts,
                        folds, scores)
 
 
-def controls(report: ProbeReport, y: np.ndarray, groups: Sequence[str] | np.ndarray, texts: Sequence[str] | None,
+def controls(report: LayerSweepReport, y: np.ndarray, groups: Sequence[str] | np.ndarray, texts: Sequence[str] | None,
              seed: int = 0, n_boot: int = 1000) -> dict[str, Metric]:
     """Headline controls, on the report's folds: what the best layer's AUROC has to be compared with.
 
@@ -411,7 +411,7 @@ def directions(stack: np.ndarray, layers: Sequence[int], y: np.ndarray, groups: 
     return tensors, meta
 
 
-def modal_c(report: ProbeReport) -> dict[int, float]:
+def modal_c(report: LayerSweepReport) -> dict[int, float]:
     """Each layer's most frequently chosen C over the outer folds (ties: the smaller, more regularised)."""
     out = {}
     for r in report.per_layer:
@@ -423,7 +423,7 @@ def modal_c(report: ProbeReport) -> dict[int, float]:
 # ----------------------------------------------------------------------------------------- reporting
 
 
-def results_table(report: ProbeReport, ctrl: dict[str, Metric]) -> str:
+def results_table(report: LayerSweepReport, ctrl: dict[str, Metric]) -> str:
     """Short markdown: the headline, the controls, then one row per layer."""
     best = report.layer(report.best_layer)
     n = report.nested
@@ -495,7 +495,7 @@ def figures_dir(flag: str | None, run: Path) -> Path:
 
 
 @dataclass
-class ProbeData:
+class LabelledActivations:
     """Labelled rows of one or more runs, as arrays the probes take."""
 
     stack: np.ndarray  # [n, len(layers), d]
@@ -510,7 +510,7 @@ class ProbeData:
     n_unlabelled: int
 
 
-def load_probe_data(run: Path, layers_arg: str) -> ProbeData:
+def load_labelled_activations(run: Path, layers_arg: str) -> LabelledActivations:
     """Labelled rows of a run (judge errors and unlabelled rows dropped), residual index 0 always included."""
 
     cache = ActivationCache.load(run)
@@ -529,7 +529,7 @@ def load_probe_data(run: Path, layers_arg: str) -> ProbeData:
     # The text baseline sees what the model saw before the boundary: the prompt and its own answer.
     texts = [assistants[turns[r]["item_id"]]["prompt"] + "\n" + assistants[turns[r]["item_id"]]["response"]
              for r in rids]
-    return ProbeData(stack=full[mask][:, idx], layers=layers,
+    return LabelledActivations(stack=full[mask][:, idx], layers=layers,
                      y=cache.labels("genuine").numpy()[mask].astype(int),
                      labels=[str(lab) for lab, m in zip(cache.labels("label"), mask) if m],
                      groups=np.asarray(cache.item_ids)[mask],

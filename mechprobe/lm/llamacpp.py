@@ -497,7 +497,7 @@ def generate_llamacpp(
         if not np.any(v):
             # alpha 0 (or a zero vector) is no steering, token for token, by construction: the steered path
             # prefills the prompt without its last token and decodes that token apart, and on some CPUs (2-core
-            # AMD EPYC, AVX2) that other batch shape moved a sampled row (tests/test_llamacpp_backend.py)
+            # AMD EPYC, AVX2) that other batch shape moved a sampled row (tests/lm/test_llamacpp_backend.py)
             ms = engine.multi()
             try:
                 ms.set_cvec(v, int(steer[1]))  # the same checks (residual index, size) as a real vector

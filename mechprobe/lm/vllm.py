@@ -7,7 +7,7 @@ the same stop reasons. Use it for the probe stage on GPUs when thousands of samp
     python experiments/probe.py --model Qwen/Qwen2.5-7B-Instruct --engine vllm ...
 
 Limits, stated plainly: vLLM is not installable on the CPU machines mechprobe is developed on, so this
-module is tested against a stand-in with vLLM's documented interface (``tests/test_vllm_backend.py``),
+module is tested against a stand-in with vLLM's documented interface (``tests/lm/test_vllm_backend.py``),
 not against vLLM itself. vLLM's sampler differs from torch's ``multinomial``: rows are reproducible
 with vLLM for a fixed seed, but not token-identical to the HF engine. Activations, steering and greedy
 decoding stay on the HF engine, where hooks are exact.

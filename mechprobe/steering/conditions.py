@@ -101,7 +101,7 @@ def other_judge_labels(judge, turns: list[SteeredTurn], rows: list[dict], by_ite
                        key: str, path: Path) -> dict[str, str]:
     """Labels by ``judge`` for rows another judge labelled (or older rows that do not say which judge did).
 
-    Why: a steering directory outlives its judge (docs/results.md: the 1.5B sweep was re-judged with ``hybrid2:``).
+    Why: a steering directory outlives its judge (docs/results.md: the 1.5B sweep was re-judged with ``hybrid-voice:``).
     Reusing the stored label under another ``--judge`` would mix judges silently; regenerating would waste the turns.
     So the turns are judged again, never regenerated, and the verdicts kept in ``<file>.labels.jsonl`` keyed by
     judge and item (resumable; the generation file is never rewritten).

@@ -37,7 +37,7 @@ from mechprobe.splits import split_of
 from mechprobe.stats import paired_outcomes, wilson
 from mechprobe.steering.vector import SteeringVector, steer
 from mechprobe.turns.scoring import score
-from mechprobe.turns.templates import template_kind
+from mechprobe.turns.stock_turns import template_kind
 
 
 @dataclass
@@ -169,7 +169,7 @@ def summarize(turns: Sequence[SteeredTurn], labels: dict[str, str], key: str,
     dist = Counter(labels.get(f"{key}|{t.item_id}", "missing") for t in turns)
     degen = sum(is_degenerate(t.text) or labels.get(f"{key}|{t.item_id}") == "empty_or_degenerate" for t in turns)
     nlls = [t.nll for t in turns if t.nll is not None]
-    # Stock turns ("I see, I can now calculate ..."; :mod:`mechprobe.turns.templates`): their share, and the
+    # Stock turns ("I see, I can now calculate ..."; :mod:`mechprobe.turns.stock_turns`): their share, and the
     # genuine count under the strict reading that does not count them as follow-ups.
     stock = {t.item_id for t in turns if template_kind(t.text) is not None}
     genuine_stock = sum(labels.get(f"{key}|{t.item_id}") == "genuine_followup" for t in turns if t.item_id in stock)

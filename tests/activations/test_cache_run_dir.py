@@ -10,7 +10,7 @@ import tempfile
 import pytest
 
 from mechprobe.errors import UserError
-from tests.test_judge_run import make_run
+from tests.judges.test_judge_stage import make_run
 
 
 def _writable(d) -> bool:

@@ -75,7 +75,7 @@ def test_wheel_installs_and_runs_outside_the_clone(tmp_path):
 
 
 def _readme_python_example() -> str:
-    """The ```python block under the README's "Python API" heading (the one tests/test_api.py runs)."""
+    """The ```python block under the README's "Python API" heading (the one tests/e2e/test_research_api.py runs)."""
     import re
 
     section = (REPO / "README.md").read_text().split("## Python API", 1)[1].split("\n## ", 1)[0]

@@ -8,7 +8,7 @@ from mechprobe.cli.main import main
 from mechprobe.io import read_jsonl
 from mechprobe.stages import resolve_run
 from mechprobe.study.run import StudyConfig
-from tests.test_judge_run import make_run
+from tests.judges.test_judge_stage import make_run
 
 
 def test_judge_limit_0_judges_every_row(tmp_path):

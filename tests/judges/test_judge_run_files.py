@@ -10,7 +10,7 @@ import pytest
 
 from mechprobe.cli.judge import main as main_judge
 from mechprobe.io import JsonlStore, read_jsonl
-from tests.test_judge_run import make_run
+from tests.judges.test_judge_stage import make_run
 
 
 def _one_line_error(capsys) -> str:

@@ -82,7 +82,7 @@ def test_body_shorter_than_its_length_does_not_hold_a_thread():
 
 def _tiny_hf_server(**kw) -> ChatServer:
     from mechprobe.lm.models import tiny_model
-    from tests.test_server import tiny_chat_tokenizer
+    from tests.lm.test_server import tiny_chat_tokenizer
 
     tok = tiny_chat_tokenizer()
     return ChatServer(HFResponder(tiny_model("llama", vocab_size=len(tok)), tok, max_new_tokens=4), **kw)

@@ -11,7 +11,7 @@ the judge calls genuine. That is the target here, with one row per item:
 * **logistic** probes (:func:`mechprobe.linear.turn.fit_logreg`) predict "propensity above the median" and
   the greedy turn's label (AUROC);
 * **nested layer choice**: inside each outer fold the layer is picked by inner-CV score on training
-  items only, as :func:`mechprobe.linear.turn.probe_layers` does for the turn-level probe;
+  items only, as :func:`mechprobe.linear.turn.sweep_layers` does for the turn-level probe;
 * **controls** on the same folds: propensities shuffled between items (at each layer, and the best of
   all layers under shuffling: the null for "best layer"), random directions (sign fitted per fold),
   the embedding layer, a text-only ridge on TF-IDF of prompt + response, and response length;
@@ -65,7 +65,7 @@ from mechprobe.linear.propensity.reliability import (
 )
 from mechprobe.linear.propensity.report import propensity_table
 from mechprobe.linear.propensity.statistics import auroc_metric, bootstrap_indices, rho_metric
-from mechprobe.linear.propensity.sweep import PropensityLayer, PropensityReport, propensity_probe_layers
+from mechprobe.linear.propensity.sweep import PropensityLayer, PropensityReport, propensity_sweep_layers
 from mechprobe.linear.propensity.targets import (
     ItemTargets,
     above_median,
@@ -80,6 +80,6 @@ __all__ = [
     "PropensityLayer", "PropensityReport", "RidgeFit", "above_median", "attenuation_ceiling", "auroc_metric",
     "bootstrap_indices", "choose_target", "concat_targets", "cost_summary", "fit_ridge", "item_key", "item_targets",
     "length_design", "load_item_states", "make_item_folds", "modal_layer", "one_row_per_item", "oof_logreg", "oof_ols",
-    "oof_ridge", "partial_rho_metric", "propensity_controls", "propensity_probe_layers", "propensity_table",
+    "oof_ridge", "partial_rho_metric", "propensity_controls", "propensity_sweep_layers", "propensity_table",
     "propensity_transfer", "rho_metric", "run_cost", "run_datasets", "spearman_brown", "split_half_reliability",
 ]

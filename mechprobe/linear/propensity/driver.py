@@ -18,10 +18,10 @@ from mechprobe.linear.propensity.cost import run_cost
 from mechprobe.linear.propensity.fit import InsufficientItems
 from mechprobe.linear.propensity.load import load_item_states, run_datasets
 from mechprobe.linear.propensity.report import cost_list_md, propensity_md, propensity_table, targets_title
-from mechprobe.linear.propensity.sweep import propensity_probe_layers
+from mechprobe.linear.propensity.sweep import propensity_sweep_layers
 from mechprobe.linear.propensity.targets import ItemTargets
 from mechprobe.linear.propensity.transfer import modal_layer, propensity_transfer
-from mechprobe.linear.result import ProbesResult
+from mechprobe.linear.result import LinearProbeResult
 from mechprobe.linear.turn import figures_dir
 from mechprobe.plots.linear import plot_no_curve, plot_propensity
 from mechprobe.plots.titles import figure_title
@@ -29,7 +29,7 @@ from mechprobe.stages import ensure_stages, resolve_run
 from mechprobe.turns.pipeline import ProbeConfig, default_run_dir
 
 
-def propensity_experiment(a: Any, resolved: list[tuple[Path, ProbeConfig]], why: str, t0: float) -> ProbesResult:
+def propensity_experiment(a: Any, resolved: list[tuple[Path, ProbeConfig]], why: str, t0: float) -> LinearProbeResult:
     """Build or reuse every run's stages, then the item-level propensity probes on the pooled items.
 
     One run: outputs in ``<run>/probes/``. Several (``--datasets``): in ``<parent>/<model>-<a>+<b>/probes/``
@@ -71,7 +71,7 @@ def _fig_title(model: str, tg: ItemTargets, judge: str) -> str:
 
 
 def _no_fit(out_dir: Path, fig_path: Path, base: dict[str, Any], tg: ItemTargets, reason: str, title: str,
-            t0: float) -> ProbesResult:
+            t0: float) -> LinearProbeResult:
     """Too few items (or no spread) to fit: propensity.json with the counts and reason, a figure saying why."""
     write_json(out_dir / "propensity.json", {**base, "status": "insufficient_items", "reason": reason,
                                              "total_seconds": round(time.time() - t0, 1)})
@@ -84,7 +84,7 @@ def _no_fit(out_dir: Path, fig_path: Path, base: dict[str, Any], tg: ItemTargets
     msg = (f"\nNot reporting propensity metrics: {reason}\n(wrote {out_dir}/propensity.json with the counts and the "
            f"reason, and {fig}; everything computed so far is kept: the runs' turns, labels and activations are "
            "reused when you re-run)")
-    return ProbesResult("insufficient_items", out_dir, fig, message=msg, exit_code=3)
+    return LinearProbeResult("insufficient_items", out_dir, fig, message=msg, exit_code=3)
 
 
 def _transfer(a: Any, data: Any, runs: Sequence[Path], transfer_runs: Sequence[Path], layer: int
@@ -103,7 +103,7 @@ def _transfer(a: Any, data: Any, runs: Sequence[Path], transfer_runs: Sequence[P
 
 
 def run_propensity(a: Any, runs: Sequence[Path], model: str, why: str, timings: Mapping[str, Any], judge: str,
-                   transfer_runs: Sequence[Path], out_dir: Path, fig_path: Path, t0: float) -> ProbesResult:
+                   transfer_runs: Sequence[Path], out_dir: Path, fig_path: Path, t0: float) -> LinearProbeResult:
     """Item-level propensity probes on ``runs`` (pooled), writing ``out_dir/propensity.{json,md}`` and a figure.
 
     Exit code 0, or 3 (with ``status: insufficient_items``, the counts and the reason in the JSON, and a
@@ -117,7 +117,7 @@ def run_propensity(a: Any, runs: Sequence[Path], model: str, why: str, timings: 
             "temperature": tg.temperature, "targets": tg.summary(), "layers": data.layers, "folds": a.folds,
             "stage_seconds": dict(timings), "dropped_items": tg.dropped}
     try:
-        report = propensity_probe_layers(data.stack, data.layers, tg, n_splits=a.folds, seed=a.seed,
+        report = propensity_sweep_layers(data.stack, data.layers, tg, n_splits=a.folds, seed=a.seed,
                                          n_boot=a.n_boot, shuffled=not a.no_shuffled)
     except InsufficientItems as e:
         return _no_fit(out_dir, fig_path, base, tg, str(e), _fig_title(model, tg, judge), t0)
@@ -143,4 +143,4 @@ def run_propensity(a: Any, runs: Sequence[Path], model: str, why: str, timings: 
         f"ceiling sqrt(R) {ctrl['split_half_ceiling'].fmt()} (propensity reliability R "
         f"{ctrl['split_half_reliability'].fmt()})",
         f"wrote {out_dir}/propensity.json, propensity.md and {fig}"])
-    return ProbesResult("ok", out_dir, fig, summary=summary)
+    return LinearProbeResult("ok", out_dir, fig, summary=summary)

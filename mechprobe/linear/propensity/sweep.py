@@ -36,7 +36,7 @@ class PropensityLayer:
 
 @dataclass
 class PropensityReport:
-    """What :func:`propensity_probe_layers` measured. ``scores`` (out of fold, per layer) is not serialised."""
+    """What :func:`propensity_sweep_layers` measured. ``scores`` (out of fold, per layer) is not serialised."""
 
     layers: list[int]
     per_layer: list[PropensityLayer]
@@ -55,7 +55,7 @@ class PropensityReport:
                 "per_layer": to_jsonable(self.per_layer), "counts": self.counts}
 
 
-def propensity_probe_layers(stack: np.ndarray, layers: Sequence[int], targets: ItemTargets,
+def propensity_sweep_layers(stack: np.ndarray, layers: Sequence[int], targets: ItemTargets,
                             folds: Folds | None = None, n_splits: int = 5, seed: int = 0, n_boot: int = 1000,
                             shuffled: bool = True, n_random: int = 200, progress: bool = True) -> PropensityReport:
     """Ridge (propensity) and logistic (above median; greedy label) probes at every layer, one row per item.
