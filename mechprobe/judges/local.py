@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -165,7 +166,6 @@ class LocalJudge:
         return msgs[:1] + shots + msgs[1:]
 
     def public_config(self) -> dict[str, Any]:
-
         return {"model": self.model_name, "weight_hash": self.lm.weight_hash, "dtype": str(self.lm.dtype),
                 "prompt_version": LOCAL_PROMPT_VERSION, "choice_version": CHOICE_VERSION,
                 "taxonomy": TAXONOMY_VERSION, "answer_prefix": ANSWER_PREFIX,
@@ -212,8 +212,6 @@ class LocalJudge:
             if hit is not None and isinstance(hit.get("scores"), list) and len(hit["scores"]) == len(LABELS):
                 self.stats["cache_hits"] += 1
                 return self._record(inp, [float(s) for s in hit["scores"]])
-        import time
-
         t0 = time.perf_counter()
         sc = self.scores(inp)
         self.stats["seconds"] += time.perf_counter() - t0
