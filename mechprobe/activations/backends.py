@@ -73,15 +73,16 @@ def structural_copy(model: nn.Module) -> nn.Module:
 
 
 def blocks_path(model: nn.Module) -> str:
-    """Dotted attribute path of the decoder-block ``ModuleList`` (``"model.layers"`` for Llama)."""
+    """Dotted attribute path of the decoder-block ``ModuleList`` (``"model.layers"`` for Llama).
+
+    Public because steering (``mechprobe.steering.vector``) names the blocks by this path when it hooks a wrapped
+    model."""
     blocks = get_blocks(model)
     for name, mod in model.named_modules():
         if mod is blocks:
             return name
     raise ValueError(f"decoder blocks of {type(model).__name__} not found")
 
-
-_blocks_path = blocks_path  # used by mechprobe.steering.vector
 
 
 def _check_request(prompts: Sequence[Sequence[int]], token_pos: Sequence[TokenPos], positions: Sequence[str],

@@ -51,7 +51,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from mechprobe.activations.backends import _blocks_path
+from mechprobe.activations.backends import blocks_path
 from mechprobe.activations.cache import ActivationCache
 from mechprobe.errors import MissingInput, UsageError
 from mechprobe.linear.linear_probe import LinearProbe
@@ -847,7 +847,7 @@ def generate_nnsight(model: Any, prompts: Sequence[Sequence[int]], vector: Steer
             ids, mask, _ = left_pad(prompts, pad_id, input_device(mod))
             delta = vector.scaled(alpha).to(device=input_device(mod))
             env: Any = nm
-            for part in _blocks_path(mod).split("."):
+            for part in blocks_path(mod).split("."):
                 env = getattr(env, part)
             with nm.generate(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_id,
                              eos_token_id=stops or None) as tracer:
