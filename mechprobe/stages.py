@@ -10,10 +10,13 @@ stage needs it.
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from mechprobe.activations.cache import cache_run
 from mechprobe.errors import MissingInput, UserError
@@ -42,7 +45,6 @@ from mechprobe.turns.pipeline import (
 def default_dataset() -> str:
     """GSM8K when the shared data folder is reachable, else the bundled prompts (offline machines)."""
     try:
-
         return "gsm8k" if find_data_dir() is not None else "builtin"
     except (ImportError, FileNotFoundError):
         return "builtin"
@@ -159,14 +161,8 @@ def finding_engine(model: str) -> dict[str, str]:
     not the fastest there: bf16 HF with automatic batches decoded 39 vs 24 tok/s in bench_speed.py (8 items), so
     pass ``--engine hf --dtype bfloat16`` for speed. Else HF, in bf16 on CPUs with native bf16 matmuls.
     """
-    import importlib.util
-
-    import torch
-
-
     if not torch.cuda.is_available() and importlib.util.find_spec("llama_cpp") is not None:
         try:
-
             resolve_gguf(model)
             return {"engine": "llamacpp"}
         except UserError:

@@ -73,15 +73,16 @@ def structural_copy(model: nn.Module) -> nn.Module:
 
 
 def blocks_path(model: nn.Module) -> str:
-    """Dotted attribute path of the decoder-block ``ModuleList`` (``"model.layers"`` for Llama)."""
+    """Dotted attribute path of the decoder-block ``ModuleList`` (``"model.layers"`` for Llama).
+
+    Public because steering (``mechprobe.steering.vector``) names the blocks by this path when it hooks a wrapped
+    model."""
     blocks = get_blocks(model)
     for name, mod in model.named_modules():
         if mod is blocks:
             return name
     raise ValueError(f"decoder blocks of {type(model).__name__} not found")
 
-
-_blocks_path = blocks_path  # used by mechprobe.steering.vector
 
 
 def _check_request(prompts: Sequence[Sequence[int]], token_pos: Sequence[TokenPos], positions: Sequence[str],
@@ -272,9 +273,9 @@ class NnsightBackend(Backend):
         super().__init__(model, tokenizer)
         _require_tokenizer(tokenizer, self.name)
         try:
-            from nnsight.modeling.transformers import TransformersModel as Wrapper
+            from nnsight.modeling.transformers import TransformersModel as Wrapper  # lazy: extra [backends]
         except ImportError:  # nnsight < 0.8
-            from nnsight import LanguageModel as Wrapper
+            from nnsight import LanguageModel as Wrapper  # lazy: extra [backends]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self.wrapped = Wrapper(structural_copy(model), tokenizer=copy.deepcopy(tokenizer))
@@ -285,7 +286,7 @@ class NnsightBackend(Backend):
 
     def _run(self, prompts: Sequence[Sequence[int]], token_pos: Sequence[TokenPos], positions: list[str],
              layers: list[int]) -> dict[str, torch.Tensor]:
-        import nnsight
+        import nnsight  # lazy: extra [backends]
 
         dev = self.device
         ids, mask, pos = left_pad(prompts, 0, dev)
@@ -315,7 +316,7 @@ class TransformerLensBackend(Backend):
             # boot_transformers re-loads the tokenizer from name_or_path (to add a BOS flag): KeyError otherwise.
             raise ValueError("TransformerLens re-loads the tokenizer from tokenizer.name_or_path, which this in-memory "
                              "tokenizer lacks: save_pretrained() it to a directory and load it from there")
-        from transformer_lens.model_bridge import TransformerBridge
+        from transformer_lens.model_bridge import TransformerBridge  # lazy: extra [backends]
 
         twin = structural_copy(model)
         if not getattr(twin.config, "architectures", None):

@@ -36,6 +36,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from mechprobe.activations.backends import BACKENDS, CACHE_POSITIONS, Backend, HooksBackend, make_backend
@@ -96,8 +98,6 @@ def shard_problem(path: Path, entry: dict[str, Any]) -> str | None:
         return f"has {size} bytes, the manifest recorded {entry['bytes']} (truncated or overwritten)"
     if "sha256" in entry:
         return None if sha256_file(path) == entry["sha256"] else "does not match its recorded sha256 (corrupted bytes)"
-    from safetensors import safe_open
-
     try:
         with safe_open(str(path), framework="pt") as st:
             list(st.keys())
@@ -210,8 +210,6 @@ class ActivationCache:
         if meta.get("n_done", 0) != n:
             raise CacheMismatch(f"{path}: cache is incomplete ({meta.get('n_done', 0)}/{n} rows); run "
                                 f"`mechprobe cache {path.parent}` to finish it")
-        from safetensors import safe_open
-
         store = _DTYPES[meta["dtype"]]
         tensors = {p: torch.empty((n, n_l, d), dtype=store) for p in meta["positions"]}
         expect = 0
@@ -614,8 +612,6 @@ def _flag_value(v: Any) -> str:
 def _save_shard(out: Path, fname: str, tensors: dict[str, torch.Tensor], start: int, end: int,
                 layers: list[int]) -> dict[str, Any]:
     """Write one shard atomically (tmp file, then rename) and return its manifest entry with checksum."""
-    from safetensors.torch import save_file
-
     tmp = out / (fname + ".tmp")
     save_file(tensors, str(tmp), metadata={"format": FORMAT, "start": str(start), "end": str(end),
                                            "layers": json.dumps(layers)})

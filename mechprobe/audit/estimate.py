@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+from statsmodels.stats.proportion import proportion_confint
 
 from mechprobe.stats import paired_bootstrap
 from mechprobe.stats.clustered import (
@@ -89,8 +90,6 @@ def judge_only_rate(judge_all: Any, alpha: float = 0.05, items: Any = None, n_bo
         >>> judge_only_rate([1, 0, 0, 0]).point
         0.25
     """
-    from statsmodels.stats.proportion import proportion_confint
-
     y = np.asarray(judge_all, dtype=float).ravel()
     if y.size == 0:
         return _nan("judge-only wilson")
@@ -104,13 +103,11 @@ def judge_only_rate(judge_all: Any, alpha: float = 0.05, items: Any = None, n_bo
 
 def _ppi(y: np.ndarray, yhat: np.ndarray, yhat_u: np.ndarray, alpha: float, lo_clip: float,
          hi_clip: float) -> tuple[float, float, float, str]:
-    from ppi_py import ppi_mean_ci, ppi_mean_pointestimate
+    from ppi_py import ppi_mean_ci, ppi_mean_pointestimate  # lazy: slow import, audit only
 
     if yhat_u.size == 0:
         # Every turn audited: nothing to impute, the audit mean is the estimate. Wilson, not CLT: with no audited
         # follow-up a CLT interval has zero width, yet 0 of 60 is compatible with a rate of several percent.
-        from statsmodels.stats.proportion import proportion_confint
-
         point = float(y.mean())
         lo, hi = proportion_confint(float(y.sum()), y.size, alpha=alpha, method="wilson")
         return point, max(lo_clip, float(lo)), min(hi_clip, float(hi)), "audit only (every turn audited; Wilson)"
@@ -224,8 +221,6 @@ def corrected_paired_difference(judge_a: dict[str, float], judge_b: dict[str, fl
         # Every item audited in both conditions: nothing to impute. A Wilson interval belongs to a proportion, not
         # to a mean of differences in [-1, 1], so the audit's own difference gets Newcombe's hybrid score interval
         # from the two Wilson intervals (the unpaired form: it ignores the positive pairing, so it is conservative).
-        from statsmodels.stats.proportion import proportion_confint
-
         ya = np.array([audit_a[i] for i in both], dtype=float)
         yb = np.array([audit_b[i] for i in both], dtype=float)
         pa, pb = float(ya.mean()), float(yb.mean())

@@ -105,7 +105,6 @@ def validate_probes_args(a: argparse.Namespace) -> None:
     if not (isinstance(t, int | float) and t > 0 and t == t and t != float("inf")):
         bad.append(f"--propensity-temperature must be a finite number > 0, got {t}")
     if bad:
-
         raise UserError("; ".join(bad))
 
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from mechprobe.errors import MissingInput, UsageError
 from mechprobe.io import JsonlStore, read_jsonl
 from mechprobe.judges.base import inputs_from_rows
@@ -160,8 +162,6 @@ def judge_source(spec: str, rows: list[dict[str, Any]], *, save: str | Path | No
     store = JsonlStore(save, key="record_id") if save else None
     labels: dict[str, str] = {}
     n_err = 0
-    from tqdm.auto import tqdm
-
     for rec in tqdm(judge.label_many(inputs), total=len(inputs), desc=f"judge {judge.name}", unit="turn"):
         if store is not None and not store.has(rec.record_id):
             store.append(rec.to_dict())

@@ -195,7 +195,6 @@ def make_judge(spec: str | None = "offline", **opts: Any) -> Judge:
     spec = canonical_spec(resolve_judge_spec(spec))
     opts = {k: v for k, v in opts.items() if v is not None}
     if spec in ("offline", "offline-lexical", "offline-embed"):
-
         allowed = {"embed", "batch_size"}
         if spec == "offline-lexical":
             opts["embed"] = False

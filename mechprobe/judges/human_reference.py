@@ -19,12 +19,14 @@ hold exactly the same texts: only the pairing differs.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sklearn.metrics import roc_auc_score
+from tqdm.auto import tqdm
 
 from mechprobe.io import JsonlStore, read_jsonl
 from mechprobe.judges.base import JudgeInput
@@ -174,9 +176,6 @@ def report(results: Sequence[ReferenceResult], judge: str, seconds: float | None
 def run(judge_spec: str, *, n: int = 100, datasets: Sequence[str] = DATASETS, save: str | Path | None = None,
         max_chars: int = 1500, seed: int = 0, progress: bool = True, **opts: Any) -> tuple[str, list[ReferenceResult]]:
     """Judge real and swapped turns (resumably, when ``save`` is given) and return (markdown, results)."""
-    import time
-
-
     inputs = reference_inputs(datasets, n, seed=seed, max_chars=max_chars)
     judge = make_judge(judge_spec, **opts)
     store = JsonlStore(save, key="record_id") if save else None
@@ -187,8 +186,6 @@ def run(judge_spec: str, *, n: int = 100, datasets: Sequence[str] = DATASETS, sa
     todo = [i for i in inputs if store is None or not store.has(i.record_id)]
     got: list[dict[str, Any]] = []
     t0 = time.time()
-    from tqdm.auto import tqdm
-
     bar = tqdm(total=len(todo), desc=f"judge {judge.name}", disable=not progress)
     # Chunks, so that a judge that scores its whole input before yielding (the trained judge computes every
     # feature row first) still writes as it goes and a killed run resumes from the last chunk.

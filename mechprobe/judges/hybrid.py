@@ -77,7 +77,7 @@ def turn_logprob(store: ChoiceScorer, tokenizer: Any, conv: list[dict[str, str]]
     pre_text = chat.render(tokenizer, conv) + chat.user_header(tokenizer)
     full = pre_text + turn
     ids, _ = chat.tokenize_rendered(tokenizer, full)
-    pre = chat._cut_at(tokenizer, full, len(pre_text))
+    pre = chat.ids_up_to(tokenizer, full, len(pre_text))
     if len(ids) <= len(pre):
         return 0.0, 0
     store.remember(slot, pre)
@@ -115,7 +115,7 @@ def turn_logprobs(store: ChoiceScorer, tokenizer: Any, conv: list[dict[str, str]
     for i, turn in enumerate(turns):
         full = pre_text + turn
         ids, _ = chat.tokenize_rendered(tokenizer, full)
-        pre = chat._cut_at(tokenizer, full, len(pre_text))
+        pre = chat.ids_up_to(tokenizer, full, len(pre_text))
         if len(ids) <= len(pre):
             out[i] = (0.0, 0)
             continue

@@ -342,7 +342,7 @@ class LLMJudge:
         else:
             self.cache = JudgeCache(default_cache_dir() if cache_dir in (None, True) else Path(str(cache_dir)))
         if client is None:
-            import openai
+            import openai  # lazy: only API judges use the client
 
             client = openai.OpenAI(api_key=key, base_url=self.base_url, timeout=self.timeout, max_retries=0)
         self.client = client
@@ -389,7 +389,7 @@ class LLMJudge:
     # ------------------------------------------------------------------ one request
 
     def _request(self, inp: JudgeInput) -> _Outcome:
-        import openai
+        import openai  # lazy: only API judges use the client
 
         last = "no attempt made"
         attempt = 0

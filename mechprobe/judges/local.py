@@ -16,9 +16,10 @@ a ``.gguf`` file). Same system prompt, taxonomy and user message as ``openai:MOD
   the tokenisation of the whole prompt: the same as an unshared run, and as the server path
   (``mechprobe serve`` answers a ``response_format`` with a label enum by the same
   choice), up to float rounding;
-* **calibration.** An optional additive log-bias per label (fitted on the *dev* split of the hand
-  labels, never test) corrects a small model's label priors; it is part of the judge's name;
-* **few-shot.** Optional examples come only from the dev split of ``tests/fixtures/hand_labels.jsonl``.
+* **calibration.** An optional additive log-bias per label (fitted on the *dev* split of the
+  model-written labels, never test) corrects a small model's label priors; it is part of the judge's name;
+* **few-shot.** Optional examples come only from the dev split of the model-written label fixture, shipped with
+  the package as ``mechprobe/data/judge_examples_dev.jsonl`` (so a wheel install has them).
 
 Verdicts are cached on disk like the ``openai:`` judge's (key: judge name, weights, dtype,
 conversation, raw turn), so a re-run or a resumed run costs nothing for turns already judged.
@@ -28,7 +29,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Iterator, Sequence
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -51,28 +54,12 @@ from mechprobe.taxonomy import LABELS, TAXONOMY_VERSION, is_genuine
 
 CHOICE_VERSION = "choice-v1"
 DEFAULT_LOCAL_MODEL = "qwen2.5-coder-1.5b-instruct"
-FIXTURE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "hand_labels.jsonl"
+# The dev rows of the model-written label fixture, read as package data: only dev rows, so test-split agreement
+# stays a held-out measurement.
+EXAMPLES = Path(str(resources.files("mechprobe") / "data" / "judge_examples_dev.jsonl"))
 
 
-
-# --------------------------------------------------------------------------- KV helpers
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-def few_shot_rows(k: int, path: str | Path = FIXTURE) -> list[dict[str, Any]]:
+def few_shot_rows(k: int, path: str | Path = EXAMPLES) -> list[dict[str, Any]]:
     """``k`` examples from the *dev* split of the model-written labels, one label at a time in taxonomy order.
 
     Only dev rows, so test-split agreement stays a held-out measurement. Within a label, the first
@@ -80,7 +67,6 @@ def few_shot_rows(k: int, path: str | Path = FIXTURE) -> list[dict[str, Any]]:
     """
     if k <= 0:
         return []
-
     rows = [r for r in read_jsonl(path) if r.get("split") == "dev"]
     by_label: dict[str, list[dict[str, Any]]] = {}
     for r in sorted(rows, key=lambda r: len(r["response"]) + len(r["raw_text"])):
@@ -165,7 +151,6 @@ class LocalJudge:
         return msgs[:1] + shots + msgs[1:]
 
     def public_config(self) -> dict[str, Any]:
-
         return {"model": self.model_name, "weight_hash": self.lm.weight_hash, "dtype": str(self.lm.dtype),
                 "prompt_version": LOCAL_PROMPT_VERSION, "choice_version": CHOICE_VERSION,
                 "taxonomy": TAXONOMY_VERSION, "answer_prefix": ANSWER_PREFIX,
@@ -212,8 +197,6 @@ class LocalJudge:
             if hit is not None and isinstance(hit.get("scores"), list) and len(hit["scores"]) == len(LABELS):
                 self.stats["cache_hits"] += 1
                 return self._record(inp, [float(s) for s in hit["scores"]])
-        import time
-
         t0 = time.perf_counter()
         sc = self.scores(inp)
         self.stats["seconds"] += time.perf_counter() - t0

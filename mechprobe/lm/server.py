@@ -183,7 +183,6 @@ class HFResponder:
             pool.shutdown(wait=True, cancel_futures=True)
 
     def __call__(self, body: dict[str, Any]) -> str | Reply:
-
         problem = request_problem(body)
         msgs = body.get("messages")
         if problem is None and not msgs:
@@ -211,7 +210,6 @@ class HFResponder:
         _, content = decode(self.tokenizer, gen)
         return Reply(200, body=None, content=content,
                      headers={"X-Mechprobe-Tokens": f"{len(ids)},{len(gen.token_ids)}"})
-
 
     def _choose(self, messages: list[dict[str, str]], choices: list[str]) -> Reply:
         """A json_schema with a ``label`` enum: constrained choice, exactly as ``--judge local:``.

@@ -24,7 +24,7 @@ from mechprobe.lm.generation import Generation
 def load_vllm(model: str, **kwargs: Any) -> Any:
     """A ``vllm.LLM`` for ``model`` (HF id or directory); a clear error when vLLM is missing."""
     try:
-        import vllm  # type: ignore[import-not-found]
+        import vllm  # type: ignore[import-not-found]  # lazy: optional GPU engine
     except ImportError as e:
         raise ImportError("the vllm engine needs vLLM on a CUDA machine: pip install vllm") from e
     return vllm.LLM(model=model, **kwargs)
@@ -40,7 +40,7 @@ def generate_vllm(
     seeds: Sequence[int | None] | None = None,
 ) -> list[Generation]:
     """Decode token-id prompts with vLLM; output order matches ``prompts``."""
-    from vllm import SamplingParams  # type: ignore[import-not-found]
+    from vllm import SamplingParams  # type: ignore[import-not-found]  # lazy: optional GPU engine
 
     n = len(prompts)
     temps = [float(temperatures)] * n if isinstance(temperatures, int | float) else list(temperatures)

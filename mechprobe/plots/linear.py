@@ -3,11 +3,13 @@ control; and, when a run is too small to fit, a figure of its label counts sayin
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -32,8 +34,6 @@ def plot_layer_auroc(report: Any, ctrl: dict[str, Any], out: str | Path, title: 
     at the same layer, *and* the text-only line, to say the state holds more than the text did; the
     item ceiling is the most any function of the boundary state could reach.
     """
-    import numpy as np
-
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     res = report.per_layer
@@ -105,8 +105,6 @@ def plot_propensity(report: Any, ctrl: dict[str, Any], out: str | Path, title: s
     say the state predicts more than the text; the split-half ceiling (dashed, with its CI) is the most
     any predictor of a k-sample propensity could reach.
     """
-    import numpy as np
-
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     res = report.per_layer
@@ -150,8 +148,6 @@ def plot_no_curve(counts: Mapping[str, int], reason: str, out: str | Path, title
     Why a figure at all: whoever opens the figures folder after a run should find what happened there, not
     an empty folder or last run's curve; the counts say how far the run is from enough.
     """
-    import textwrap
-
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(9, 5))

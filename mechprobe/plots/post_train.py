@@ -20,10 +20,10 @@ CORRECTED = "corrected by the audit (model-written labels)"
 
 
 def _pyplot() -> Any:
-    import matplotlib
+    import matplotlib  # lazy: module otherwise light; pyplot loads when a figure is drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: module otherwise light; pyplot loads when a figure is drawn
 
     return plt
 

@@ -43,10 +43,10 @@ class StudyPlotData:
 
 
 def _pyplot() -> Any:
-    import matplotlib
+    import matplotlib  # lazy: module otherwise light; pyplot loads when a figure is drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: module otherwise light; pyplot loads when a figure is drawn
 
     return plt
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.numpy import load_file
 
 from mechprobe.activations.cache import ActivationCache
 
@@ -23,8 +24,6 @@ def base_directions(base_run: Path, layers: Sequence[int]) -> tuple[dict[int, np
     """
     p = base_run / "probes" / "directions.safetensors"
     if p.exists():
-        from safetensors.numpy import load_file
-
         d = load_file(str(p))
         got = {la: d[f"diff_means_{la}"] for la in layers if f"diff_means_{la}" in d}
         if got:
@@ -43,7 +42,6 @@ def base_directions(base_run: Path, layers: Sequence[int]) -> tuple[dict[int, np
 
 
 def _item_means(run: Path, layer: int, unit: np.ndarray) -> dict[str, float]:
-
     cache = ActivationCache.load(run / "activations")
     proj = cache.resid(layer).to(torch.float64).numpy() @ unit.astype(np.float64)
     acc: dict[str, list[float]] = {}

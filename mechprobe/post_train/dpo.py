@@ -138,7 +138,7 @@ def latest_checkpoint(ckpt_root: Path) -> Path | None:
 
 
 def _dataset(pairs: Sequence[Pair]) -> Any:
-    from datasets import Dataset  # trl's own dependency
+    from datasets import Dataset  # lazy: optional extra `train` (trl brings it)
 
     return Dataset.from_dict({"prompt_ids": [p.prompt_ids for p in pairs],
                               "chosen_ids": [p.chosen_ids for p in pairs],
@@ -148,7 +148,7 @@ def _dataset(pairs: Sequence[Pair]) -> Any:
 def _trl() -> Any:
     """trl, imported lazily (an optional heavy dependency: ``pip install 'mechprobe[train]'``)."""
     try:
-        import trl
+        import trl  # lazy: extra [train]
     except ImportError as e:
         raise MissingInput("the preference step needs trl and peft: pip install 'mechprobe[train]' "
                            "(trl==1.16.0, peft==0.21.2)") from e
@@ -180,8 +180,8 @@ def train_dpo(model: torch.nn.Module, tokenizer: Any, pairs: Sequence[Pair], cfg
         >>> pm, res = train_dpo(model, tok, pairs, DPOTrainConfig(steps=4), "runs/x/dpo")   # doctest: +SKIP
     """
     trl = _trl()
-    from peft import LoraConfig
-    from transformers import TrainerCallback
+    from peft import LoraConfig  # lazy: extra [train]
+    from transformers import TrainerCallback  # lazy: slow import, model paths only
 
     cfg.validate()
     if not pairs:

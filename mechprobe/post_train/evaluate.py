@@ -251,7 +251,7 @@ def _train_sft(a: PostTrainConfig, cfg: pt.TrainConfig, out: Path, lm: Any) -> t
                             "train_examples": len(built.examples), "skipped": built.skipped}
     pad = tok.pad_token_id
     if a.eval_only:
-        from peft import PeftModel  # optional heavy dependency
+        from peft import PeftModel  # lazy: optional extra `train`; only a LoRA adapter needs it
 
         pm = PeftModel.from_pretrained(lm.model, out / pt.ADAPTER_DIR)
         info.update({k: v for k, v in (read_json(out / "train_summary.json") if (out / "train_summary.json").exists()

@@ -343,7 +343,7 @@ def check_target_modules(model: torch.nn.Module, cfg: TrainConfig) -> None:
 def lora_model(model: torch.nn.Module, cfg: TrainConfig) -> Any:
     """Wrap a HF causal LM with a fresh LoRA adapter (seeded: LoRA's A matrices are random-initialised)."""
     try:
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig, get_peft_model  # lazy: extra [train]
     except ImportError as e:
         raise MissingInput("post-training needs peft: pip install 'mechprobe[train]' (peft==0.21.2)") from e
     torch.manual_seed(cfg.seed)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 __all__ = ["bootstrap_diff"]
 
 
@@ -10,8 +12,6 @@ def bootstrap_diff(a: list[tuple[int, int]], b: list[tuple[int, int]], n_boot: i
     """Pooled rate of group ``b`` minus group ``a`` (each a list of per-item ``(k, n)``), 95% percentile CI,
     resampling items within each group independently (two unpaired groups of items, e.g. items the model
     answered correctly vs wrongly). NaNs when a group has no turns. Deterministic for a given ``seed``."""
-    import random
-
     a = [x for x in a if x[1] > 0]
     b = [x for x in b if x[1] > 0]
     nan = float("nan")

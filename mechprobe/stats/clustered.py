@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+from scipy.stats import beta
 
 __all__ = ["ClusteredEstimate", "clopper_pearson", "ppi_lambda", "cluster_bootstrap_rate", "cluster_bootstrap_ppi",
            "paired_cluster_bootstrap", "cluster_ppi_paired_difference", "has_repeats"]
@@ -57,8 +58,6 @@ def clopper_pearson(k: float, n: int, alpha: float = 0.05) -> tuple[float, float
         >>> lo == 0.0 and 0.11 < hi < 0.12
         True
     """
-    from scipy.stats import beta
-
     if n < 0 or k < 0 or k > n:
         raise ValueError(f"clopper_pearson needs 0 <= k <= n, got k={k}, n={n}")
     if n == 0:

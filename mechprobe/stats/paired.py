@@ -17,6 +17,7 @@ into these per-item mappings.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -52,8 +53,6 @@ def paired_bootstrap(a_k: list[int], a_n: list[int], b_k: list[int], b_n: list[i
     and its perturbed variant are a pair. Resampling items keeps both. Deterministic for a given ``seed``.
     Returns (diff, ci_low, ci_high, p); NaNs when there is no item with turns under both conditions.
     """
-    import random
-
     m = len(a_k)
     if not (len(a_n) == len(b_k) == len(b_n) == m):
         raise ValueError("paired_bootstrap: the four lists must have one entry per item")

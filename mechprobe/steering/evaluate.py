@@ -213,7 +213,7 @@ def steered_nll(lm: LoadedModel, prompts: Sequence[Sequence[int]], continuations
     the prompt's KV cache (every position a generated token), which is what :func:`steer` tells apart.
     ``vector=None`` or ``alpha=0`` gives the unsteered model's NLL (equal to :func:`turn_nll`).
     """
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # lazy: slow import, model paths only
 
     model, pad = lm.model, lm.tokenizer.pad_token_id
     dev = input_device(model)
@@ -285,7 +285,7 @@ class NllScorer:
 
     def _prefixes(self, keys: list[tuple[int, ...]]) -> dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]]:
         """Each key's unpadded keys/values: kept ones reused, the rest computed (batched, left-padded) and kept."""
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # lazy: slow import, model paths only
 
         got = {k: self._kv[k] for k in keys if k in self._kv}
         need = list(dict.fromkeys(k for k in keys if k not in got))
@@ -322,7 +322,7 @@ class NllScorer:
 
     def _chunk(self, ps: list[list[int]], cs: list[list[int]], vector: SteeringVector | None, alpha: float,
                positions: str) -> list[float | None]:
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # lazy: slow import, model paths only
 
         rows = [r for r, c in enumerate(cs) if c]
         if not rows:

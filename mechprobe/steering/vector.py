@@ -48,9 +48,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
-from mechprobe.activations.backends import _blocks_path
+from mechprobe.activations.backends import blocks_path
 from mechprobe.activations.cache import ActivationCache
 from mechprobe.errors import MissingInput, UsageError
 from mechprobe.linear.linear_probe import LinearProbe
@@ -237,8 +238,6 @@ class SteeringVector:
 
     def save(self, path: str | Path) -> Path:
         """Write ``<path>.safetensors`` (the vector) and ``<path>.json`` (layer, kind, metadata)."""
-        from safetensors.torch import save_file
-
         base = _base_path(path)
         base.parent.mkdir(parents=True, exist_ok=True)
         st = base.with_name(base.name + ".safetensors")
@@ -255,8 +254,6 @@ class SteeringVector:
     @classmethod
     def load(cls, path: str | Path) -> SteeringVector:
         """Read what :meth:`save` wrote; ``path`` may name the base, the .safetensors or the .json file."""
-        from safetensors.torch import load_file
-
         base = _base_path(path)
         st, side = base.with_name(base.name + ".safetensors"), base.with_name(base.name + ".json")
         for p in (st, side):
@@ -804,9 +801,9 @@ def bake(model: nn.Module, vector: SteeringVector, alpha: float) -> nn.Module:
 def placeholder_tokenizer(vocab_size: int, pad_id: int = 0) -> Any:
     """A word-level tokenizer over ``t0..t{V-1}``: nnsight's wrapper insists on a tokenizer even when it
     is only given token ids (tiny test models have none)."""
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer  # lazy: with transformers
+    from tokenizers.models import WordLevel  # lazy: with transformers
+    from transformers import PreTrainedTokenizerFast  # lazy: slow import, model paths only
 
     vocab = {f"t{i}": i for i in range(vocab_size)}
     return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token=f"t{pad_id}")),
@@ -815,11 +812,11 @@ def placeholder_tokenizer(vocab_size: int, pad_id: int = 0) -> Any:
 
 def _nnsight_wrap(model: nn.Module, tokenizer: Any) -> Any:
     try:
-        from nnsight.modeling.transformers import TransformersModel
+        from nnsight.modeling.transformers import TransformersModel  # lazy: extra [backends]
 
         return TransformersModel(model, tokenizer=tokenizer, task="text-generation")
     except ImportError:  # nnsight < 0.8
-        from nnsight import LanguageModel
+        from nnsight import LanguageModel  # lazy: extra [backends]
 
         return LanguageModel(model, tokenizer=tokenizer)
 
@@ -850,7 +847,7 @@ def generate_nnsight(model: Any, prompts: Sequence[Sequence[int]], vector: Steer
             ids, mask, _ = left_pad(prompts, pad_id, input_device(mod))
             delta = vector.scaled(alpha).to(device=input_device(mod))
             env: Any = nm
-            for part in _blocks_path(mod).split("."):
+            for part in blocks_path(mod).split("."):
                 env = getattr(env, part)
             with nm.generate(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_id,
                              eos_token_id=stops or None) as tracer:

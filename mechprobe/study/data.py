@@ -10,6 +10,7 @@ rows and unjudged rows excluded).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,8 +55,6 @@ class RunData:
 
 def labels_file_for(judge: str) -> str:
     """``labels_<judge>.jsonl``: one file per judge spec, so a second judge never mixes into the first's."""
-    import re
-
     return "labels_" + re.sub(r"[^A-Za-z0-9.]+", "_", judge).strip("_") + ".jsonl"
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from mechprobe.errors import UsageError, UserError
 from mechprobe.io import JsonlStore, output_dir_lock, read_json, read_jsonl, write_json
@@ -213,7 +214,6 @@ class _Generator:
 
     def get(self) -> tuple[Any, Any]:
         if self.lm is None:
-
             t = time.time()
             self.lm, self.engine = load_generator(self.cfg)
             # The thread count is fixed here, at load (models.cpu_threads): print it, so a model loaded while
@@ -224,7 +224,6 @@ class _Generator:
 
 
 def _probe_done(run: Path, cfg: ProbeConfig) -> bool:
-
     return probe_complete(run, cfg)
 
 
@@ -263,7 +262,6 @@ def run_model_dataset(sc: StudyConfig, model: str, dataset: str, gen: _Generator
 
 
 def _judge_dirs(sc: StudyConfig, dirs: list[Path], judge: Any, stage_run: Path) -> None:
-
     labels = labels_file_for(sc.judge)
     t, c, n = time.time(), time.process_time(), 0
     for d in dirs:
@@ -281,7 +279,6 @@ class _LazyJudge:
 
     def get(self) -> Any:
         if self.j is None:
-
             self.j = make_judge(self.spec)
         return self.j
 
@@ -342,8 +339,6 @@ def _run_study(sc: StudyConfig, root: Path) -> StudyResult:
     unavailable: dict[str, str] = {}
     errors: dict[str, str] = {}
     _update_plan(root, sc, unavailable, errors)
-    from tqdm.auto import tqdm
-
     for model in tqdm(sc.models, desc="models", disable=not sc.progress):
         why = model_unavailable(model)
         if why:

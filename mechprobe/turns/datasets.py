@@ -439,7 +439,7 @@ def _load_hub(name: str, split: str, limit: int | None) -> DatasetLoad:
             f"dataset {name!r} has no canonical Hugging Face hub copy; download test_freq.json from the "
             f"alexa/Topical-Chat GitHub repository (conversations/) and pass it with --data-path")
     try:
-        import datasets as hf  # optional: only hub users need it (extra `hub`)
+        import datasets as hf  # lazy: extra [hub]
     except ImportError as e:
         raise ImportError(f"reading {name!r} from the Hugging Face hub needs `datasets`: pip install "
                           f"'mechprobe[hub]' (or pass a local file with --data-path)") from e
@@ -459,7 +459,7 @@ def _load_hub(name: str, split: str, limit: int | None) -> DatasetLoad:
 
 def _datasets_importable() -> bool:
     try:
-        import datasets  # noqa: F401
+        import datasets  # noqa: F401  # lazy: extra [hub]
     except ImportError:
         return False
     return True

@@ -114,7 +114,7 @@ def variant_records(tokenizer: Any, records: list[AssistantRecord], variant: str
 def variant_prompt(tokenizer: Any, v: AssistantRecord, variant: str, system: str | None = None) -> chat.ProbePrompt:
     """The probe prompt of a perturbed record ``v`` (from :func:`variant_record`): conversation + user header."""
     if variant == "no_response":
-        return chat.build_headed_prompt(tokenizer, chat._messages(v.prompt, None, system, v.messages or None))
+        return chat.build_headed_prompt(tokenizer, chat.conversation_messages(v.prompt, None, system, v.messages or None))
     if variant == "no_conversation":
         return chat.build_headed_prompt(tokenizer, [{"role": "system", "content": system}] if system is not None else [])
     return chat.build_probe_prompt(tokenizer, v.prompt, v.response, system=system, history=v.messages or None)

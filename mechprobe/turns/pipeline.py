@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm.auto import tqdm
 
 from mechprobe.audit.rates import audit_truth, rate_columns
@@ -188,7 +189,6 @@ def decoding_plan(temperatures: list[float], samples: int) -> list[tuple[str, fl
 
 
 def load_items(cfg: ProbeConfig) -> tuple[list[Item], dict[str, Any]]:
-
     res = load_dataset(cfg.dataset, path=cfg.data_path, limit=cfg.limit)
     info = {
         "dataset_source": res.source,
@@ -201,7 +201,6 @@ def load_items(cfg: ProbeConfig) -> tuple[list[Item], dict[str, Any]]:
 
 
 def _score(item: Item, response: str) -> tuple[float | None, str | None]:
-
     return score(item.dataset, response, item.gold, item.meta)
 
 
@@ -341,7 +340,6 @@ def load_generator(cfg: ProbeConfig) -> tuple[LoadedModel, Any]:
     if cfg.engine == "vllm":
         return _load_vllm_engine(cfg)
     if cfg.engine == "llamacpp":
-
         return load_engine(cfg.model, chat_template=cfg.chat_template)
     return load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, chat_template=cfg.chat_template), None
 
@@ -352,9 +350,6 @@ def _load_vllm_engine(cfg: ProbeConfig) -> tuple[LoadedModel, Any]:
     The run's identity (name, weight hash, tokenizer with pad token, template) comes from the same
     functions :func:`~mechprobe.lm.models.load_model` uses, so ``mechprobe cache`` (HF engine) accepts the run.
     """
-    import torch
-
-
     tok = load_tokenizer(cfg.model, cfg.chat_template)
     engine = load_vllm(cfg.model)
     name, weight_hash = weight_identity(cfg.model)  # after vLLM fetched the weights into the HF cache
@@ -382,7 +377,6 @@ def _decode_batch(lm: LoadedModel, engine: Any, prompts: list[list[int]], **kw: 
     if hasattr(engine, "decode_batch"):  # llamacpp_backend.LlamaCppEngine
         return engine.decode_batch(prompts, **kw)
     if engine is not None:
-
         kw.pop("pad_id", None)
         return generate_vllm(engine, prompts, **kw)
     return generate(lm.model, prompts, **kw)

@@ -210,8 +210,8 @@ def score_ifeval(response: str, meta: dict[str, Any]) -> tuple[float | None, str
     if not ids:
         return None, None
     try:
-        from if_verifiable.common import evaluate_instructions
-        from if_verifiable.ifeval.instructions_registry import INSTRUCTION_DICT
+        from if_verifiable.common import evaluate_instructions  # lazy: extra [ifeval]
+        from if_verifiable.ifeval.instructions_registry import INSTRUCTION_DICT  # lazy: extra [ifeval]
     except ImportError:
         _warn_once("IFEval items are unscored: pip install 'mechprobe[ifeval]' (if-verifiable) to check them")
         return None, None

@@ -65,7 +65,7 @@ def test_turn_logprob_with_reused_prefix_equals_one_full_forward(smol):
         got, n = turn_logprob(store, tok, conv, turn, "real")
         pre_text = chat.render(tok, conv) + chat.user_header(tok)
         ids, _ = chat.tokenize_rendered(tok, pre_text + turn)
-        pre = chat._cut_at(tok, pre_text + turn, len(pre_text))
+        pre = chat.ids_up_to(tok, pre_text + turn, len(pre_text))
         with torch.inference_mode():
             logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
         want = sum(float(logp[k - 1, ids[k]]) for k in range(len(pre), len(ids)))
@@ -142,7 +142,7 @@ def test_voice_margin_equals_full_forward_computation(smol):
 
     def mean_lp(pre_text: str, turn: str) -> float:
         ids, _ = chat.tokenize_rendered(tok, pre_text + turn)
-        pre = chat._cut_at(tok, pre_text + turn, len(pre_text))
+        pre = chat.ids_up_to(tok, pre_text + turn, len(pre_text))
         with torch.inference_mode():
             logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
         return sum(float(logp[k - 1, ids[k]]) for k in range(len(pre), len(ids))) / (len(ids) - len(pre))

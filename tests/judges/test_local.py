@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import openai
 import pytest
 
+import mechprobe
 from mechprobe.io import read_jsonl
 from mechprobe.judges.base import inputs_from_rows
 from mechprobe.judges.factory import make_judge
 from mechprobe.judges.llm import JSON_SCHEMA, LOCAL_SYSTEM_PROMPT, LLMJudge, build_messages
-from mechprobe.judges.local import LocalJudge, few_shot_rows
+from mechprobe.judges.local import EXAMPLES, LocalJudge, few_shot_rows
 from mechprobe.judges.run import judge_run
 from mechprobe.lm.choice import ChoiceScorer, normalise, prompt_ids
 from mechprobe.lm.server import ChatServer, HFResponder
@@ -39,6 +41,13 @@ def test_few_shot_examples_come_from_dev_only_and_cover_labels():
     assert len(ex) == 5 and all(r["split"] == "dev" for r in ex)
     assert len({r["label"] for r in ex}) == 5  # one label at a time before repeating
     assert few_shot_rows(0) == []
+
+
+def test_the_packaged_examples_are_the_dev_rows_of_the_fixture():
+    """The few-shot examples ship inside the package (a wheel has no tests/), as a copy of the fixture's dev rows:
+    the copy must not drift from the fixture that the agreement reports measure."""
+    assert EXAMPLES.is_relative_to(Path(mechprobe.__file__).parent)
+    assert read_jsonl(EXAMPLES) == [r for r in read_jsonl(FIXTURE) if r["split"] == "dev"]
 
 
 def test_make_judge_local_needs_a_model():

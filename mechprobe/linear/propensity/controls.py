@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from scipy.stats import rankdata
 
 from mechprobe.linear.fit import Folds, Metric, signed_scores, text_baseline_scores
 from mechprobe.linear.propensity.reliability import attenuation_ceiling, split_half_reliability
@@ -56,8 +57,6 @@ def propensity_controls(report: PropensityReport, stack: np.ndarray, targets: It
 
 def _ranks_within(v: np.ndarray, ds: np.ndarray) -> np.ndarray:
     """Ranks of ``v`` within each dataset, scaled to (0, 1]."""
-    from scipy.stats import rankdata
-
     out = np.zeros(len(v))
     for d in set(ds.tolist()):
         m = ds == d

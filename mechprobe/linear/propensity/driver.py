@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from mechprobe.io import write_json
 from mechprobe.linear.fit import to_jsonable
@@ -37,8 +38,6 @@ def propensity_experiment(a: Any, resolved: list[tuple[Path, ProbeConfig]], why:
     join the transfer matrix only, not the pooled headline. ``a`` is the
     :class:`~mechprobe.linear.experiment.LinearProbeConfig`.
     """
-    from threadpoolctl import threadpool_limits
-
     timings: dict[str, Any] = {}
     judges = []
     for run, cfg in resolved:

@@ -8,6 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from sklearn.linear_model import Ridge
+from sklearn.model_selection import KFold, StratifiedKFold
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
 
 from mechprobe.errors import UserError
 from mechprobe.linear.fit import Folds, fit_logreg, spearman, thin_data_hint
@@ -26,8 +30,6 @@ def make_item_folds(strata: Sequence[str], n_splits: int = 5, seed: int = 0) -> 
     Stratifying by dataset keeps every dataset in every training fold when runs are pooled; stratifying
     by the above-median class keeps both classes in every fold, so each fold's AUROC is defined.
     """
-    from sklearn.model_selection import KFold, StratifiedKFold
-
     strata = np.asarray([str(s) for s in strata])
     n = len(strata)
     if n < 2 * n_splits:
@@ -42,10 +44,6 @@ def make_item_folds(strata: Sequence[str], n_splits: int = 5, seed: int = 0) -> 
 
 
 def _ridge(alpha: float) -> Any:
-    from sklearn.linear_model import Ridge
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
     return make_pipeline(StandardScaler(), Ridge(alpha=alpha))
 
 
@@ -63,8 +61,6 @@ def fit_ridge(x: np.ndarray, y: np.ndarray, seed: int = 0, alphas: Sequence[floa
     Scored by Spearman, not MSE: the headline metric is a rank correlation, and a propensity is bounded
     and lumpy (multiples of 1/k), so the alpha that ranks items best is the one wanted.
     """
-    from sklearn.model_selection import KFold
-
     y = np.asarray(y, float)
     best_a, best = alphas[len(alphas) // 2], 0.0
     if len(y) >= 2 * n_inner and np.ptp(y) > 0:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from mechprobe.linear.fit import Folds, Metric, random_direction_band, to_jsonable
 from mechprobe.linear.propensity.fit import (
@@ -65,8 +66,6 @@ def propensity_sweep_layers(stack: np.ndarray, layers: Sequence[int], targets: I
     (never residual 0, the embedding control) with the best inner-CV Spearman on its training items, and
     its test items are scored at that layer; the same for the above-median AUROC with inner-CV AUROC.
     """
-    from tqdm.auto import tqdm
-
     y = np.asarray(targets.propensity, float)
     n = len(y)
     if stack.ndim != 3 or stack.shape[0] != n or stack.shape[1] != len(layers):
