@@ -1,4 +1,11 @@
-"""mechprobe.judges."""
+"""Judges: the label of every generated user turn (genuine follow-up, new query, restatement, ...).
+
+:mod:`.base` (``JudgeInput``, the ``Judge`` protocol) · :mod:`.offline` (rules, no model) · :mod:`.llm` (an
+OpenAI-compatible endpoint) · :mod:`.local` and :mod:`.hybrid` (the run's own model scores the labels) ·
+:mod:`.trained` (a logistic judge over turn features) · :mod:`.factory` (``make_judge`` from a spec string and the
+default-judge rule) · :mod:`.run` (label a run, resumable) · :mod:`.agreement` (two label sources compared).
+Why several: no judge is right on every model, so the audit (:mod:`mechprobe.audit`) measures and corrects them.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,11 @@
-"""mechprobe.lm."""
+"""Language models: loading, chat templates, generation and serving.
+
+:mod:`.models` (the embedded GGUF models, loading, dtype and threads) · :mod:`.chat` (chat templates and the
+user-role header the probe appends) · :mod:`.generation` (batched decoding with stop tokens) · :mod:`.choice`
+(constrained choice over shared KV prefixes) · :mod:`.llamacpp` and :mod:`.vllm` (other engines) ·
+:mod:`.server` (an OpenAI-compatible endpoint on loopback). The lowest model layer: nothing here knows about
+judges, runs or steering.
+"""
 
 from __future__ import annotations
 

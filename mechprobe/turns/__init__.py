@@ -1,4 +1,10 @@
-"""mechprobe.turns."""
+"""The user-turn probe: the assistant answers, then the model writes the next *user* turn.
+
+:mod:`.pipeline` (answers, then user turns after the model's own user-role header, resumable JSONL) ·
+:mod:`.datasets` (GSM8K, MT-Bench, IFEval, ... from ``shared/data`` or HF ``datasets``) · :mod:`.perturb`
+(answer perturbations) · :mod:`.scoring` (task accuracy) · :mod:`.stock_turns` (fixed user turns for steering
+checks).
+"""
 
 from __future__ import annotations
 

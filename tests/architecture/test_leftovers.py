@@ -173,3 +173,15 @@ def test_the_checkers_catch_what_they_forbid(tmp_path):
     assert function_level_stdlib_imports(bad) == ["9: json", "10: collections"]
     assert function_level_stdlib_imports(good) == []
     assert sorted(u.split(":")[0] for u in paths_under_tests(bad)) == ["12", "12", "13"] and paths_under_tests(good) == []
+
+
+def test_every_subpackage_says_what_it_holds():
+    """Each subpackage's ``__init__`` docstring tells a newcomer what the package is for and which module holds
+    what; a placeholder such as ``mechprobe.lm.`` tells nothing."""
+    pkg = Path(__file__).resolve().parents[2] / "mechprobe"
+    thin = []
+    for init in sorted(pkg.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        if len(doc) < 120 or doc.strip().startswith("mechprobe."):
+            thin.append(f"{init.parent.name}: {doc[:40]!r}")
+    assert not thin, "subpackages without a real docstring: " + "; ".join(thin)
