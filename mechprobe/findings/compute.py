@@ -220,6 +220,7 @@ def _audit(out: Findings, root: Path, name: str, rel: str) -> None:
         out.add(v)
         jo = r["judge_only"]
         out.add(_est(f"{name}.{ks}.judge_only", jo, READ, where, _judge_k(jo, n_turns), n_turns))
+    _judge_summary(out, name, folder, rel)
     inter = rep.get("inter_labeller") or [{}]
     _labeller_kappas(out, name, sample, labs, joined, src_labels, inter[0], where)
     for j in rep.get("judge_vs_labeller", []):
@@ -240,6 +241,26 @@ def _audit(out: Findings, root: Path, name: str, rel: str) -> None:
             v = _est(f"{key}.corrected", d["corrected"], READ, where, signed=True)
         out.add(v)
         out.add(_est(f"{key}.judge_only", d["judge_only"], READ, where, signed=True))
+
+
+_SUMMARY_ROW = re.compile(r"^\| (?P<dec>greedy|sample) \| (?P<t>[\d.]+) \| (?P<n>\d+) \| (?P<p>\d+\.\d)% \| "
+                          r"\[(?P<lo>\d+\.\d)%, (?P<hi>\d+\.\d)%\] \|")
+
+
+def _judge_summary(out: Findings, name: str, folder: Path, rel: str) -> None:
+    """The run's judge summary (``judge_summary.md``: judge only, turns after a capped answer left out), read."""
+    p = folder / "judge_summary.md"
+    if not p.exists():
+        return
+    for line in p.read_text(encoding="utf-8").splitlines():
+        m = _SUMMARY_ROW.match(line.strip())
+        if m:
+            n, point = int(m["n"]), float(m["p"]) / 100
+            k = round(point * n)
+            stratum = "greedy" if m["dec"] == "greedy" else f"T{float(m['t']):g}"
+            out.add(Value(f"{name}.{stratum}.judge_summary", point, float(m["lo"]) / 100, float(m["hi"]) / 100,
+                          k if abs(point * n - k) <= 0.0005 * n + 1e-9 else None, n, PERCENT, READ,
+                          f"{rel}/judge_summary.md", "judge-only wilson, turns after a capped answer left out"))
 
 
 def _judge_k(est: dict[str, Any], n: int) -> int | None:
