@@ -27,7 +27,7 @@ from mechprobe.audit.estimate import audit_only_difference, audit_only_rate
 from mechprobe.audit.labels import LabellerLabels, read_labellers_file
 from mechprobe.audit.sample import AuditSample
 from mechprobe.errors import UsageError
-from mechprobe.io import read_json
+from mechprobe.io import finite, read_json
 from mechprobe.stats import wilson
 from mechprobe.stats.clustered import clopper_pearson
 from mechprobe.taxonomy import GENUINE
@@ -300,6 +300,15 @@ def _post_train(out: Findings, root: Path) -> None:
             for dec, pair in summ.get("corrected_paired", {}).get(f"base vs {arm}", {}).get("gsm8k", {}).items():
                 for kind in ("corrected", "judge_only"):
                     out.add(_est(f"{POST_TRAIN}.{name}.vs_base.{dec}.{kind}", pair[kind], READ, rel, signed=True))
+            for m in summ.get("paired", {}).get(f"base vs {arm}", {}).get("gsm8k", []):
+                out.add(Value(f"{POST_TRAIN}.{name}.vs_base.{m['decoding']}.mcnemar_p", float(m["p"]), unit=RAW,
+                              how=READ, source=rel, method=f"exact McNemar, judge only: +{m['only_b']}/-{m['only_a']} "
+                                                           f"of {m['n']} items"))
+            for b in summ.get("boundary_shift", {}).get(f"{arm} gsm8k", []):
+                out.add(Value(f"{POST_TRAIN}.{name}.boundary_shift.L{b['layer']}", float(b["shift_gap"]),
+                              float(b["ci_gap"][0]), float(b["ci_gap"][1]), unit=RAW, how=READ, source=rel,
+                              method="shift along the base arm's genuine-minus-other direction, in class gaps",
+                              signed=True))
         if path == dpo:
             pairs = summ.get("judge_error_on_pairs") or read_json(root / f"{POST_TRAIN_PREFIX}_dpo_pairs_manifest.json"
                                                                    ).get("judge_error_on_pairs")
@@ -486,7 +495,7 @@ def findings_markdown(f: Findings) -> str:
 
 def findings_json(f: Findings) -> dict[str, Any]:
     """``reports/findings.json``: every value with its text, and the notes and mismatches (no timestamps, so the
-    committed file changes only when a number does)."""
-    return {"format": "mechprobe-findings-v1",
-            "values": {k: {**v.to_dict(), "text": v.text()} for k, v in f.values.items()},
-            "notes": f.notes, "mismatches": f.mismatches}
+    committed file changes only when a number does; an undefined number, such as a kappa with one class, is null)."""
+    return finite({"format": "mechprobe-findings-v1",
+                   "values": {k: {**v.to_dict(), "text": v.text()} for k, v in f.values.items()},
+                   "notes": f.notes, "mismatches": f.mismatches})

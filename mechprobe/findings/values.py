@@ -56,12 +56,17 @@ class Value:
             if self.k is not None and self.n:
                 return f"{_count(self.k)}/{self.n} = {body}"
             return body
-        body = f"{self.point:.2f}"
+        body = f"{self.point:{'+' if self.signed else ''}.{self._places()}f}"
         if self.has_interval():
-            body += f" [{self.lo:.2f}, {self.hi:.2f}]"
+            body += f" [{self.lo:.{self._places()}f}, {self.hi:.{self._places()}f}]"
         if self.k is not None and self.n:
             body += f" ({_count(self.k)}/{self.n} agree)"
         return body
+
+
+    def _places(self) -> int:
+        """Two decimals (a kappa, a shift), more for a small p-value so it does not print as 0.00."""
+        return 2 if abs(self.point) >= 0.01 or self.point == 0 else 4
 
 
 def _count(k: float) -> str:

@@ -222,3 +222,12 @@ def test_relabel_without_report_is_skipped_with_a_note(tmp_path: Path) -> None:
     f = compute_findings(tmp_path)
     assert not [k for k in f.values if k.startswith("relabel_v2")]
     assert any("relabel_v2.mt_bench_1.5b" in note and "not there yet" in note for note in f.notes)
+
+
+@pytest.mark.slow
+def test_committed_findings_json_is_what_the_committed_files_give() -> None:
+    """reports/findings.json is regenerated (`mechprobe findings`) whenever an audit file changes."""
+    from mechprobe.findings import findings_json
+
+    now = json.loads(json.dumps(findings_json(compute_findings(REPO))))
+    assert now == json.loads((REPO / "reports/findings.json").read_text())
