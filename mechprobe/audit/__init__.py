@@ -13,6 +13,8 @@ from .agreement import Kappa, kappa_with_ci
 from .codebook import codebook_path, codebook_text
 from .estimate import (
     Estimate,
+    audit_only_difference,
+    audit_only_rate,
     corrected_paired_difference,
     corrected_rate,
     judge_only_difference,
@@ -34,7 +36,7 @@ from .table import LabelledTurn, TurnTable, load_run_table, table_from_rows
 
 __all__ = [
     "AuditSample", "Estimate", "Kappa", "LabelledTurn", "LabellerLabels", "RowLabel", "TurnTable",
-    "build_report", "codebook_path", "codebook_text", "corrected_paired_difference", "corrected_rate",
+    "audit_only_difference", "audit_only_rate", "build_report", "codebook_path", "codebook_text", "corrected_paired_difference", "corrected_rate",
     "draw_sample", "identification_report", "import_labels", "judge_only_difference", "judge_only_rate",
     "kappa_with_ci", "load_labellers", "load_or_draw", "load_run_table", "load_sample", "read_labellers_file",
     "read_labels_file", "render_sheet_html", "report_markdown", "sheet_rows", "table_from_rows",

@@ -39,7 +39,8 @@ from mechprobe.stats.clustered import (
     has_repeats,
 )
 
-__all__ = ["Estimate", "corrected_rate", "judge_only_rate", "corrected_paired_difference", "judge_only_difference"]
+__all__ = ["Estimate", "corrected_rate", "judge_only_rate", "corrected_paired_difference", "judge_only_difference",
+           "audit_only_rate", "audit_only_difference"]
 
 
 @dataclass(frozen=True)
@@ -101,16 +102,72 @@ def judge_only_rate(judge_all: Any, alpha: float = 0.05, items: Any = None, n_bo
     return Estimate(k / y.size, float(lo), float(hi), 0, "judge-only wilson", int(y.size))
 
 
+def audit_only_rate(labels_audited: Any, alpha: float = 0.05, items: Any = None, n_boot: int = 2000,
+                    seed: int = 0) -> Estimate:
+    """The rate of a stratum whose every turn was audited: the audit's mean, with a Wilson interval.
+
+    Why Wilson and not CLT: with no audited follow-up a CLT interval has zero width, yet 0 of 60 is compatible
+    with a rate of several percent. Why public: a finding recomputed from committed labels alone (the judge's
+    verdicts per turn are not committed) must give the very number the report gives.
+
+    Args:
+        labels_audited: the audit's truth per turn, 0/1 or a labellers' consensus in [0, 1].
+        alpha: 1 - confidence level.
+        items: the item of each turn; when an item holds several turns the interval is the item-cluster bootstrap
+            :func:`corrected_rate` uses for such a stratum (n_boot, seed: that bootstrap).
+    Example:
+        >>> round(audit_only_rate([1, 0, 0, 0]).point, 2)
+        0.25
+    """
+    y = np.asarray(labels_audited, dtype=float).ravel()
+    if y.size == 0:
+        return _nan("no audited turns")
+    if items is not None and has_repeats(list(items)):
+        # With nothing left unlabelled the PPI++ estimate is the audit mean and the judge's verdicts drop out of
+        # it (any placeholder gives the same draws), so this is corrected_rate's own computation for the stratum.
+        c = cluster_bootstrap_ppi(y, np.zeros_like(y), list(items), [], [], alpha, n_boot, seed)
+        return _from_clustered(c, int(y.size), int(y.size))
+    lo, hi = proportion_confint(float(y.sum()), y.size, alpha=alpha, method="wilson")
+    return Estimate(float(y.mean()), max(0.0, float(lo)), min(1.0, float(hi)), int(y.size),
+                    "audit only (every turn audited; Wilson)", int(y.size))
+
+
+def audit_only_difference(audit_a: dict[str, float], audit_b: dict[str, float], alpha: float = 0.05) -> Estimate:
+    """``rate(b) - rate(a)`` when every common item was audited in both conditions: nothing to impute.
+
+    A Wilson interval belongs to a proportion, not to a mean of differences in [-1, 1], so the difference gets
+    Newcombe's hybrid score interval from the two Wilson intervals (the unpaired form: it ignores the positive
+    pairing, so it is conservative).
+
+    Args:
+        audit_a, audit_b: ``item_id -> truth`` (0/1 or consensus in [0, 1]); only the items in both count.
+        alpha: 1 - confidence level.
+    Example:
+        >>> audit_only_difference({"i1": 0, "i2": 0}, {"i1": 1, "i2": 0}).point
+        0.5
+    """
+    both = sorted(set(audit_a) & set(audit_b))
+    if not both:
+        return _nan("no item audited in both conditions")
+    ya = np.array([audit_a[i] for i in both], dtype=float)
+    yb = np.array([audit_b[i] for i in both], dtype=float)
+    pa, pb = float(ya.mean()), float(yb.mean())
+    la, ua = proportion_confint(float(ya.sum()), ya.size, alpha=alpha, method="wilson")
+    lb, ub = proportion_confint(float(yb.sum()), yb.size, alpha=alpha, method="wilson")
+    d = pb - pa
+    lo = d - math.sqrt((pb - lb) ** 2 + (ua - pa) ** 2)
+    hi = d + math.sqrt((ub - pb) ** 2 + (pa - la) ** 2)
+    return Estimate(d, max(-1.0, lo), min(1.0, hi), len(both),
+                    "audit only (every item audited; Newcombe hybrid score, unpaired: conservative)", len(both))
+
+
 def _ppi(y: np.ndarray, yhat: np.ndarray, yhat_u: np.ndarray, alpha: float, lo_clip: float,
          hi_clip: float) -> tuple[float, float, float, str]:
     from ppi_py import ppi_mean_ci, ppi_mean_pointestimate  # lazy: slow import, audit only
 
     if yhat_u.size == 0:
-        # Every turn audited: nothing to impute, the audit mean is the estimate. Wilson, not CLT: with no audited
-        # follow-up a CLT interval has zero width, yet 0 of 60 is compatible with a rate of several percent.
-        point = float(y.mean())
-        lo, hi = proportion_confint(float(y.sum()), y.size, alpha=alpha, method="wilson")
-        return point, max(lo_clip, float(lo)), min(hi_clip, float(hi)), "audit only (every turn audited; Wilson)"
+        est = audit_only_rate(y, alpha)
+        return est.point, max(lo_clip, est.lo), min(hi_clip, est.hi), est.method
     method, lam = "ppi++ (ppi_py, power-tuned)", None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # 0/0 power tuning: handled just below
@@ -218,19 +275,8 @@ def corrected_paired_difference(judge_a: dict[str, float], judge_b: dict[str, fl
     if not both:
         return _nan("no item audited in both conditions", 0, len(common))
     if not rest:
-        # Every item audited in both conditions: nothing to impute. A Wilson interval belongs to a proportion, not
-        # to a mean of differences in [-1, 1], so the audit's own difference gets Newcombe's hybrid score interval
-        # from the two Wilson intervals (the unpaired form: it ignores the positive pairing, so it is conservative).
-        ya = np.array([audit_a[i] for i in both], dtype=float)
-        yb = np.array([audit_b[i] for i in both], dtype=float)
-        pa, pb = float(ya.mean()), float(yb.mean())
-        la, ua = proportion_confint(float(ya.sum()), ya.size, alpha=alpha, method="wilson")
-        lb, ub = proportion_confint(float(yb.sum()), yb.size, alpha=alpha, method="wilson")
-        d = pb - pa
-        lo = d - math.sqrt((pb - lb) ** 2 + (ua - pa) ** 2)
-        hi = d + math.sqrt((ub - pb) ** 2 + (pa - la) ** 2)
-        return Estimate(d, max(-1.0, lo), min(1.0, hi), len(both),
-                        "audit only (every item audited; Newcombe hybrid score, unpaired: conservative)", len(common))
+        est = audit_only_difference({i: audit_a[i] for i in both}, {i: audit_b[i] for i in both}, alpha)
+        return Estimate(est.point, est.lo, est.hi, est.n_audited, est.method, len(common))
     y = np.array([audit_b[i] - audit_a[i] for i in both], dtype=float)
     yhat = np.array([judge_b[i] - judge_a[i] for i in both], dtype=float)
     yhat_u = np.array([judge_b[i] - judge_a[i] for i in rest], dtype=float)

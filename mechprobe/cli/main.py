@@ -12,6 +12,7 @@
     mechprobe relabel-steering RUN --judge SPEC                  # re-judge a steering run's turns
     mechprobe serve --model NAME                                 # OpenAI-compatible server on loopback
     mechprobe models list | fetch NAME                           # embedded models
+    mechprobe findings [--check FILE ...]                        # the findings' numbers from committed files
 
 RUN is the run directory, a positional in every command that takes one (--run still works where it did).
 List flags take space-separated values or one comma string. python -m mechprobe is the same command line;
@@ -30,6 +31,7 @@ from mechprobe.cli import (
     audit,
     cache,
     common,
+    findings,
     judge,
     linear_probe,
     models,
@@ -46,7 +48,7 @@ from mechprobe.cli import (
 COMMANDS: dict[str, ModuleType] = {
     "probe": probe, "judge": judge, "cache": cache, "probes": linear_probe, "steer": steer,
     "agreement": agreement, "audit": audit, "post-train": post_train, "study": study,
-    "relabel-steering": relabel_steering, "serve": serve, "models": models,
+    "relabel-steering": relabel_steering, "serve": serve, "models": models, "findings": findings,
 }
 
 

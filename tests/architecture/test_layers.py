@@ -18,6 +18,7 @@ PKG = Path(__file__).resolve().parents[2] / "mechprobe"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("errors", "io", "records", "taxonomy", "stats", "redact", "plots", "splits")),
     ("audit", ("audit",)),
+    ("findings", ("findings",)),
     ("lm", ("lm",)),
     ("turns", ("turns",)),
     ("judges", ("judges",)),

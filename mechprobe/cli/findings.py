@@ -1,0 +1,66 @@
+"""Recompute every number the findings quote from committed files, print them, and check the docs against them.
+
+    mechprobe findings                                 # table of keys and values; writes reports/findings.json
+    mechprobe findings --check                         # also check README.md and docs/findings.md (when there)
+    mechprobe findings --check docs/post_training.md   # check the named files instead
+
+Audited rates, differences and kappas are recomputed from each audit's committed sample and labels with the
+package's statistics where the labels alone decide them; numbers that need the judge's verdict per turn (not
+committed) are read from the committed report and marked "read". Only lines between <!-- findings:begin -->
+and <!-- findings:end --> are checked: every interval, fraction, percentage and decimal number there (not inline
+code, not whole numbers without %) must equal a recomputed value at the precision quoted. Exit 1 lists each one
+that does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from mechprobe.findings import check_file, compute_findings, findings_json, findings_markdown
+
+HELP = "recompute the findings' numbers from committed files; --check the docs that quote them"
+DEFAULT_CHECK = ("README.md", "docs/findings.md")
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    """Add the findings command's flags to ``p``."""
+    p.add_argument("--root", default=".", help="the repository (its reports/ holds the committed audits)")
+    p.add_argument("--json", default="reports/findings.json",
+                   help="write every value here (relative to --root); '' writes nothing")
+    p.add_argument("--check", nargs="*", default=None, metavar="FILE",
+                   help=f"check the numbers quoted in these markdown files (default: {' and '.join(DEFAULT_CHECK)} "
+                        "where they exist)")
+    p.add_argument("--quiet", action="store_true", help="do not print the table")
+
+
+def run(a: argparse.Namespace) -> int:
+    """Compute, print, write; with ``--check`` return 1 when a quoted number is not among the recomputed ones."""
+    root = Path(a.root)
+    f = compute_findings(root)
+    if not a.quiet:
+        print(findings_markdown(f))
+    if a.json:
+        out = root / a.json
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(findings_json(f), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    if a.check is None:
+        return 0
+    files = [Path(x) for x in a.check] if a.check else [root / x for x in DEFAULT_CHECK if (root / x).exists()]
+    if not files:
+        print("mechprobe findings --check: no file to check (README.md and docs/findings.md not found); pass FILE",
+              file=sys.stderr)
+        return 1
+    failures: list[str] = []
+    n = 0
+    for path in files:
+        quoted, bad = check_file(path, f.values)
+        n += len(quoted)
+        failures += bad
+    for line in failures:
+        print(line, file=sys.stderr)
+    print(f"checked {n} quoted numbers in {', '.join(str(p) for p in files)}: "
+          f"{'all match' if not failures else f'{len(failures)} not among the recomputed findings'}")
+    return 1 if failures else 0

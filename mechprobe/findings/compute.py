@@ -1,0 +1,501 @@
+"""Recompute every number a finding quotes from committed files: audits, post-training summaries, the labelled set.
+
+Why: a finding's rate is only as good as the path from the labels to the quoted number. Every audit keeps its
+sample (record ids), both labellers' labels and its report in ``reports/``; the run directories that held the
+turns and the judge's verdicts per turn (``runs/``) are not committed. So what depends on the labels alone is
+recomputed here with the package's own statistics (a stratum where every turn was audited, the labellers' kappa,
+a steering difference where every item was audited in both conditions), and compared with the committed report:
+a difference is a *mismatch*. What needs the judge's verdict per turn (judge-only rates, prediction-powered rates
+of a partly audited stratum, judge-vs-labeller kappas) is read from the committed report and marked ``read``.
+
+Intervals follow the audit: Wilson per turn where each item has one audited turn in a stratum, the item-cluster
+bootstrap where an item has several (:mod:`mechprobe.stats.clustered`), Clopper-Pearson at 0 of n.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mechprobe.audit.agreement import kappa_with_ci
+from mechprobe.audit.estimate import audit_only_difference, audit_only_rate
+from mechprobe.audit.labels import LabellerLabels, read_labellers_file
+from mechprobe.audit.sample import AuditSample
+from mechprobe.errors import UsageError
+from mechprobe.io import finite, read_json
+from mechprobe.stats import wilson
+from mechprobe.stats.clustered import clopper_pearson
+from mechprobe.taxonomy import GENUINE
+
+from .values import PERCENT, RAW, READ, RECOMPUTED, Value
+
+__all__ = ["AUDITS", "POST_TRAIN_AUDITS", "Findings", "compute_findings", "findings_markdown", "findings_json",
+           "audit_record_item", "audit_strata", "short_name", "load_audit"]
+
+# finding name -> committed audit folder (sample.json, labels/*.json, report.json)
+AUDITS: dict[str, str] = {
+    "gsm8k_1.5b": "reports/audit/qwen2.5-coder-1.5b-instruct-gsm8k",
+    "mt_bench_1.5b": "reports/audit/qwen2.5-coder-1.5b-instruct-mt_bench",
+    "steering_1.5b": "reports/audit/qwen2.5-coder-1.5b-instruct-gsm8k-steering",
+    "gsm8k_0.5b": "reports/audit/qwen2.5-coder-0.5b-instruct-gsm8k",
+    "mt_bench_0.5b": "reports/audit/qwen2.5-coder-0.5b-instruct-mt_bench",
+}
+POST_TRAIN = "post_train_0.5b"
+POST_TRAIN_PREFIX = "reports/post_train/qwen2.5-coder-0.5b-instruct"
+# post-training arm -> its audit folder (sample.json, labeller-*.csv, report.md); "pairs" is the DPO pairs run
+POST_TRAIN_AUDITS: dict[str, str] = {arm: f"{POST_TRAIN_PREFIX}_audit/{d}-gsm8k"
+                                     for arm, d in (("base", "base"), ("sft", "post"), ("dpo", "dpo"),
+                                                    ("pairs", "pairs"))}
+RELABEL_DIR = "reports/relabel_v2"
+LABELLED_SET = "reports/labelled_turns"
+BASE = "none"  # the unsteered condition of a steering audit
+ALPHA = 0.05
+N_BOOT_KAPPA, N_BOOT_RATE, SEED = 500, 2000, 0  # what `mechprobe audit` uses, so a recomputation is draw for draw
+TOLERANCE = 1e-6  # a recomputed number and the committed report's may differ by float noise, not more
+ROUNDED_TOLERANCE = 0.005 + 1e-9  # against a report.md that shows two decimals
+
+
+@dataclass
+class Findings:
+    """Every value under its key, the notes (what was skipped and why), and the mismatches with committed reports."""
+
+    values: dict[str, Value] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    mismatches: list[str] = field(default_factory=list)
+
+    def add(self, v: Value) -> None:
+        if v.key in self.values:
+            raise ValueError(f"two findings under one key {v.key!r}")
+        self.values[v.key] = v
+
+    def compare(self, v: Value, committed: dict[str, Any] | None, where: str) -> None:
+        """Record a mismatch when the recomputed ``v`` differs from the committed estimate (point, lo, hi)."""
+        if committed is None:
+            return
+        got = (v.point, v.lo, v.hi)
+        want = (committed.get("point", committed.get("kappa")), committed.get("lo"), committed.get("hi"))
+        tol = ROUNDED_TOLERANCE if committed.get("rounded") else TOLERANCE
+        for g, w in zip(got, want):
+            if g is None or w is None:
+                continue
+            both_nan = not math.isfinite(g) and not math.isfinite(w)
+            if not both_nan and not (math.isfinite(g) and math.isfinite(w) and abs(g - w) <= tol):
+                self.mismatches.append(f"{v.key}: recomputed {v.text()}, {where} says "
+                                       f"{_fmt_committed(committed, v.unit)}")
+                return
+
+
+def _fmt_committed(c: dict[str, Any], unit: str) -> str:
+    point = c.get("point", c.get("kappa"))
+    scale = 100 if unit == PERCENT else 1
+    lo, hi = c.get("lo"), c.get("hi")
+    ci = f" [{scale * lo:.4g}, {scale * hi:.4g}]" if lo is not None and hi is not None else ""
+    return f"{scale * point:.4g}{unit}{ci}"
+
+
+def short_name(model: str, dataset: str) -> str:
+    """``mt_bench_1.5b`` for (``qwen2.5-coder-1.5b-instruct``, ``mt_bench``): the finding's name in keys."""
+    m = re.search(r"(?<![0-9.])(\d+(?:\.\d+)?[bm])(?![a-z])", model.lower())
+    return f"{dataset}_{m.group(1) if m else model}"
+
+
+def _key_part(stratum: str) -> str:
+    """A stratum as a key segment: ``diff_means|L18|a0.2`` -> ``diff_means_L18_a0.2``."""
+    return re.sub(r"[|/ ]+", "_", stratum)
+
+
+def audit_record_item(record_id: str) -> str:
+    """The item of an audited record id: ``gsm8k-0012|T1|s3`` (probe turn) or ``steering.../alpha_...jsonl#gsm8k-0603``
+    (steered turn); the same item the run's table gave it."""
+    return record_id.rsplit("#", 1)[1] if "#" in record_id else record_id.split("|", 1)[0]
+
+
+def audit_strata(sample: AuditSample) -> dict[str, list[str]]:
+    """Stratum -> its record ids. ``draw_sample`` writes the record ids stratum by stratum in sorted stratum order,
+    ``per_stratum[s]`` of each, so the sample alone gives every turn's stratum."""
+    out, i = {}, 0
+    for s in sorted(sample.per_stratum):
+        out[s] = list(sample.record_ids[i:i + sample.per_stratum[s]])
+        i += sample.per_stratum[s]
+    if i != len(sample.record_ids):
+        raise UsageError(f"sample {sample.sample_id}: per_stratum adds up to {i}, not its {len(sample.record_ids)} "
+                         f"record ids; the sample file is not one `mechprobe audit` wrote")
+    return out
+
+
+def load_audit(folder: Path) -> tuple[AuditSample, list[LabellerLabels]]:
+    """An audit folder's sample and labellers (``labels/*.json`` as `mechprobe audit` stores them, or the
+    ``labeller-*.csv`` files a post-training audit keeps), in name order."""
+    sample = AuditSample.from_dict(read_json(folder / "sample.json"))
+    labs: list[LabellerLabels] = []
+    for p in sorted((folder / "labels").glob("*.json")):
+        labs.append(LabellerLabels.from_dict(read_json(p), str(p)))
+    for p in sorted(folder.glob("labeller-*.csv")):
+        labs += read_labellers_file(p, kind="model")
+    if len(labs) < 2:
+        raise UsageError(f"{folder}: {len(labs)} labeller file(s); an audit finding needs two")
+    return sample, sorted(labs, key=lambda lab: lab.name)
+
+
+def _joined(sample: AuditSample, labs: list[LabellerLabels]) -> dict[str, dict[str, str]]:
+    """record id -> {labeller: label} for every sampled turn (a labeller who skipped a turn is absent from it)."""
+    by = [(lab.name, lab.by_row()) for lab in labs]
+    return {rid: {name: rows[sample.row_key(rid)].label for name, rows in by if sample.row_key(rid) in rows}
+            for rid in sample.record_ids}
+
+
+def _consensus(labels: dict[str, str]) -> float | None:
+    return sum(x == GENUINE for x in labels.values()) / len(labels) if labels else None
+
+
+def _est(key: str, est: dict[str, Any], how: str, source: str, k: float | None = None, n: int | None = None,
+         signed: bool = False) -> Value:
+    """A Value from an :class:`~mechprobe.audit.estimate.Estimate` dict (``point``, ``lo``, ``hi``, ``method``)."""
+    return Value(key, float(est["point"]), _f(est.get("lo")), _f(est.get("hi")), k, n, PERCENT, how, source,
+                 str(est.get("method", "")), signed)
+
+
+def _f(x: Any) -> float | None:
+    return None if x is None else float(x)
+
+
+def _kappa_value(key: str, k: dict[str, Any], how: str, source: str) -> Value:
+    return Value(key, float(k["kappa"]) if k.get("kappa") is not None else float("nan"), _f(k.get("lo")),
+                 _f(k.get("hi")), k.get("agree"), k.get("n"), RAW, how, source,
+                 "cohen kappa, item bootstrap" if how == RECOMPUTED else "")
+
+
+def _labeller_kappas(out: Findings, prefix: str, sample: AuditSample, labs: list[LabellerLabels],
+                     joined: dict[str, dict[str, str]], source: str, committed: dict[str, Any] | None,
+                     where: str) -> None:
+    """Binary and 8-label kappa of the first two labellers on the turns both labelled, as the report computes them."""
+    a, b = labs[0].name, labs[1].name
+    rids = [r for r in sample.record_ids if a in joined[r] and b in joined[r]]
+    xa, xb = [joined[r][a] for r in rids], [joined[r][b] for r in rids]
+    items = [audit_record_item(r) for r in rids]
+    for kind, binary in (("binary", True), ("labels8", False)):
+        k = kappa_with_ci(xa, xb, items, binary, N_BOOT_KAPPA, SEED, ALPHA).to_dict()
+        v = _kappa_value(f"{prefix}.kappa.labellers.{kind}", k, RECOMPUTED, source)
+        out.add(v)
+        out.compare(v, (committed or {}).get(kind), where)
+
+
+def _audit(out: Findings, root: Path, name: str, rel: str) -> None:
+    folder = root / rel
+    if not (folder / "sample.json").exists():
+        out.notes.append(f"{name}: {rel}/sample.json not found; skipped")
+        return
+    sample, labs = load_audit(folder)
+    joined = _joined(sample, labs)
+    strata = audit_strata(sample)
+    rep_path = folder / "report.json"
+    rep = read_json(rep_path) if rep_path.exists() else {}
+    where = f"{rel}/report.json"
+    src_labels = f"{rel}/sample.json + {rel}/labels/"
+    rates = rep.get("rates", {})
+    audit_by_item: dict[str, dict[str, float]] = {}
+    for s, rids in strata.items():
+        ks = _key_part(s)
+        aud = [(r, _consensus(joined[r])) for r in rids if joined[r]]
+        y = [c for _, c in aud if c is not None]
+        items = [audit_record_item(r) for r, _ in aud]
+        audit_by_item[s] = {audit_record_item(r): c for r, c in aud if c is not None}
+        est = audit_only_rate(y, ALPHA, items, N_BOOT_RATE, SEED).to_dict()
+        out.add(_est(f"{name}.{ks}.audited", est, RECOMPUTED, src_labels, sum(y), len(y)))
+        r = rates.get(s)
+        if r is None:
+            out.notes.append(f"{name}.{ks}: no report.json rate; judge-only and corrected rates not available")
+            continue
+        n_turns = int(r["n_turns"])
+        if len(y) == n_turns:  # every turn audited: the corrected rate is the audit's own, from the labels alone
+            v = _est(f"{name}.{ks}.corrected", est, RECOMPUTED, src_labels, sum(y), len(y))
+            out.compare(v, r["corrected"], where)
+        else:
+            v = _est(f"{name}.{ks}.corrected", r["corrected"], READ, where, n=None)
+        out.add(v)
+        jo = r["judge_only"]
+        out.add(_est(f"{name}.{ks}.judge_only", jo, READ, where, _judge_k(jo, n_turns), n_turns))
+    _judge_summary(out, name, folder, rel)
+    inter = rep.get("inter_labeller") or [{}]
+    _labeller_kappas(out, name, sample, labs, joined, src_labels, inter[0], where)
+    for j in rep.get("judge_vs_labeller", []):
+        for kind in ("binary", "labels8"):
+            out.add(_kappa_value(f"{name}.kappa.judge_vs_{j['labeller']}.{_key_part(j['stratum'])}.{kind}",
+                                 j[kind], READ, where))
+    for d in rep.get("differences", []):
+        cond, base = d["condition"], d["base"]
+        key = f"{name}.{_key_part(cond)}.vs_{_key_part(base)}"
+        a, b = audit_by_item.get(base, {}), audit_by_item.get(cond, {})
+        every = (rates.get(base, {}).get("n_turns") == len(a) and rates.get(cond, {}).get("n_turns") == len(b)
+                 and set(a) == set(b))
+        if every:  # every item audited in both conditions: the audit's own difference
+            v = _est(f"{key}.corrected", audit_only_difference(a, b, ALPHA).to_dict(), RECOMPUTED, src_labels,
+                     signed=True)
+            out.compare(v, d["corrected"], where)
+        else:
+            v = _est(f"{key}.corrected", d["corrected"], READ, where, signed=True)
+        out.add(v)
+        out.add(_est(f"{key}.judge_only", d["judge_only"], READ, where, signed=True))
+
+
+_SUMMARY_ROW = re.compile(r"^\| (?P<dec>greedy|sample) \| (?P<t>[\d.]+) \| (?P<n>\d+) \| (?P<p>\d+\.\d)% \| "
+                          r"\[(?P<lo>\d+\.\d)%, (?P<hi>\d+\.\d)%\] \|")
+
+
+def _judge_summary(out: Findings, name: str, folder: Path, rel: str) -> None:
+    """The run's judge summary (``judge_summary.md``: judge only, turns after a capped answer left out), read."""
+    p = folder / "judge_summary.md"
+    if not p.exists():
+        return
+    for line in p.read_text(encoding="utf-8").splitlines():
+        m = _SUMMARY_ROW.match(line.strip())
+        if m:
+            n, point = int(m["n"]), float(m["p"]) / 100
+            k = round(point * n)
+            stratum = "greedy" if m["dec"] == "greedy" else f"T{float(m['t']):g}"
+            out.add(Value(f"{name}.{stratum}.judge_summary", point, float(m["lo"]) / 100, float(m["hi"]) / 100,
+                          k if abs(point * n - k) <= 0.0005 * n + 1e-9 else None, n, PERCENT, READ,
+                          f"{rel}/judge_summary.md", "judge-only wilson, turns after a capped answer left out"))
+
+
+def _judge_k(est: dict[str, Any], n: int) -> int | None:
+    """The judge's count behind a judge-only rate (a whole number of turns), when the point gives one."""
+    k = float(est["point"]) * n
+    return int(round(k)) if abs(k - round(k)) < 1e-6 else None
+
+
+_MD_KAPPA = re.compile(r"^\| (?P<lab>labeller-\S+) \| (?P<s>\S+) \| (?P<b>-?\d\.\d+) \[(?P<blo>-?\d\.\d+), "
+                       r"(?P<bhi>-?\d\.\d+)\] \((?P<ba>\d+)/(?P<bn>\d+) agree\) \| (?P<l>-?\d\.\d+) \[(?P<llo>-?\d\.\d+), "
+                       r"(?P<lhi>-?\d\.\d+)\] \((?P<la>\d+)/(?P<ln>\d+) agree\) \|$")
+_MD_RATE = re.compile(r"^\| (?P<s>\S+) \| (?P<n>\d+) \| (?P<p>\d+\.\d)% \[(?P<lo>\d+\.\d)%, (?P<hi>\d+\.\d)%\] \| ")
+
+
+def _post_train(out: Findings, root: Path) -> None:
+    """The 0.5B post-training findings: eval summaries (read), and each audit's labeller kappa and audited rates."""
+    sft, dpo = root / f"{POST_TRAIN_PREFIX}_eval_summary.json", root / f"{POST_TRAIN_PREFIX}_dpo_eval_summary.json"
+    for path, arms in ((sft, {"base": "base", "post": "sft"}), (dpo, {"dpo": "dpo"})):
+        if not path.exists():
+            out.notes.append(f"{POST_TRAIN}: {path.relative_to(root)} not found; its arms skipped")
+            continue
+        rel = path.relative_to(root).as_posix()
+        summ = read_json(path)
+        for arm, name in arms.items():
+            g = summ["arms"][arm]["gsm8k"]
+            for dec in ("greedy", "sample"):
+                f = g["followup"][dec]
+                out.add(Value(f"{POST_TRAIN}.{name}.{dec}.judge_only", f["rate"], f["ci"][0], f["ci"][1], f["k"],
+                              f["n"], PERCENT, READ, rel, "judge-only wilson"))
+                if "corrected" in g:
+                    out.add(_est(f"{POST_TRAIN}.{name}.{dec}.corrected", g["corrected"][dec], READ, rel))
+            acc = g["accuracy"]
+            out.add(Value(f"{POST_TRAIN}.{name}.accuracy", acc["rate"], acc["ci"][0], acc["ci"][1], acc["k"],
+                          acc["n"], PERCENT, READ, rel, "wilson"))
+            if arm == "base":
+                continue
+            for dec, pair in summ.get("corrected_paired", {}).get(f"base vs {arm}", {}).get("gsm8k", {}).items():
+                for kind in ("corrected", "judge_only"):
+                    out.add(_est(f"{POST_TRAIN}.{name}.vs_base.{dec}.{kind}", pair[kind], READ, rel, signed=True))
+            for m in summ.get("paired", {}).get(f"base vs {arm}", {}).get("gsm8k", []):
+                out.add(Value(f"{POST_TRAIN}.{name}.vs_base.{m['decoding']}.mcnemar_p", float(m["p"]), unit=RAW,
+                              how=READ, source=rel, method=f"exact McNemar, judge only: +{m['only_b']}/-{m['only_a']} "
+                                                           f"of {m['n']} items"))
+            for b in summ.get("boundary_shift", {}).get(f"{arm} gsm8k", []):
+                out.add(Value(f"{POST_TRAIN}.{name}.boundary_shift.L{b['layer']}", float(b["shift_gap"]),
+                              float(b["ci_gap"][0]), float(b["ci_gap"][1]), unit=RAW, how=READ, source=rel,
+                              method="shift along the base arm's genuine-minus-other direction, in class gaps",
+                              signed=True))
+        if path == dpo:
+            pairs = summ.get("judge_error_on_pairs") or read_json(root / f"{POST_TRAIN_PREFIX}_dpo_pairs_manifest.json"
+                                                                   ).get("judge_error_on_pairs")
+            if pairs:
+                for k in ("chosen_not_genuine", "rejected_genuine", "pairs_wrong_order"):
+                    x = pairs[k]
+                    out.add(Value(f"{POST_TRAIN}.pairs.{k}", x["rate"], x["ci"][0], x["ci"][1], x["k"], x["n"],
+                                  PERCENT, READ, rel, "wilson (clopper-pearson at 0 or n)"))
+    for arm, rel in POST_TRAIN_AUDITS.items():
+        folder = root / rel
+        if not (folder / "sample.json").exists():
+            out.notes.append(f"{POST_TRAIN}.{arm}: {rel}/sample.json not found; skipped")
+            continue
+        sample, labs = load_audit(folder)
+        joined = _joined(sample, labs)
+        src = f"{rel}/sample.json + {rel}/labeller-*.csv"
+        md = (folder / "report.md").read_text(encoding="utf-8") if (folder / "report.md").exists() else ""
+        for s, rids in audit_strata(sample).items():
+            y = [c for c in (_consensus(joined[r]) for r in rids) if c is not None]
+            items = [audit_record_item(r) for r in rids if joined[r]]
+            est = audit_only_rate(y, ALPHA, items, N_BOOT_RATE, SEED).to_dict()
+            out.add(_est(f"{POST_TRAIN}.{arm}.{_key_part(s)}.audited", est, RECOMPUTED, src, sum(y), len(y)))
+        _labeller_kappas(out, f"{POST_TRAIN}.{arm}", sample, labs, joined, src, _md_inter(md), f"{rel}/report.md")
+        for line in md.splitlines():
+            m = _MD_KAPPA.match(line.strip())
+            if m:
+                for kind, p in (("binary", "b"), ("labels8", "l")):
+                    out.add(Value(f"{POST_TRAIN}.{arm}.kappa.judge_vs_{m['lab']}.{m['s']}.{kind}", float(m[p]),
+                                  float(m[p + "lo"]), float(m[p + "hi"]), int(m[p + "a"]), int(m[p + "n"]), RAW,
+                                  READ, f"{rel}/report.md", "rounded to 2 decimals in the report"))
+            m = _MD_RATE.match(line.strip())
+            if m:
+                out.add(Value(f"{POST_TRAIN}.{arm}.{m['s']}.judge_only.all_turns", float(m["p"]) / 100,
+                              float(m["lo"]) / 100, float(m["hi"]) / 100, None, int(m["n"]), PERCENT, READ,
+                              f"{rel}/report.md", "judge-only wilson over every judged turn, rounded in the report"))
+
+
+def _md_inter(md: str) -> dict[str, Any] | None:
+    """The inter-labeller kappas of a report.md (two decimals): compared with the recomputed ones at that precision."""
+    m = re.search(r"^\| labeller-\S+ vs labeller-\S+ \| (-?\d\.\d+) \[(-?\d\.\d+), (-?\d\.\d+)\] .*?\| "
+                  r"(-?\d\.\d+) \[(-?\d\.\d+), (-?\d\.\d+)\]", md, flags=re.M)
+    if not m:
+        return None
+    g = [float(x) for x in m.groups()]
+    return {"binary": {"kappa": g[0], "lo": g[1], "hi": g[2], "rounded": True},
+            "labels8": {"kappa": g[3], "lo": g[4], "hi": g[5], "rounded": True}}
+
+
+def _rate_of(flags: list[bool]) -> dict[str, Any]:
+    """scripts/relabel_set.py's rate: Wilson, Clopper-Pearson at 0 or n (one turn per item there)."""
+    k, n = sum(flags), len(flags)
+    lo, hi = clopper_pearson(k, n, ALPHA) if k in (0, n) else wilson(k, n)
+    return {"k": k, "n": n, "rate": k / n if n else float("nan"), "ci": [lo, hi]}
+
+
+def _rate_value(key: str, r: dict[str, Any], how: str, source: str) -> Value:
+    return Value(key, float(r["rate"]), float(r["ci"][0]), float(r["ci"][1]), r["k"], r["n"], PERCENT, how, source,
+                 "wilson (clopper-pearson at 0 or n)")
+
+
+def _relabel(out: Findings, root: Path) -> None:
+    """Each ``reports/relabel_v2/<model>-<dataset>/``: its report.json, recomputed from evidence.jsonl when present."""
+    base = root / RELABEL_DIR
+    for folder in sorted(p for p in base.glob("*") if p.is_dir()) if base.is_dir() else []:
+        rel = folder.relative_to(root).as_posix()
+        if not (folder / "key.json").exists():
+            continue
+        key = read_json(folder / "key.json")
+        name = f"relabel_v2.{short_name(key['model'], key['dataset'])}"
+        if not (folder / "report.json").exists():
+            out.notes.append(f"{name}: {rel}/report.json not there yet (labelling in progress); skipped")
+            continue
+        rep = read_json(folder / "report.json")
+        ev = _relabel_evidence(folder / "evidence.jsonl")
+        for cond, cell in rep["by_condition"].items():
+            for reading in ("lenient", "strict"):
+                if reading not in cell:
+                    continue
+                block = cell[reading]
+                mine = ev.get(cond, {}).get(reading) if ev else None
+                for who, r in [*block["per_labeller"].items(), ("both", block["both"]), ("either", block["either"])]:
+                    k = f"{name}.{_key_part(cond)}.{reading}.{who}"
+                    if mine is not None and who in mine:
+                        v = _rate_value(k, mine[who], RECOMPUTED, f"{rel}/evidence.jsonl")
+                        out.compare(v, {"point": r["rate"], "lo": r["ci"][0], "hi": r["ci"][1]}, f"{rel}/report.json")
+                    else:
+                        v = _rate_value(k, r, READ, f"{rel}/report.json")
+                    out.add(v)
+            for extra in ("v1_lenient_both", "judge_only"):
+                if extra in cell:
+                    out.add(_rate_value(f"{name}.{_key_part(cond)}.{extra}", cell[extra], READ, f"{rel}/report.json"))
+        for reading, ks in rep.get("kappa", {}).items():
+            if isinstance(ks, dict):
+                for who, k in ks.items():
+                    out.add(Value(f"{name}.kappa.{reading}.{who}", float(k), unit=RAW, how=READ,
+                                  source=f"{rel}/report.json", method="cohen kappa"))
+            else:
+                out.add(Value(f"{name}.kappa.{reading}", float(ks), unit=RAW, how=READ, source=f"{rel}/report.json",
+                              method="cohen kappa"))
+        for who, by in rep.get("identification", {}).get("by_labeller", {}).items():
+            for cond, s in by.items():
+                out.add(Value(f"{name}.identify.{who}.{_key_part(cond)}", float(s["share"]), _f(s.get("lo")),
+                              _f(s.get("hi")), s.get("correct"), s.get("n"), PERCENT, READ, f"{rel}/report.json",
+                              "share of turns whose real answer was picked"))
+
+
+def _relabel_evidence(path: Path) -> dict[str, dict[str, dict[str, dict[str, Any]]]] | None:
+    """condition -> reading -> labeller|both|either -> rate, from a relabel evidence.jsonl (``labels_v2``)."""
+    if not path.exists():
+        return None
+    rows = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    out: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+    for cond in sorted({r["condition"] for r in rows}):
+        sub = [r for r in rows if r["condition"] == cond]
+        names = sorted(sub[0]["labels_v2"])
+        out[cond] = {}
+        for reading, fld in (("lenient", "label"), ("strict", "strict_label")):
+            calls = {n: [r["labels_v2"][n][fld] == GENUINE for r in sub] for n in names}
+            cell = {n: _rate_of(c) for n, c in calls.items()}
+            cell["both"] = _rate_of([all(calls[n][i] for n in names) for i in range(len(sub))])
+            cell["either"] = _rate_of([any(calls[n][i] for n in names) for i in range(len(sub))])
+            out[cond][reading] = cell
+    return out
+
+
+def _labelled_set(out: Findings, root: Path) -> None:
+    """Labeller a vs b kappa on the committed labelled set, overall and per subject model (as in its labels.md)."""
+    d = root / LABELLED_SET
+    if not (d / "turns.jsonl").exists():
+        out.notes.append(f"labelled_set: {LABELLED_SET}/turns.jsonl not found; skipped")
+        return
+    turns = {r["turn_id"]: r for r in _jsonl(d / "turns.jsonl")}
+    a, b = ({r["row"]: r for r in read_json(d / "labels" / f"{n}.json")["rows"]} for n in ("labeller-a", "labeller-b"))
+    both = sorted(a.keys() & b.keys())
+    src = f"{LABELLED_SET}/turns.jsonl + {LABELLED_SET}/labels/"
+    for m in ["all", *sorted({r["model"] for r in turns.values()})]:
+        ids = [t for t in both if m == "all" or turns[t]["model"] == m]
+        items = [turns[t]["item_key"] for t in ids]
+        la, lb = [a[t]["label"] for t in ids], [b[t]["label"] for t in ids]
+        for kind, binary in (("binary", True), ("labels8", False)):
+            k = kappa_with_ci(la, lb, items, binary).to_dict()
+            who = "all" if m == "all" else short_name(m, "").strip("_")
+            out.add(_kappa_value(f"labelled_set.{who}.kappa.labellers.{kind}", k, RECOMPUTED, src))
+
+
+def _jsonl(path: Path) -> Iterable[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+
+
+def compute_findings(root: str | Path = ".") -> Findings:
+    """Every finding's numbers from the committed files under ``root`` (the repository).
+
+    Returns:
+        the values by key, notes on what was skipped, and mismatches between a recomputed number and the committed
+        report that quotes it (none when the committed reports reproduce).
+    Example:
+        >>> f = compute_findings(".")
+        >>> f.values["steering_1.5b.none.corrected"].text()
+        '1/60 = 1.7% [0.3, 8.9]'
+    """
+    root = Path(root)
+    if not (root / "reports").is_dir():
+        raise UsageError(f"{root}/reports not found; run the command from the repository root or pass --root")
+    out = Findings()
+    for name, rel in AUDITS.items():
+        _audit(out, root, name, rel)
+    _post_train(out, root)
+    _relabel(out, root)
+    _labelled_set(out, root)
+    out.values = dict(sorted(out.values.items()))
+    return out
+
+
+def findings_markdown(f: Findings) -> str:
+    """The table the command prints: key, value, how (recomputed or read) and source."""
+    lines = ["| key | value | how | source |", "|---|---|---|---|"]
+    lines += [f"| `{v.key}` | {v.text()} | {v.how} | {v.source} |" for v in f.values.values()]
+    if f.notes:
+        lines += ["", "Notes:", *[f"- {n}" for n in f.notes]]
+    if f.mismatches:
+        lines += ["", "Recomputed numbers that differ from the committed report:", *[f"- {m}" for m in f.mismatches]]
+    return "\n".join(lines) + "\n"
+
+
+def findings_json(f: Findings) -> dict[str, Any]:
+    """``reports/findings.json``: every value with its text, and the notes and mismatches (no timestamps, so the
+    committed file changes only when a number does; an undefined number, such as a kappa with one class, is null)."""
+    return finite({"format": "mechprobe-findings-v1",
+                   "values": {k: {**v.to_dict(), "text": v.text()} for k, v in f.values.items()},
+                   "notes": f.notes, "mismatches": f.mismatches})
