@@ -25,6 +25,7 @@ from typing import Any
 from mechprobe.audit.agreement import kappa_with_ci
 from mechprobe.audit.estimate import audit_only_difference, audit_only_rate
 from mechprobe.audit.labels import LabellerLabels, read_labellers_file
+from mechprobe.audit.readings import STRICT, genuine_under
 from mechprobe.audit.sample import AuditSample
 from mechprobe.errors import UsageError
 from mechprobe.io import finite, read_json
@@ -149,6 +150,30 @@ def _joined(sample: AuditSample, labs: list[LabellerLabels]) -> dict[str, dict[s
             for rid in sample.record_ids}
 
 
+def _strict_both(sample: AuditSample, labs: list[LabellerLabels]) -> dict[str, float]:
+    """record id -> 1.0 when every labeller calls the turn genuine under the strict reading, else 0.0.
+
+    The strict reading of codebook v2 (:mod:`mechprobe.audit.readings`): a labeller's ``strict`` entry where given,
+    else genuine and not ticked borderline. Only turns every labeller labelled count.
+    """
+    by = [lab.by_row() for lab in labs]
+    out: dict[str, float] = {}
+    for rid in sample.record_ids:
+        rows = [rows_of.get(sample.row_key(rid)) for rows_of in by]
+        if all(r is not None for r in rows):
+            out[rid] = float(all(genuine_under(r, STRICT) for r in rows))
+    return out
+
+
+def _add_strict(out: Findings, key: str, rids: list[str], strict: dict[str, float], source: str) -> None:
+    """The strict-reading rate of one stratum (both labellers, item-clustered where items repeat)."""
+    y = [strict[r] for r in rids if r in strict]
+    items = [audit_record_item(r) for r in rids if r in strict]
+    if y:
+        est = audit_only_rate(y, ALPHA, items, N_BOOT_RATE, SEED).to_dict()
+        out.add(_est(key, est, RECOMPUTED, source, sum(y), len(y)))
+
+
 def _consensus(labels: dict[str, str]) -> float | None:
     return sum(x == GENUINE for x in labels.values()) / len(labels) if labels else None
 
@@ -192,6 +217,7 @@ def _audit(out: Findings, root: Path, name: str, rel: str) -> None:
         return
     sample, labs = load_audit(folder)
     joined = _joined(sample, labs)
+    strict = _strict_both(sample, labs)
     strata = audit_strata(sample)
     rep_path = folder / "report.json"
     rep = read_json(rep_path) if rep_path.exists() else {}
@@ -207,6 +233,7 @@ def _audit(out: Findings, root: Path, name: str, rel: str) -> None:
         audit_by_item[s] = {audit_record_item(r): c for r, c in aud if c is not None}
         est = audit_only_rate(y, ALPHA, items, N_BOOT_RATE, SEED).to_dict()
         out.add(_est(f"{name}.{ks}.audited", est, RECOMPUTED, src_labels, sum(y), len(y)))
+        _add_strict(out, f"{name}.{ks}.audited_strict", rids, strict, src_labels)
         r = rates.get(s)
         if r is None:
             out.notes.append(f"{name}.{ks}: no report.json rate; judge-only and corrected rates not available")
@@ -331,6 +358,7 @@ def _post_train(out: Findings, root: Path) -> None:
             items = [audit_record_item(r) for r in rids if joined[r]]
             est = audit_only_rate(y, ALPHA, items, N_BOOT_RATE, SEED).to_dict()
             out.add(_est(f"{POST_TRAIN}.{arm}.{_key_part(s)}.audited", est, RECOMPUTED, src, sum(y), len(y)))
+            _add_strict(out, f"{POST_TRAIN}.{arm}.{_key_part(s)}.audited_strict", rids, _strict_both(sample, labs), src)
         _labeller_kappas(out, f"{POST_TRAIN}.{arm}", sample, labs, joined, src, _md_inter(md), f"{rel}/report.md")
         for line in md.splitlines():
             m = _MD_KAPPA.match(line.strip())

@@ -17,6 +17,7 @@ from mechprobe.audit.sample import AuditSample
 from mechprobe.cli.main import main
 from mechprobe.errors import UsageError
 from mechprobe.findings import BEGIN, END, Value, build_evidence, check_text, compute_findings, quoted_numbers
+from mechprobe.findings.check import check_file
 from mechprobe.findings.evidence import EVIDENCE_FIELDS, LABEL_FIELDS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -231,3 +232,16 @@ def test_committed_findings_json_is_what_the_committed_files_give() -> None:
 
     now = json.loads(json.dumps(findings_json(compute_findings(REPO))))
     assert now == json.loads((REPO / "reports/findings.json").read_text())
+
+
+@pytest.mark.slow
+def test_the_readme_quotes_only_recomputed_numbers(tmp_path: Path) -> None:
+    """Every number in README.md's findings block is one `mechprobe findings` recomputes; a planted wrong number in
+    a copy of the same block fails the check."""
+    values = compute_findings(REPO).values
+    readme = REPO / "README.md"
+    quoted, failures = check_file(readme, values)
+    assert quoted and not failures, failures
+    planted = tmp_path / "README.md"
+    planted.write_text(readme.read_text().replace("18.3% [10.6, 29.9]", "19.3% [10.6, 29.9]"))
+    assert check_file(planted, values)[1]
