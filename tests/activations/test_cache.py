@@ -126,7 +126,7 @@ def test_roundtrip_matches_oracle_and_reads_without_mechprobe(tmp_path, tiny_tok
 
 
 def test_interrupted_caching_resumes_without_redoing_shards(tmp_path, tiny_tok, monkeypatch):
-    import mechprobe.activations.cache as act
+    import mechprobe.activations.build as act
 
     lm = tiny_lm(tiny_tok)
     ref_run = tiny_run(tmp_path, name="ref")
@@ -324,7 +324,7 @@ def test_real_model_cli_and_float16_roundoff(smol, tmp_path, capsys, monkeypatch
     cache_cli.add_args(p)
     a = p.parse_args([str(run), "--positions", "boundary,assistant_last", "--no-progress"])
     # The CLI loads the run's model from its manifest; hand it the loaded one instead to keep the test short.
-    import mechprobe.activations.cache as act
+    import mechprobe.activations.build as act
 
     monkeypatch.setattr(act, "load_model", lambda name, **kw: smol if name == smol.name else None)
     assert cache_cli.run(a) == 0
@@ -343,7 +343,7 @@ def test_real_model_cli_and_float16_roundoff(smol, tmp_path, capsys, monkeypatch
 def test_item9_corrupt_shards_are_named_on_load_and_rebuilt_by_cache(tmp_path, tiny_tok, monkeypatch):
     """Issue 11 item 9: a truncated, a zeroed and a deleted shard each give a UserError naming the file and
     the fix on load; ``cache_run`` (what ``mechprobe cache`` runs) rebuilds exactly those shards' rows."""
-    from mechprobe.activations import cache as activations
+    from mechprobe.activations import build as activations
     from mechprobe.errors import UserError
 
     lm = tiny_lm(tiny_tok)

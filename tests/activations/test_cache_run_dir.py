@@ -42,12 +42,12 @@ def read_only_run(tmp_path):
 
 @pytest.fixture
 def no_model(monkeypatch):
-    import mechprobe.activations.cache as cache
+    import mechprobe.activations.build as build
 
     def refuse(*a, **k):
         raise AssertionError("the model must not load")
 
-    monkeypatch.setattr(cache, "run_model", refuse)
+    monkeypatch.setattr(build, "run_model", refuse)
 
 
 def test_read_only_run_is_refused_before_the_model_loads(read_only_run, no_model):

@@ -261,7 +261,7 @@ def tiny_model_run(tmp_path):
 
 
 def test_cli_cache_list_flags_and_one_line_dtype_mismatch(tiny_model_run, capsys, monkeypatch):
-    from mechprobe.activations import cache as activations
+    from mechprobe.activations import build as activations
 
     run = tiny_model_run
     assert cli.main(["cache", str(run), "--layers", "0", "2", "--positions", "boundary", "assistant_last",

@@ -11,15 +11,15 @@ from mechprobe.lm.models import cpu_threads
 
 
 def test_cpu_threads_leaves_busy_cores_alone(monkeypatch):
-    from mechprobe.lm import models
+    from mechprobe.lm import device
 
     monkeypatch.delenv("MECHPROBE_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setattr(models, "_busy_cores", lambda: 12.0)
+    monkeypatch.setattr(device, "_busy_cores", lambda: 12.0)
     assert cpu_threads() == 1  # never 0: one thread even when every core is busy
-    monkeypatch.setattr(models, "_busy_cores", lambda: 0.3)
+    monkeypatch.setattr(device, "_busy_cores", lambda: 0.3)
     assert cpu_threads() == 2  # idle machine: every core, as before
-    monkeypatch.setattr(models, "_busy_cores", lambda: 1.2)
+    monkeypatch.setattr(device, "_busy_cores", lambda: 1.2)
     assert cpu_threads() == 1
     monkeypatch.setenv("MECHPROBE_THREADS", "3")
     assert cpu_threads() == 3  # an explicit choice wins
@@ -44,7 +44,7 @@ def test_busy_cores_sees_a_spinning_process_now_not_a_minute_ago():
     import subprocess
     import sys
 
-    from mechprobe.lm.models import _busy_cores
+    from mechprobe.lm.device import _busy_cores
 
     spin = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 5: pass"])
     try:
@@ -58,7 +58,7 @@ def test_busy_cores_sees_a_spinning_process_now_not_a_minute_ago():
 def test_busy_cores_falls_back_to_the_load_average(monkeypatch):
     import builtins
 
-    from mechprobe.lm.models import _busy_cores
+    from mechprobe.lm.device import _busy_cores
 
     real_open = builtins.open
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mechprobe.lm.models import _compact, compact_lm_head_input, logits_kept, tiny_model
+from mechprobe.lm.forward import _compact
+from mechprobe.lm.models import compact_lm_head_input, logits_kept, tiny_model
 
 
 def _hooks(model: torch.nn.Module) -> int:

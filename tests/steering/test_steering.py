@@ -166,7 +166,7 @@ def test_decode_steps_are_recognised_under_either_cache_keyword(name):
     text, never a fresh prompt -- the bug that once steered every decode step as if it were the boundary."""
     from transformers import DynamicCache
 
-    from mechprobe.steering.vector import _CallTracker
+    from mechprobe.steering.hooks import _CallTracker
 
     cache = DynamicCache()
     k = torch.zeros(1, 1, 5, 4)
