@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -377,3 +377,24 @@ def ensure_stages(run: Path, cfg: ProbeConfig, judge: str, backend: str = "hooks
     else:
         st.cache(backend=backend)
     return st.timings, summary.judge
+
+
+def ensure_transfer_runs(transfer_runs: list[str], transfer_datasets: list[str], run: Path, cfg: ProbeConfig,
+                         judge: str, backend: str = "hooks", relabel: bool = False,
+                         include_truncated: bool = False) -> list[Path]:
+    """The runs a transfer matrix tests on, each with every stage built: existing ``transfer_runs`` (judged and
+    cached where they lack it), then one run per ``transfer_datasets`` entry beside ``run`` with ``cfg``'s model
+    and settings (``<parent>/<model>-<dataset>``), so their labels mean the same thing.
+
+    Why here: the row-level and the item-level probes both evaluate train-on-A / test-on-B on the same runs.
+    """
+    runs = [Path(r) for r in transfer_runs]
+    for r in runs:
+        run_t, cfg_t = resolve_run(r, new=False)  # existing runs only
+        ensure_stages(run_t, cfg_t, judge, backend, relabel, include_truncated=include_truncated)
+    for ds in transfer_datasets:
+        cfg_b = replace(cfg, dataset=ds, data_path=None)
+        run_b = run.parent / default_run_dir(cfg_b).name
+        ensure_stages(run_b, cfg_b, judge, backend, relabel, include_truncated=include_truncated)
+        runs.append(run_b)
+    return runs

@@ -39,8 +39,15 @@ from mechprobe.linear.turn import (
 )
 from mechprobe.plots.linear import plot_layer_auroc, plot_no_curve
 from mechprobe.plots.titles import figure_title
-from mechprobe.stages import PASSTHROUGH, ensure_stages, finding_preset, finding_presets, resolve_run
-from mechprobe.turns.pipeline import ProbeConfig, default_run_dir
+from mechprobe.stages import (
+    PASSTHROUGH,
+    ensure_stages,
+    ensure_transfer_runs,
+    finding_preset,
+    finding_presets,
+    resolve_run,
+)
+from mechprobe.turns.pipeline import ProbeConfig
 
 
 @dataclass
@@ -90,15 +97,8 @@ def _transfer(a: LinearProbeConfig, run: Path, cfg: ProbeConfig, data: LabelledA
     beside it (``<parent>/<model>-<dataset>``), so their labels mean the same thing.
     """
 
-    runs = [Path(r) for r in a.transfer_runs]
-    for r in runs:  # existing runs: judge and cache what they lack, like the main run
-        run_t, cfg_t = resolve_run(r, new=False)  # existing runs only
-        ensure_stages(run_t, cfg_t, a.judge, a.backend, a.relabel, include_truncated=a.include_truncated)
-    for ds in a.transfer_datasets:
-        cfg_b = dataclasses.replace(cfg, dataset=ds, data_path=None)
-        run_b = run.parent / default_run_dir(cfg_b).name
-        ensure_stages(run_b, cfg_b, a.judge, a.backend, a.relabel, include_truncated=a.include_truncated)
-        runs.append(run_b)
+    runs = ensure_transfer_runs(a.transfer_runs, a.transfer_datasets, run, cfg, a.judge, a.backend, a.relabel,
+                                a.include_truncated)
     if not runs:
         return None
     xs, ys, gs, ds = [data.stack[:, data.layers.index(layer)]], [data.y], [data.groups], [data.datasets]

@@ -3,7 +3,6 @@ items, writing ``probes/propensity.{json,md}`` and a figure."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,8 +25,8 @@ from mechprobe.linear.result import LinearProbeResult
 from mechprobe.linear.turn import figures_dir
 from mechprobe.plots.linear import plot_no_curve, plot_propensity
 from mechprobe.plots.titles import figure_title
-from mechprobe.stages import ensure_stages, resolve_run
-from mechprobe.turns.pipeline import ProbeConfig, default_run_dir
+from mechprobe.stages import ensure_stages, ensure_transfer_runs
+from mechprobe.turns.pipeline import ProbeConfig
 
 
 def propensity_experiment(a: Any, resolved: list[tuple[Path, ProbeConfig]], why: str, t0: float) -> LinearProbeResult:
@@ -45,15 +44,8 @@ def propensity_experiment(a: Any, resolved: list[tuple[Path, ProbeConfig]], why:
         timings[run.name] = t
         judges.append(j)
     run0, cfg0 = resolved[0]
-    extra = [Path(r) for r in a.transfer_runs]
-    for r in extra:  # existing runs: judge and cache what they lack, like the main runs
-        run_t, cfg_t = resolve_run(r, new=False)  # existing runs only
-        ensure_stages(run_t, cfg_t, a.judge, a.backend, a.relabel, include_truncated=a.include_truncated)
-    for ds in a.transfer_datasets:
-        cfg_b = dataclasses.replace(cfg0, dataset=ds, data_path=None)
-        run_b = run0.parent / default_run_dir(cfg_b).name
-        ensure_stages(run_b, cfg_b, a.judge, a.backend, a.relabel, include_truncated=a.include_truncated)
-        extra.append(run_b)
+    extra = ensure_transfer_runs(a.transfer_runs, a.transfer_datasets, run0, cfg0, a.judge, a.backend, a.relabel,
+                                 a.include_truncated)
     if len(resolved) == 1:
         base = run0
     else:
