@@ -32,6 +32,7 @@ from mechprobe.cli import (
     cache,
     common,
     findings,
+    interventions,
     judge,
     linear_probe,
     models,
@@ -49,6 +50,7 @@ COMMANDS: dict[str, ModuleType] = {
     "probe": probe, "judge": judge, "cache": cache, "probes": linear_probe, "steer": steer,
     "agreement": agreement, "audit": audit, "post-train": post_train, "study": study,
     "relabel-steering": relabel_steering, "serve": serve, "models": models, "findings": findings,
+    "interventions": interventions,
 }
 
 

@@ -1,0 +1,142 @@
+"""The study's table, a pure function of the held-out key and the labellers' (and judges') labels.
+
+Pre-registered reading (plan ``metrics``): a turn counts as genuine under a reading when *both* labellers say so
+under that reading (per-labeller rates are reported beside it). Each arm holds one turn per item, so a rate's
+interval is Clopper-Pearson over items, and an arm is compared with another on the same items: the paired
+difference with a paired item bootstrap interval (resampling items, both arms' turns of an item together) and the
+exact McNemar p-value on the discordant items.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from mechprobe.stats.agreement import cohen_kappa
+from mechprobe.stats.clustered import clopper_pearson
+from mechprobe.stats.paired import mcnemar_exact
+
+__all__ = ["arm_outcomes", "study_table", "paired_difference", "table_markdown"]
+
+READINGS = ("strict", "lenient")
+
+
+def arm_outcomes(key: Mapping[str, Mapping[str, Any]], labels: Sequence[Mapping[str, Mapping[str, Any]]],
+                 reading: str) -> dict[str, dict[str, bool]]:
+    """``arm -> item -> genuine`` under ``reading``, a turn counting when every labeller says genuine.
+
+    Args:
+        key: sheet row -> ``{"arm", "item_id", ...}``.
+        labels: one ``row -> {strict_genuine, lenient_genuine}`` per labeller (every row labelled).
+        reading: ``"strict"`` or ``"lenient"``.
+    """
+    f = f"{reading}_genuine"
+    out: dict[str, dict[str, bool]] = {}
+    for row, meta in key.items():
+        out.setdefault(meta["arm"], {})[meta["item_id"]] = all(bool(lab[row][f]) for lab in labels)
+    return out
+
+
+def paired_difference(a: Mapping[str, bool], b: Mapping[str, bool], n_boot: int = 20000, seed: int = 0
+                      ) -> dict[str, Any]:
+    """``rate(b) - rate(a)`` on the items both arms have, with a paired item bootstrap CI and McNemar's exact p.
+
+    Why 20,000 resamples: the third digit of the interval's bounds is then stable across seeds (checked by
+    :func:`tests` over seeds), where 2,000 moved it.
+    """
+    items = sorted(set(a) & set(b))
+    if not items:
+        return {"n": 0, "diff": float("nan"), "lo": float("nan"), "hi": float("nan"), "p_mcnemar": float("nan")}
+    x = np.array([float(a[i]) for i in items])
+    y = np.array([float(b[i]) for i in items])
+    d = y - x
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(items), size=(n_boot, len(items)))
+    boots = d[draws].mean(1)
+    lo, hi = (float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975)))
+    point = float(d.mean())
+    lo, hi = min(lo, point), max(hi, point)
+    b_only = int(((y == 1) & (x == 0)).sum())
+    a_only = int(((x == 1) & (y == 0)).sum())
+    return {"n": len(items), "diff": point, "lo": lo, "hi": hi, "b_only": b_only, "a_only": a_only,
+            "p_mcnemar": mcnemar_exact(b_only, a_only), "method": f"paired item bootstrap ({n_boot} resamples)"}
+
+
+def _rate(outcome: Mapping[str, bool]) -> dict[str, Any]:
+    k, n = sum(outcome.values()), len(outcome)
+    lo, hi = clopper_pearson(k, n) if n else (float("nan"), float("nan"))
+    return {"k": int(k), "n": n, "rate": k / n if n else float("nan"), "lo": float(lo), "hi": float(hi),
+            "method": "clopper-pearson over items"}
+
+
+def study_table(key: Mapping[str, Mapping[str, Any]], labels: Sequence[Mapping[str, Mapping[str, Any]]],
+                arms: Sequence[str], base: str = "base", floor: str = "answer_removed",
+                control: str = "steer_random", judges: Mapping[str, Mapping[str, bool]] | None = None
+                ) -> dict[str, Any]:
+    """Every number the study reports: per arm and reading, the rate, the paired difference against ``base``,
+    per-labeller rates and the labellers' κ; for steering arms also against ``floor`` and ``control``.
+
+    Args:
+        key: sheet row -> ``{"arm", "item_id"}``.
+        labels: the labellers' parsed labels (row -> fields), in labeller-name order.
+        arms: the plan's arms, in order.
+        base, floor, control: the arms compared against.
+        judges: ``judge spec -> row -> genuine`` verdicts, for judge-vs-labeller κ per arm.
+    """
+    out: dict[str, Any] = {"arms": {}, "n_labellers": len(labels)}
+    for reading in READINGS:
+        oc = arm_outcomes(key, labels, reading)
+        per_lab = [arm_outcomes(key, [lab], reading) for lab in labels]
+        for arm in arms:
+            cell = out["arms"].setdefault(arm, {})
+            r: dict[str, Any] = {**_rate(oc.get(arm, {})),
+                                 "per_labeller": [_rate(p.get(arm, {})) for p in per_lab]}
+            if arm != base:
+                r["vs_base"] = paired_difference(oc.get(base, {}), oc.get(arm, {}))
+            if arm.startswith("steer") or arm == base:
+                if arm != floor:
+                    r["vs_floor"] = paired_difference(oc.get(floor, {}), oc.get(arm, {}))
+            if arm.startswith("steer") and arm != control:
+                r["vs_control"] = paired_difference(oc.get(control, {}), oc.get(arm, {}))
+            rows = sorted(k for k, m in key.items() if m["arm"] == arm)
+            f = f"{reading}_genuine"
+            if len(labels) >= 2:
+                r["kappa_labellers"] = cohen_kappa([labels[0][k][f] for k in rows], [labels[1][k][f] for k in rows],
+                                                   labels=[False, True])
+            if judges:
+                r["kappa_judge"] = {spec: cohen_kappa([v[k] for k in rows], [oc[arm][key[k]["item_id"]] for k in rows],
+                                                      labels=[False, True])
+                                    for spec, v in judges.items()}
+                r["judge_rate"] = {spec: float(np.mean([v[k] for k in rows])) if rows else float("nan")
+                                   for spec, v in judges.items()}
+            cell[reading] = r
+    return out
+
+
+def _pct(x: float) -> str:
+    return "n/a" if x != x else f"{100 * x:.1f}"
+
+
+def table_markdown(table: Mapping[str, Any], model: str, judge_note: str) -> str:
+    """The table as markdown: arm, n, strict and lenient rate with CI, paired difference vs base, κ."""
+    lines = [f"Model `{model}`; labels: {table['n_labellers']} blind model-written labellers (codebook v2), a turn "
+             f"counts when every labeller says genuine; rates are labeller consensus, not corrected by any judge. "
+             f"{judge_note}", "",
+             "| arm | n items | strict % [95% CI] | lenient % [95% CI] | strict vs base, points [95% CI] (McNemar p) "
+             "| lenient vs base | κ labellers strict / lenient |", "|---|---|---|---|---|---|---|"]
+    for arm, cell in table["arms"].items():
+        s, le = cell["strict"], cell["lenient"]
+
+        def diff(c: Mapping[str, Any]) -> str:
+            v = c.get("vs_base")
+            if not v:
+                return "—"
+            return f"{100 * v['diff']:+.1f} [{100 * v['lo']:+.1f}, {100 * v['hi']:+.1f}] (p {v['p_mcnemar']:.3g})"
+
+        lines.append(f"| {arm} | {s['n']} | {s['k']}/{s['n']} = {_pct(s['rate'])} [{_pct(s['lo'])}, {_pct(s['hi'])}] "
+                     f"| {le['k']}/{le['n']} = {_pct(le['rate'])} [{_pct(le['lo'])}, {_pct(le['hi'])}] | {diff(s)} "
+                     f"| {diff(le)} | {s.get('kappa_labellers', float('nan')):.2f} / "
+                     f"{le.get('kappa_labellers', float('nan')):.2f} |")
+    return "\n".join(lines) + "\n"

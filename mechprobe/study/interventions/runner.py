@@ -1,0 +1,475 @@
+"""The intervention study's steps, their order, and ``status``/``run`` over the ledger.
+
+Steps (each writes under ``ROOT`` = ``reports/interventions/<plan name>/`` and is recorded in the ledger with its
+wall time and the sha256 of its outputs, so its files can be committed as soon as it finishes):
+
+1. ``answers``: the base model's greedy answers to every candidate item; the first complete ones per dataset and
+   split (in the plan's draw order) become the fixed conversations (``conversations.jsonl``, ``items.json``).
+2. ``train_turns``: on train items only, the greedy user turn and ``samples`` turns at T=1.
+3. ``train_sheet``: the train turns in the plan's labelling order, as blind sheets of ``batch`` rows.
+4. ``train_labels``: *external*: two model-written labellers fill each sheet (``train/labels/<batch>/<name>.csv``);
+   done when the labelled batches hold at least ``min_positives`` turns both call strictly genuine.
+5. ``direction``: the reading contrast per candidate layer from the audited train labels, its item-grouped
+   cross-validated AUROC, and the layer's mean boundary residual norm (the vector's norm).
+6. ``select``: layer and alpha on train items by the plan's rule; frozen in ``selection.json``.
+7. ``heldout_<arm>``: each arm's user turns on the held-out conversations (one row per item).
+8. ``heldout_sheet`` and ``heldout_labels`` (*external*), ``judge`` (verdicts beside the labels), ``analysis``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from mechprobe.errors import MissingInput, UsageError, UserError
+from mechprobe.io import JsonlStore, output_dir_lock, read_json, read_jsonl, sha256_file, write_json
+from mechprobe.judges.base import JudgeInput
+from mechprobe.judges.factory import make_judge
+from mechprobe.lm.models import LoadedModel, load_model
+from mechprobe.lm.registry import EMBEDDED, embedded_gguf_path
+from mechprobe.records import AssistantRecord
+from mechprobe.steering.evaluate import is_degenerate
+from mechprobe.steering.vector import SteeringVector, random_like
+from mechprobe.study.interventions.analysis import study_table, table_markdown
+from mechprobe.study.interventions.generate import (
+    STIMULUS_KINDS,
+    boundary_norm,
+    reading_states,
+    stimuli,
+    user_turns,
+)
+from mechprobe.study.interventions.ledger import Ledger
+from mechprobe.study.interventions.plan import Plan
+from mechprobe.study.interventions.sheets import read_sheet_labels, write_sheet
+from mechprobe.turns.datasets import load_dataset
+from mechprobe.turns.pipeline import ProbeConfig, assistant_answers
+
+__all__ = ["Study", "StepStatus"]
+
+EXTERNAL = ("train_labels", "heldout_labels")
+
+
+@dataclass
+class StepStatus:
+    name: str
+    state: str  # done | pending | external | blocked
+    note: str = ""
+    seconds: float | None = None
+
+
+class Study:
+    """A plan, its output folder and its ledger; loads the model once, when a step first needs it.
+
+    Example:
+        >>> from mechprobe.study.interventions import Study, load_plan
+        >>> s = Study(load_plan("studies/interventions/plan.json"), "reports/interventions")  # doctest: +SKIP
+        >>> [st.state for st in s.status()][:2]  # doctest: +SKIP
+        ['done', 'pending']
+    """
+
+    def __init__(self, plan: Plan, reports: str | Path, work: str | Path = "runs/interventions",
+                 progress: bool = True) -> None:
+        self.plan = plan
+        self.root = Path(reports) / plan.name
+        self.work = Path(work) / plan.name
+        self.progress = progress
+        self.ledger = Ledger.open(self.root, plan)
+        self._lm: LoadedModel | None = None
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def lm(self) -> LoadedModel:
+        if self._lm is None:
+            self._check_model()
+            self._lm = load_model(self.plan.model, dtype=self.plan.dtype)
+        return self._lm
+
+    def _check_model(self) -> None:
+        m = EMBEDDED.get(self.plan.model)
+        if m is None or m.sha256 != self.plan.model_sha256:
+            raise UserError(f"the plan pins {self.plan.model} with GGUF sha256 {self.plan.model_sha256[:12]}…, which "
+                            f"is not the embedded model of that name; the study must run on the pinned weights")
+        embedded_gguf_path(self.plan.model)  # a one-line error naming the fetch command when absent
+
+    def conversations(self, split: str) -> list[AssistantRecord]:
+        """The fixed conversations of ``split`` (``train``/``heldout``), in the plan's order."""
+        items = read_json(self.root / "items.json")[split]
+        by_id = {r["item_id"]: r for r in read_jsonl(self.root / "conversations.jsonl")}
+        return [AssistantRecord(item_id=i, dataset=by_id[i]["dataset"], prompt=by_id[i]["query"],
+                                response=by_id[i]["answer"], stop_reason=by_id[i]["stop_reason"],
+                                n_tokens=by_id[i]["n_answer_tokens"]) for i in items]
+
+    def _need(self, *steps: str) -> None:
+        miss = [s for s in steps if not self.ledger.done(s)]
+        if miss:
+            raise MissingInput(f"step(s) {', '.join(miss)} not done yet: run `mechprobe interventions run` first")
+
+    # ------------------------------------------------------------------ steps
+    def step_answers(self) -> list[Path]:
+        items = {}
+        for ds in self.plan.datasets:
+            for it in load_dataset(ds).items:
+                items[it.item_id] = it
+        order: list[tuple[str, str, str]] = []  # (split, dataset, id)
+        for split in ("heldout", "train"):
+            for ds in self.plan.datasets:
+                order += [(split, ds, i) for i in self.plan.candidates(split, ds)]
+        missing = [i for _, _, i in order if i not in items]
+        if missing:
+            raise UserError(f"the plan names {len(missing)} items the datasets lack (e.g. {missing[0]}): is ../shared "
+                            f"the data the plan was drawn from?")
+        cfg = ProbeConfig(model=self.plan.model, dtype=self.plan.dtype, max_assistant_tokens=self.plan.answer_tokens,
+                          temperatures=[0.0], samples=0)
+        # Candidates in draw order, a chunk at a time, until the split has its complete answers: the rule picks
+        # the first complete ones, so answers past that point would never be used.
+        recs: dict[str, AssistantRecord] = {}
+        chosen: dict[str, list[str]] = {"heldout": [], "train": []}
+        chunk = int(self.plan.raw["conversations"].get("chunk", 16))
+        complete = bool(self.plan.raw["conversations"].get("require_complete", True))
+        for split in ("heldout", "train"):
+            for ds in self.plan.datasets:
+                cands, need, ok = self.plan.candidates(split, ds), self.plan.wanted(split, ds), []
+                pos = 0
+                while len(ok) < need and pos < len(cands):
+                    take = cands[pos:pos + max(1, min(chunk, 2 * (need - len(ok))))]
+                    pos += len(take)
+                    for r in assistant_answers(cfg, self.lm, [items[i] for i in take], self.work / "answers",
+                                               progress=self.progress):
+                        recs[r.item_id] = r
+                    ok += [i for i in take if recs[i].stop_reason != "max_tokens" or not complete]
+                if len(ok) < need:
+                    raise UserError(f"only {len(ok)} of the {split} {ds} candidates have complete answers, the plan "
+                                    f"wants {need}: a new plan with more candidates is needed")
+                chosen[split] += ok[:need]
+        conv = self.root / "conversations.jsonl"
+        rows = []
+        for split in ("heldout", "train"):
+            for i in chosen[split]:
+                r = recs[i]
+                rows.append({"item_id": i, "split": split, "dataset": r.dataset, "query": r.prompt, "answer": r.response,
+                             "stop_reason": r.stop_reason, "n_answer_tokens": r.n_tokens,
+                             "score": r.score, "gold": r.gold})
+        self.root.mkdir(parents=True, exist_ok=True)
+        conv.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        tried = {f"{sp}/{ds}": [i for i in self.plan.candidates(sp, ds) if i in recs]
+                 for sp in ("heldout", "train") for ds in self.plan.datasets}
+        cut = {k: [i for i in v if recs[i].stop_reason == "max_tokens"] for k, v in tried.items()}
+        write_json(self.root / "items.json", {**chosen, "answered": {k: len(v) for k, v in tried.items()},
+                                              "left_out_cut_at_cap": cut})
+        return [conv, self.root / "items.json"]
+
+    def step_train_turns(self) -> list[Path]:
+        """Candidate follow-ups on train conversations: the stimuli of every kind, plus the model's own greedy turn."""
+        self._need("answers")
+        convs = self.conversations("train")
+        out = self.root / "train" / "turns.jsonl"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        store = JsonlStore(out, key="turn_id")
+        rows = read_jsonl(out)
+        for kind in STIMULUS_KINDS:
+            have = {r["item_id"] for r in rows if r["decoding"] == kind}
+            for row in stimuli(self.lm, convs, kind, max_new_tokens=self.plan.user_tokens, done=have,
+                               progress=self.progress):
+                store.append({"turn_id": f"{row['item_id']}|{kind}", "decoding": kind, **row})
+        have = {r["item_id"] for r in rows if r["decoding"] == "greedy"}
+        for row in user_turns(self.lm, convs, arm="train_greedy", kind="decode", seed=self.plan.seed,
+                              max_new_tokens=self.plan.user_tokens, done=have, progress=self.progress):
+            store.append({"turn_id": f"{row['item_id']}|greedy", "decoding": "greedy", **row})
+        return [out]
+
+    def step_train_sheet(self) -> list[Path]:
+        self._need("train_turns")
+        tr = self.plan.train
+        turns = read_jsonl(self.root / "train" / "turns.jsonl")
+        rng = np.random.default_rng(self.plan.seed)
+        order = [turns[i] for i in rng.permutation(len(turns))]
+        size = int(tr["sheet_batch"])
+        outs: list[Path] = []
+        for b in range(0, len(order), size):
+            name = f"batch{b // size + 1:02d}"
+            d = self.root / "train" / "sheets"
+            rows = [{"turn_id": t["turn_id"], "query": t["query"], "answer": t["answer"], "turn": t["turn"],
+                     "item_id": t["item_id"], "decoding": t["decoding"]} for t in order[b:b + size]]
+            write_sheet(rows, d / f"{name}.csv", d / f"{name}.key.json", sample_id=f"{self.plan.name}-train-{name}",
+                        seed=self.plan.seed + b)
+            outs += [d / f"{name}.csv", d / f"{name}.key.json"]
+        return outs
+
+    def train_labels(self) -> tuple[list[dict[str, Any]], str]:
+        """Every labelled train turn (both labellers done on its batch), and a one-line progress note."""
+        d = self.root / "train" / "sheets"
+        lab_dir = self.root / "train" / "labels"
+        rows: list[dict[str, Any]] = []
+        n_batches = 0
+        for key in sorted(d.glob("*.key.json")):
+            name = key.name.split(".")[0]
+            files = sorted((lab_dir / name).glob("*.csv")) if (lab_dir / name).is_dir() else []
+            if len(files) < 2:
+                continue
+            k = read_json(key)
+            keys = set(k["rows"])
+            labs = [read_sheet_labels(f, k["sample_id"], keys) for f in files[:2]]
+            if any(len(lab) < len(keys) for lab in labs):
+                continue
+            n_batches += 1
+            for rk, meta in k["rows"].items():
+                rows.append({**meta, "row": rk, "labels": [lab[rk] for lab in labs]})
+        pos = sum(all(x["strict_genuine"] for x in r["labels"]) for r in rows)
+        need = int(self.plan.train["min_positives"])
+        return rows, f"{n_batches} batch(es) labelled by two labellers: {pos} strict positives (need {need})"
+
+    def step_direction(self) -> list[Path]:
+        rows, note = self.train_labels()
+        need = int(self.plan.train["min_positives"])
+        pos = [r for r in rows if all(x["strict_genuine"] for x in r["labels"])]
+        neg = [r for r in rows if not any(x["lenient_genuine"] for x in r["labels"])]
+        if len(pos) < need:
+            raise UserError(f"{note}: label the next train sheet batch before building the direction")
+        by_id = {r["turn_id"]: r for r in read_jsonl(self.root / "train" / "turns.jsonl")}
+        convs = {a.item_id: a for a in self.conversations("train")}
+        use = pos + neg
+        layers = [int(x) for x in self.plan.selection["layers"]]
+        states = reading_states(self.lm, [convs[r["item_id"]] for r in use], [by_id[r["turn_id"]]["turn"] for r in use],
+                                layers, progress=self.progress)
+        y = np.array([1] * len(pos) + [0] * len(neg))
+        groups = np.array([r["item_id"] for r in use])
+        info: dict[str, Any] = {"n_pos": len(pos), "n_neg": len(neg), "n_dropped_disagree": len(rows) - len(use),
+                                "layers": {}}
+        tensors: dict[str, torch.Tensor] = {}
+        conv_list = self.conversations("train")
+        for r in layers:
+            x = states[r].numpy()
+            info["layers"][str(r)] = {"cv_auroc": _grouped_cv_auroc(x, y, groups, self.plan.seed),
+                                      "resid_norm": boundary_norm(self.lm, conv_list, r)}
+            tensors[f"layer{r}"] = torch.from_numpy(x[y == 1].mean(0) - x[y == 0].mean(0)).float()
+        out = self.root / "direction"
+        out.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(out / "reading_contrast.safetensors"))
+        write_json(out / "direction.json", info)
+        return [out / "reading_contrast.safetensors", out / "direction.json"]
+
+    def vector(self, kind: str, layer: int) -> SteeringVector:
+        """The study's vector of ``kind`` at ``layer``, with norm = the layer's mean boundary residual norm."""
+        info = read_json(self.root / "direction" / "direction.json")
+        raw = load_file(str(self.root / "direction" / "reading_contrast.safetensors"))[f"layer{layer}"]
+        norm = float(info["layers"][str(layer)]["resid_norm"])
+        # A diff of means (of reading states, not boundary states): the package's ``diff_means`` kind, with the
+        # construction named in its metadata.
+        v = SteeringVector(raw / raw.norm() * norm, layer, "diff_means",
+                           {"resid_norm": norm, "weight_hash": self.lm.weight_hash, "construction": "reading_contrast"})
+        if kind == "reading_contrast":
+            return v
+        if kind == "random":
+            return random_like(v, seed=self.plan.seed)
+        raise UsageError(f"unknown vector {kind!r} in the plan: use reading_contrast or random")
+
+    def step_select(self) -> list[Path]:
+        self._need("direction")
+        sel = self.plan.selection
+        info = read_json(self.root / "direction" / "direction.json")
+        layer = max((int(k) for k in info["layers"]), key=lambda k: (info["layers"][str(k)]["cv_auroc"], -k))
+        convs = self.conversations("train")[: int(sel["n_train_items"])]
+        out = self.root / "train" / "selection_turns.jsonl"
+        store = JsonlStore(out, key="turn_id")
+        have = {r["turn_id"] for r in read_jsonl(out)}
+
+        def bad_rate(alpha: float) -> float:
+            name = f"a{alpha:g}"
+            vec = self.vector("reading_contrast", layer)
+            done = {t.split("|")[0] for t in have if t.endswith(f"|{name}")}
+            for row in user_turns(self.lm, convs, arm=f"select_{name}", kind="steer", vector=vec, alpha=alpha,
+                                  max_new_tokens=self.plan.user_tokens, done=done, progress=self.progress):
+                store.append({"turn_id": f"{row['item_id']}|{name}", **row})
+                have.add(f"{row['item_id']}|{name}")
+            rows = [r for r in read_jsonl(out) if r["turn_id"].endswith(f"|{name}")]
+            return float(np.mean([is_degenerate(r["turn"]) or not r["turn"].strip() for r in rows]))
+
+        base = bad_rate(0.0)
+        tried = {}
+        chosen = None
+        for a in sorted(float(x) for x in sel["alphas"]):
+            tried[str(a)] = bad_rate(a)
+            if tried[str(a)] <= base + float(sel["max_degenerate_increase"]):
+                chosen = a
+        if chosen is None:
+            raise UserError(f"no alpha in {sel['alphas']} keeps degenerate turns within +{sel['max_degenerate_increase']}"
+                            f" of unsteered on train items ({tried}); the plan's rule selects nothing")
+        write_json(self.root / "selection.json", {"layer": layer, "alpha": chosen, "degenerate_rate_base": base,
+                                                   "degenerate_rate_by_alpha": tried,
+                                                   "cv_auroc": info["layers"][str(layer)]["cv_auroc"],
+                                                   "rule": sel["rule"]})
+        return [self.root / "selection.json", out]
+
+    def step_heldout(self, arm_name: str) -> list[Path]:
+        self._need("answers")
+        arm = next(a for a in self.plan.arms if a.name == arm_name)
+        vec, alpha = None, 0.0
+        if arm.kind == "steer":
+            self._need("select")
+            s = read_json(self.root / "selection.json")
+            vec, alpha = self.vector(arm.vector or "", int(s["layer"])), float(s["alpha"])
+        out = self.root / "heldout" / f"{arm.name}.jsonl"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        store = JsonlStore(out, key="item_id")
+        have = {r["item_id"] for r in read_jsonl(out)}
+        for row in user_turns(self.lm, self.conversations("heldout"), arm=arm.name, kind=arm.kind,
+                              temperature=arm.temperature, seed=self.plan.seed, vector=vec, alpha=alpha,
+                              max_new_tokens=self.plan.user_tokens, done=have, progress=self.progress):
+            store.append(row)
+        return [out]
+
+    def step_heldout_sheet(self) -> list[Path]:
+        arms = [a.name for a in self.plan.arms]
+        self._need(*[f"heldout_{a}" for a in arms])
+        rows = []
+        for a in arms:
+            for r in read_jsonl(self.root / "heldout" / f"{a}.jsonl"):
+                rows.append({"turn_id": f"{r['item_id']}|{a}", "query": r["query"], "answer": r["answer"],
+                             "turn": r["turn"], "item_id": r["item_id"], "arm": a})
+        d = self.root / "heldout"
+        write_sheet(rows, d / "sheet.csv", d / "sheet.key.json", sample_id=f"{self.plan.name}-heldout",
+                    seed=self.plan.seed)
+        return [d / "sheet.csv", d / "sheet.key.json"]
+
+    def step_judge(self) -> list[Path]:
+        """Each plan judge's verdict on every held-out turn, from what the labellers see (query, real answer, turn)."""
+        self._need("heldout_sheet")
+        d = self.root / "heldout"
+        key = read_json(d / "sheet.key.json")["rows"]
+        turns = {f"{r['item_id']}|{a.name}": r for a in self.plan.arms for r in read_jsonl(d / f"{a.name}.jsonl")}
+        outs = []
+        for spec in self.plan.raw["labels"]["judges"]:
+            judge = make_judge(spec)
+            inputs = []
+            for row, meta in sorted(key.items()):
+                t = turns[meta["turn_id"]]
+                inputs.append(JudgeInput(record_id=row, prompt=t["query"], response=t["answer"], raw_text=t["raw_turn"],
+                                         text=t["turn"], stop_reason=t["stop_reason"], dataset=t["dataset"],
+                                         item_id=t["item_id"]))
+            out = d / f"verdicts_{spec.replace(':', '_')}.jsonl"
+            store = JsonlStore(out, key="record_id")
+            todo = [i for i in inputs if not store.has(i.record_id)]
+            for rec in judge.label_many(todo):
+                store.append(rec.to_dict())
+            outs.append(out)
+        return outs
+
+    def table(self) -> dict[str, Any]:
+        """The held-out table (:func:`~mechprobe.study.interventions.analysis.study_table`), written as
+        ``table.json`` and ``table.md``; needs both labellers' files complete."""
+        d = self.root / "heldout"
+        k = read_json(d / "sheet.key.json")
+        files = sorted((d / "labels").glob("*.csv")) if (d / "labels").is_dir() else []
+        if len(files) < 2:
+            raise MissingInput(f"{d / 'labels'} holds {len(files)} labels file(s); two labellers must fill sheet.csv")
+        labs = [read_sheet_labels(f, k["sample_id"], set(k["rows"])) for f in files]
+        short = [f.name for f, lab in zip(files, labs) if len(lab) < len(k["rows"])]
+        if short:
+            raise UserError(f"{', '.join(short)} leave rows unlabelled; every held-out row needs a label")
+        judges = {}
+        for spec in self.plan.raw["labels"]["judges"]:
+            f = d / f"verdicts_{spec.replace(':', '_')}.jsonl"
+            if f.exists():
+                judges[spec] = {r["record_id"]: bool(r["genuine"]) for r in read_jsonl(f)}
+        tab = study_table(k["rows"], labs, [a.name for a in self.plan.arms], judges=judges or None)
+        tab["labellers"] = [f.stem for f in files]
+        write_json(self.root / "table.json", tab)
+        note = ("Judges beside the labels: " + ", ".join(f"`{j}`" for j in judges) + ".") if judges else ""
+        (self.root / "table.md").write_text(table_markdown(tab, self.plan.model, note), encoding="utf-8")
+        return tab
+
+    # ------------------------------------------------------------------ the ledger
+    def steps(self) -> list[tuple[str, Callable[[], list[Path]] | None]]:
+        """Every step in order; ``None`` for the external (labelling) steps."""
+        out: list[tuple[str, Callable[[], list[Path]] | None]] = [
+            ("answers", self.step_answers), ("train_turns", self.step_train_turns),
+            ("train_sheet", self.step_train_sheet), ("train_labels", None), ("direction", self.step_direction),
+            ("select", self.step_select)]
+        out += [(f"heldout_{a.name}", (lambda n=a.name: self.step_heldout(n))) for a in self.plan.arms]
+        out += [("heldout_sheet", self.step_heldout_sheet), ("judge", self.step_judge), ("heldout_labels", None)]
+        return out
+
+    def status(self) -> list[StepStatus]:
+        """Each step: done (with its wall seconds), external (labels awaited) or pending."""
+        res = []
+        for name, fn in self.steps():
+            rec = self.ledger.steps.get(name)
+            if rec is not None:
+                res.append(StepStatus(name, "done", f"{len(rec.outputs)} file(s), {rec.cpu}", rec.seconds))
+            elif fn is None and name == "train_labels":
+                note = self.train_labels()[1] if self.ledger.done("train_sheet") else "waits for train_sheet"
+                res.append(StepStatus(name, "external", note))
+            elif fn is None:
+                res.append(StepStatus(name, "external", "two labellers fill heldout/labels/<name>.csv"))
+            else:
+                res.append(StepStatus(name, "pending", str(self.plan.raw.get("cost", {}).get(name, ""))))
+        return res
+
+    def run(self, only: str | None = None) -> list[str]:
+        """Run pending steps in order (or just ``only``); stop at the first external step that is not done."""
+        ran = []
+        names = [n for n, _ in self.steps()]
+        if only is not None and only not in names:
+            raise UsageError(f"unknown step {only!r}; steps: {', '.join(names)}")
+        with output_dir_lock(self.root, "interventions run", "another `interventions run` on the same study"):
+            for name, fn in self.steps():
+                if only is not None and name != only:
+                    continue
+                if self.ledger.done(name):
+                    continue
+                if fn is None:
+                    if name == "train_labels" and self.ledger.done("train_sheet"):
+                        rows, note = self.train_labels()
+                        pos = sum(all(x["strict_genuine"] for x in r["labels"]) for r in rows)
+                        if pos >= int(self.plan.train["min_positives"]):
+                            files = sorted((self.root / "train" / "labels").rglob("*.csv"))
+                            self.ledger.record(name, 0.0, files, {"note": note})
+                            ran.append(name)
+                            continue
+                    break
+                t0 = time.time()
+                outs = fn()
+                self.ledger.record(name, time.time() - t0, outs)
+                ran.append(name)
+        return ran
+
+    def verify(self) -> list[str]:
+        """Committed outputs whose bytes changed since their step recorded them."""
+        return self.ledger.verify()
+
+
+def _grouped_cv_auroc(x: np.ndarray, y: np.ndarray, groups: np.ndarray, seed: int, folds: int = 5) -> float:
+    """AUROC of the diff-of-means projection, fitted on the other folds; folds split by item (no item in two)."""
+    uniq = np.unique(groups)
+    rng = np.random.default_rng(seed)
+    fold_of = {g: i % folds for i, g in enumerate(rng.permutation(uniq))}
+    f = np.array([fold_of[g] for g in groups])
+    scores = np.zeros(len(y), dtype=float)
+    for k in range(folds):
+        tr, te = f != k, f == k
+        if te.sum() == 0 or len(set(y[tr])) < 2:
+            continue
+        w = x[tr & (y == 1)].mean(0) - x[tr & (y == 0)].mean(0)
+        scores[te] = x[te] @ w
+    return float(_auroc(scores, y))
+
+
+def _auroc(s: np.ndarray, y: np.ndarray) -> float:
+    pos, neg = s[y == 1], s[y == 0]
+    if len(pos) == 0 or len(neg) == 0:
+        return float("nan")
+    gt = (pos[:, None] > neg[None, :]).mean()
+    eq = (pos[:, None] == neg[None, :]).mean()
+    return float(gt + 0.5 * eq)
+
+
+def file_hashes(paths: list[Path]) -> dict[str, str]:
+    return {str(p): sha256_file(p) for p in paths}
