@@ -23,7 +23,7 @@ from mechprobe.records import AssistantRecord
 from mechprobe.steering.vector import SteeringVector, steer
 from mechprobe.turns.perturb import variant_prompt, variant_record
 
-__all__ = ["arm_prompt", "user_turns", "row_seed", "stimuli", "reading_states", "boundary_norm", "STIMULUS_KINDS"]
+__all__ = ["arm_prompt", "user_turns", "row_seed", "stimuli", "reading_states", "boundary_norms", "STIMULUS_KINDS"]
 
 
 def row_seed(seed: int, arm: str, item_id: str) -> int:
@@ -182,8 +182,9 @@ def reading_states(lm: LoadedModel, convs: Sequence[AssistantRecord], turns: Seq
 
 
 @torch.inference_mode()
-def boundary_norm(lm: LoadedModel, convs: Sequence[AssistantRecord], layer: int, batch_size: int = 8) -> float:
-    """The mean residual norm at the user-role boundary at residual index ``layer`` over ``convs``.
+def boundary_norms(lm: LoadedModel, convs: Sequence[AssistantRecord], layers: Sequence[int], batch_size: int = 8
+                   ) -> dict[int, float]:
+    """The mean residual norm at the user-role boundary at each residual index in ``layers`` over ``convs``.
 
     Why: the study's vectors get this norm, so alpha is a multiple of the layer's typical residual size (the
     package's unit) whatever the direction's raw size.
@@ -192,7 +193,7 @@ def boundary_norm(lm: LoadedModel, convs: Sequence[AssistantRecord], layer: int,
     prompts = [list(chat.build_probe_prompt(tok, a.prompt, a.response, history=a.messages or None).input_ids)
                for a in convs]
     dev = lm.model.get_input_embeddings().weight.device
-    norms: list[float] = []
+    norms: dict[int, list[float]] = {r: [] for r in layers}
     for idx in batches_by_length([len(p) for p in prompts], batch_size):
         seqs = [prompts[i] for i in idx]
         n = max(len(s) for s in seqs)
@@ -204,5 +205,6 @@ def boundary_norm(lm: LoadedModel, convs: Sequence[AssistantRecord], layer: int,
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         hs = lm.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
                       output_hidden_states=True, use_cache=False).hidden_states
-        norms.extend(float(x) for x in hs[layer][:, -1].float().norm(dim=-1))
-    return sum(norms) / len(norms)
+        for r in layers:
+            norms[r].extend(float(x) for x in hs[r][:, -1].float().norm(dim=-1))
+    return {r: sum(v) / len(v) for r, v in norms.items()}

@@ -41,7 +41,7 @@ from mechprobe.steering.vector import SteeringVector, random_like
 from mechprobe.study.interventions.analysis import study_table, table_markdown
 from mechprobe.study.interventions.generate import (
     STIMULUS_KINDS,
-    boundary_norm,
+    boundary_norms,
     reading_states,
     stimuli,
     user_turns,
@@ -244,11 +244,11 @@ class Study:
         info: dict[str, Any] = {"n_pos": len(pos), "n_neg": len(neg), "n_dropped_disagree": len(rows) - len(use),
                                 "layers": {}}
         tensors: dict[str, torch.Tensor] = {}
-        conv_list = self.conversations("train")
+        norms = boundary_norms(self.lm, self.conversations("train"), layers)
         for r in layers:
             x = states[r].numpy()
             info["layers"][str(r)] = {"cv_auroc": _grouped_cv_auroc(x, y, groups, self.plan.seed),
-                                      "resid_norm": boundary_norm(self.lm, conv_list, r)}
+                                      "resid_norm": norms[r]}
             tensors[f"layer{r}"] = torch.from_numpy(x[y == 1].mean(0) - x[y == 0].mean(0)).float()
         out = self.root / "direction"
         out.mkdir(parents=True, exist_ok=True)
