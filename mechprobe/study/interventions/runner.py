@@ -196,6 +196,8 @@ class Study:
         for b in range(0, len(order), size):
             name = f"batch{b // size + 1:02d}"
             d = self.root / "train" / "sheets"
+            # Cleaned text for every row: the stimuli were written as assistant messages, so their special tokens
+            # would differ from the model's own user turns and tell a labeller which is which.
             rows = [{"turn_id": t["turn_id"], "query": t["query"], "answer": t["answer"], "turn": t["turn"],
                      "item_id": t["item_id"], "decoding": t["decoding"]} for t in order[b:b + size]]
             write_sheet(rows, d / f"{name}.csv", d / f"{name}.key.json", sample_id=f"{self.plan.name}-train-{name}",
@@ -332,8 +334,10 @@ class Study:
         rows = []
         for a in arms:
             for r in read_jsonl(self.root / "heldout" / f"{a}.jsonl"):
+                # As generated, special tokens included (the codebook reads a turn as written); every arm's turn
+                # comes from the same decoder, so the raw text reveals no arm.
                 rows.append({"turn_id": f"{r['item_id']}|{a}", "query": r["query"], "answer": r["answer"],
-                             "turn": r["turn"], "item_id": r["item_id"], "arm": a})
+                             "turn": r["raw_turn"], "item_id": r["item_id"], "arm": a})
         d = self.root / "heldout"
         write_sheet(rows, d / "sheet.csv", d / "sheet.key.json", sample_id=f"{self.plan.name}-heldout",
                     seed=self.plan.seed)
