@@ -562,7 +562,7 @@ def _relabel_kappas(rows: list[dict[str, Any]]) -> dict[str, Value]:
     every turn, the judge vs each labeller over the judged turns, per reading, and the v1 labellers'."""
     out: dict[str, Value] = {}
     names = sorted(rows[0]["labels_v2"])
-    items = [r["item_id"] for r in rows]
+    items = [r.get("item_id", r["turn_id"]) for r in rows]  # one turn per item where no item is given
 
     def put(k: str, a: list[str], b: list[str], its: list[str]) -> None:
         est = kappa_with_ci(a, b, its, True, N_BOOT_KAPPA, SEED, ALPHA).to_dict()
