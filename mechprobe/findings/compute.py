@@ -8,8 +8,16 @@ a steering difference where every item was audited in both conditions), and comp
 a difference is a *mismatch*. What needs the judge's verdict per turn (judge-only rates, prediction-powered rates
 of a partly audited stratum, judge-vs-labeller kappas) is read from the committed report and marked ``read``.
 
-Intervals follow the audit: Wilson per turn where each item has one audited turn in a stratum, the item-cluster
-bootstrap where an item has several (:mod:`mechprobe.stats.clustered`), Clopper-Pearson at 0 of n.
+Intervals follow the audit: Wilson per turn where each item has one audited turn in a stratum (also at 0 of n),
+the item-cluster bootstrap where an item has several (:mod:`mechprobe.stats.clustered`; its spread over five seeds
+is kept beside it), and, for a difference between two conditions on the same items, both the audit's own
+unpaired Newcombe interval (named so) and a paired item bootstrap. The re-labelled sets (``reports/relabel_v2``)
+use Wilson with Clopper-Pearson at 0 or n, as their script does, and their kappas and judge rates are recomputed
+from the per-turn ``evidence.jsonl``.
+
+"Strict" is the codebook v2 reading only where the labels carry a ``strict`` field (every ``genuine_followup`` row
+of every labeller). Label files without it get a different key, ``audited_unflagged``: both labellers say genuine
+and neither ticks borderline, a stand-in that is never called strict.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ import json
 import math
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +38,13 @@ from mechprobe.audit.sample import AuditSample
 from mechprobe.errors import UsageError
 from mechprobe.io import finite, read_json
 from mechprobe.stats import wilson
-from mechprobe.stats.clustered import clopper_pearson
+from mechprobe.stats.clustered import clopper_pearson, paired_cluster_bootstrap
 from mechprobe.taxonomy import GENUINE
 
 from .values import PERCENT, RAW, READ, RECOMPUTED, Value
 
 __all__ = ["AUDITS", "POST_TRAIN_AUDITS", "Findings", "compute_findings", "findings_markdown", "findings_json",
-           "audit_record_item", "audit_strata", "short_name", "load_audit"]
+           "audit_record_item", "audit_strata", "short_name", "load_audit", "KNOWN_MISMATCHES", "FEW_ITEMS"]
 
 # finding name -> committed audit folder (sample.json, labels/*.json, report.json)
 AUDITS: dict[str, str] = {
@@ -57,6 +65,15 @@ LABELLED_SET = "reports/labelled_turns"
 BASE = "none"  # the unsteered condition of a steering audit
 ALPHA = 0.05
 N_BOOT_KAPPA, N_BOOT_RATE, SEED = 500, 2000, 0  # what `mechprobe audit` uses, so a recomputation is draw for draw
+N_BOOT_PAIRED, SEEDS = 20000, (0, 1, 2, 3, 4)  # the paired item bootstrap; seeds over which a spread is kept
+FEW_ITEMS = 20  # an estimate on fewer items says so beside it (the docs check enforces it)
+# Recomputed numbers that differ from the committed report they reproduce, and why the difference is understood.
+# Any other mismatch fails `mechprobe findings --check`.
+_KAPPA_REPORT = ("the committed report.json's kappa bootstrap interval was drawn by an earlier version of the "
+                 "kappa bootstrap; kappa and agreements are equal, the interval's ends differ in the third "
+                 "decimal; the recomputed interval is the one quoted")
+KNOWN_MISMATCHES: dict[str, str] = {
+    f"{a}.kappa.labellers.{k}": _KAPPA_REPORT for a in ("gsm8k_0.5b", "mt_bench_0.5b") for k in ("binary", "labels8")}
 TOLERANCE = 1e-6  # a recomputed number and the committed report's may differ by float noise, not more
 ROUNDED_TOLERANCE = 0.005 + 1e-9  # against a report.md that shows two decimals
 
@@ -86,8 +103,11 @@ class Findings:
                 continue
             both_nan = not math.isfinite(g) and not math.isfinite(w)
             if not both_nan and not (math.isfinite(g) and math.isfinite(w) and abs(g - w) <= tol):
-                self.mismatches.append(f"{v.key}: recomputed {v.text()}, {where} says "
-                                       f"{_fmt_committed(committed, v.unit)}")
+                line = f"{v.key}: recomputed {v.text()}, {where} says {_fmt_committed(committed, v.unit)}"
+                if v.key in KNOWN_MISMATCHES:
+                    self.notes.append(f"known difference: {line} ({KNOWN_MISMATCHES[v.key]})")
+                else:
+                    self.mismatches.append(line)
                 return
 
 
@@ -150,28 +170,56 @@ def _joined(sample: AuditSample, labs: list[LabellerLabels]) -> dict[str, dict[s
             for rid in sample.record_ids}
 
 
-def _strict_both(sample: AuditSample, labs: list[LabellerLabels]) -> dict[str, float]:
-    """record id -> 1.0 when every labeller calls the turn genuine under the strict reading, else 0.0.
+UNFLAGGED = "audited_unflagged"  # key suffix of the stand-in: both genuine, neither borderline (never "strict")
+STRICT_KEY = "audited_strict"  # key suffix of the codebook v2 strict reading (labels with a strict field)
 
-    The strict reading of codebook v2 (:mod:`mechprobe.audit.readings`): a labeller's ``strict`` entry where given,
-    else genuine and not ticked borderline. Only turns every labeller labelled count.
+
+def has_strict_field(labs: list[LabellerLabels]) -> bool:
+    """Every labeller gave the codebook v2 ``strict`` entry on every row it labelled ``genuine_followup``."""
+    rows = [r for lab in labs for r in lab.rows if r.label == GENUINE]
+    return bool(rows) and all(r.strict is not None for r in rows)
+
+
+def _both_genuine(sample: AuditSample, labs: list[LabellerLabels]) -> tuple[str, dict[str, float]]:
+    """(key suffix, record id -> 1.0 when every labeller calls the turn genuine under it, else 0.0).
+
+    With a ``strict`` field on every genuine row the reading is the codebook's strict one (:data:`STRICT_KEY`);
+    without it, the stand-in "genuine and not ticked borderline" (:data:`UNFLAGGED`). Only turns every labeller
+    labelled count.
     """
+    strict = has_strict_field(labs)
     by = [lab.by_row() for lab in labs]
     out: dict[str, float] = {}
     for rid in sample.record_ids:
         rows = [rows_of.get(sample.row_key(rid)) for rows_of in by]
         if all(r is not None for r in rows):
-            out[rid] = float(all(genuine_under(r, STRICT) for r in rows))
-    return out
+            out[rid] = float(all(genuine_under(r, STRICT) if strict else (r.label == GENUINE and not r.borderline)
+                                 for r in rows))
+    return (STRICT_KEY if strict else UNFLAGGED), out
 
 
-def _add_strict(out: Findings, key: str, rids: list[str], strict: dict[str, float], source: str) -> None:
-    """The strict-reading rate of one stratum (both labellers, item-clustered where items repeat)."""
-    y = [strict[r] for r in rids if r in strict]
-    items = [audit_record_item(r) for r in rids if r in strict]
+def _items(rids: Iterable[str]) -> int:
+    return len({audit_record_item(r) for r in rids})
+
+
+def _seed_spread(y: list[float], items: list[str]) -> float | None:
+    """Largest move of an item-cluster bootstrap interval's ends over :data:`SEEDS` (None: no bootstrap)."""
+    if len(set(items)) == len(items):
+        return None
+    ends = [audit_only_rate(y, ALPHA, items, N_BOOT_RATE, s) for s in SEEDS]
+    return max(max(e.lo for e in ends) - min(e.lo for e in ends), max(e.hi for e in ends) - min(e.hi for e in ends))
+
+
+def _add_both(out: Findings, key: str, rids: list[str], both: dict[str, float], source: str) -> None:
+    """The rate of one stratum under the both-labellers reading (item-clustered where items repeat)."""
+    y = [both[r] for r in rids if r in both]
+    items = [audit_record_item(r) for r in rids if r in both]
     if y:
         est = audit_only_rate(y, ALPHA, items, N_BOOT_RATE, SEED).to_dict()
-        out.add(_est(key, est, RECOMPUTED, source, sum(y), len(y)))
+        if key.endswith(UNFLAGGED):
+            est["method"] = f"both labellers genuine, neither borderline (no strict field); {est.get('method', '')}"
+        out.add(replace(_est(key, est, RECOMPUTED, source, sum(y), len(y)), items=len(set(items)),
+                        seed_spread=_seed_spread(y, items)))
 
 
 def _consensus(labels: dict[str, str]) -> float | None:
@@ -187,6 +235,25 @@ def _est(key: str, est: dict[str, Any], how: str, source: str, k: float | None =
 
 def _f(x: Any) -> float | None:
     return None if x is None else float(x)
+
+
+def _paired(key: str, a: dict[str, float], b: dict[str, float], source: str) -> Value:
+    """``rate(b) - rate(a)`` over the items audited in both, with a paired item bootstrap (:data:`N_BOOT_PAIRED`
+    draws, seed 0) and the largest move of its ends over :data:`SEEDS`."""
+    aa, bb = {i: [y] for i, y in a.items()}, {i: [y] for i, y in b.items()}
+    runs = [paired_cluster_bootstrap(aa, bb, ALPHA, N_BOOT_PAIRED, s) for s in SEEDS]
+    c = runs[0]
+    spread = max(max(r.lo for r in runs) - min(r.lo for r in runs), max(r.hi for r in runs) - min(r.hi for r in runs))
+    return Value(key, float(c.point), float(c.lo), float(c.hi), None, None, PERCENT, RECOMPUTED, source,
+                 f"{c.method}, {N_BOOT_PAIRED} draws, seed {SEEDS[0]}", True, c.n_clusters, float(spread))
+
+
+def read_text(path: Path) -> str:
+    """A committed text file, or a one-line :class:`UsageError` naming it when it is not UTF-8."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path} is not UTF-8 (byte {e.start}: {e.reason}); restore the committed file") from None
 
 
 def _kappa_value(key: str, k: dict[str, Any], how: str, source: str) -> Value:
@@ -217,7 +284,7 @@ def _audit(out: Findings, root: Path, name: str, rel: str) -> None:
         return
     sample, labs = load_audit(folder)
     joined = _joined(sample, labs)
-    strict = _strict_both(sample, labs)
+    suffix, both = _both_genuine(sample, labs)
     strata = audit_strata(sample)
     rep_path = folder / "report.json"
     rep = read_json(rep_path) if rep_path.exists() else {}
@@ -232,15 +299,17 @@ def _audit(out: Findings, root: Path, name: str, rel: str) -> None:
         items = [audit_record_item(r) for r, _ in aud]
         audit_by_item[s] = {audit_record_item(r): c for r, c in aud if c is not None}
         est = audit_only_rate(y, ALPHA, items, N_BOOT_RATE, SEED).to_dict()
-        out.add(_est(f"{name}.{ks}.audited", est, RECOMPUTED, src_labels, sum(y), len(y)))
-        _add_strict(out, f"{name}.{ks}.audited_strict", rids, strict, src_labels)
+        out.add(replace(_est(f"{name}.{ks}.audited", est, RECOMPUTED, src_labels, sum(y), len(y)),
+                        items=len(set(items)), seed_spread=_seed_spread(y, items)))
+        _add_both(out, f"{name}.{ks}.{suffix}", rids, both, src_labels)
         r = rates.get(s)
         if r is None:
             out.notes.append(f"{name}.{ks}: no report.json rate; judge-only and corrected rates not available")
             continue
         n_turns = int(r["n_turns"])
         if len(y) == n_turns:  # every turn audited: the corrected rate is the audit's own, from the labels alone
-            v = _est(f"{name}.{ks}.corrected", est, RECOMPUTED, src_labels, sum(y), len(y))
+            v = replace(_est(f"{name}.{ks}.corrected", est, RECOMPUTED, src_labels, sum(y), len(y)),
+                        items=len(set(items)), seed_spread=_seed_spread(y, items))
             out.compare(v, r["corrected"], where)
         else:
             v = _est(f"{name}.{ks}.corrected", r["corrected"], READ, where, n=None)
@@ -261,9 +330,11 @@ def _audit(out: Findings, root: Path, name: str, rel: str) -> None:
         every = (rates.get(base, {}).get("n_turns") == len(a) and rates.get(cond, {}).get("n_turns") == len(b)
                  and set(a) == set(b))
         if every:  # every item audited in both conditions: the audit's own difference
-            v = _est(f"{key}.corrected", audit_only_difference(a, b, ALPHA).to_dict(), RECOMPUTED, src_labels,
-                     signed=True)
+            est = audit_only_difference(a, b, ALPHA).to_dict()
+            est["method"] = "unpaired Newcombe hybrid score (ignores the pairing: conservative)"
+            v = replace(_est(f"{key}.corrected", est, RECOMPUTED, src_labels, signed=True), items=len(a))
             out.compare(v, d["corrected"], where)
+            out.add(_paired(f"{key}.paired", a, b, src_labels))
         else:
             v = _est(f"{key}.corrected", d["corrected"], READ, where, signed=True)
         out.add(v)
@@ -279,7 +350,7 @@ def _judge_summary(out: Findings, name: str, folder: Path, rel: str) -> None:
     p = folder / "judge_summary.md"
     if not p.exists():
         return
-    for line in p.read_text(encoding="utf-8").splitlines():
+    for line in read_text(p).splitlines():
         m = _SUMMARY_ROW.match(line.strip())
         if m:
             n, point = int(m["n"]), float(m["p"]) / 100
@@ -292,7 +363,9 @@ def _judge_summary(out: Findings, name: str, folder: Path, rel: str) -> None:
 
 def _judge_k(est: dict[str, Any], n: int) -> int | None:
     """The judge's count behind a judge-only rate (a whole number of turns), when the point gives one."""
-    k = float(est["point"]) * n
+    k = float(est["point"]) * n if est.get("point") is not None else float("nan")
+    if not math.isfinite(k):
+        return None
     return int(round(k)) if abs(k - round(k)) < 1e-6 else None
 
 
@@ -352,13 +425,15 @@ def _post_train(out: Findings, root: Path) -> None:
         sample, labs = load_audit(folder)
         joined = _joined(sample, labs)
         src = f"{rel}/sample.json + {rel}/labeller-*.csv"
-        md = (folder / "report.md").read_text(encoding="utf-8") if (folder / "report.md").exists() else ""
+        md = read_text(folder / "report.md") if (folder / "report.md").exists() else ""
         for s, rids in audit_strata(sample).items():
             y = [c for c in (_consensus(joined[r]) for r in rids) if c is not None]
             items = [audit_record_item(r) for r in rids if joined[r]]
             est = audit_only_rate(y, ALPHA, items, N_BOOT_RATE, SEED).to_dict()
-            out.add(_est(f"{POST_TRAIN}.{arm}.{_key_part(s)}.audited", est, RECOMPUTED, src, sum(y), len(y)))
-            _add_strict(out, f"{POST_TRAIN}.{arm}.{_key_part(s)}.audited_strict", rids, _strict_both(sample, labs), src)
+            out.add(replace(_est(f"{POST_TRAIN}.{arm}.{_key_part(s)}.audited", est, RECOMPUTED, src, sum(y), len(y)),
+                            items=len(set(items)), seed_spread=_seed_spread(y, items)))
+            suffix, both = _both_genuine(sample, labs)
+            _add_both(out, f"{POST_TRAIN}.{arm}.{_key_part(s)}.{suffix}", rids, both, src)
         _labeller_kappas(out, f"{POST_TRAIN}.{arm}", sample, labs, joined, src, _md_inter(md), f"{rel}/report.md")
         for line in md.splitlines():
             m = _MD_KAPPA.match(line.strip())
@@ -392,13 +467,19 @@ def _rate_of(flags: list[bool]) -> dict[str, Any]:
     return {"k": k, "n": n, "rate": k / n if n else float("nan"), "ci": [lo, hi]}
 
 
-def _rate_value(key: str, r: dict[str, Any], how: str, source: str) -> Value:
+def _rate_value(key: str, r: dict[str, Any], how: str, source: str, items: int | None = None) -> Value:
     return Value(key, float(r["rate"]), float(r["ci"][0]), float(r["ci"][1]), r["k"], r["n"], PERCENT, how, source,
-                 "wilson (clopper-pearson at 0 or n)")
+                 "wilson (clopper-pearson at 0 or n)", items=items)
 
 
 def _relabel(out: Findings, root: Path) -> None:
-    """Each ``reports/relabel_v2/<model>-<dataset>/``: its report.json, recomputed from evidence.jsonl when present."""
+    """Each ``reports/relabel_v2/<model>-<dataset>/``: every rate and kappa recomputed from its per-turn
+    ``evidence.jsonl`` (labels_v2 with their ``strict_label``, labels_v1, the judge's committed verdicts) and
+    compared with its report.json; without evidence.jsonl the report's numbers are read.
+
+    The answer-identification shares of that report are not findings (the distractor is a number-changed copy,
+    so they measure numbers, not a reaction to the answer) and are left out.
+    """
     base = root / RELABEL_DIR
     for folder in sorted(p for p in base.glob("*") if p.is_dir()) if base.is_dir() else []:
         rel = folder.relative_to(root).as_posix()
@@ -410,7 +491,9 @@ def _relabel(out: Findings, root: Path) -> None:
             out.notes.append(f"{name}: {rel}/report.json not there yet (labelling in progress); skipped")
             continue
         rep = read_json(folder / "report.json")
-        ev = _relabel_evidence(folder / "evidence.jsonl")
+        rows = _jsonl(folder / "evidence.jsonl") if (folder / "evidence.jsonl").exists() else None
+        ev = _relabel_evidence(rows) if rows else None
+        src = f"{rel}/evidence.jsonl"
         for cond, cell in rep["by_condition"].items():
             for reading in ("lenient", "strict"):
                 if reading not in cell:
@@ -420,35 +503,41 @@ def _relabel(out: Findings, root: Path) -> None:
                 for who, r in [*block["per_labeller"].items(), ("both", block["both"]), ("either", block["either"])]:
                     k = f"{name}.{_key_part(cond)}.{reading}.{who}"
                     if mine is not None and who in mine:
-                        v = _rate_value(k, mine[who], RECOMPUTED, f"{rel}/evidence.jsonl")
+                        v = _rate_value(k, mine[who], RECOMPUTED, src, mine[who]["n"])
                         out.compare(v, {"point": r["rate"], "lo": r["ci"][0], "hi": r["ci"][1]}, f"{rel}/report.json")
                     else:
                         v = _rate_value(k, r, READ, f"{rel}/report.json")
                     out.add(v)
             for extra in ("v1_lenient_both", "judge_only"):
-                if extra in cell:
-                    out.add(_rate_value(f"{name}.{_key_part(cond)}.{extra}", cell[extra], READ, f"{rel}/report.json"))
+                if extra not in cell:
+                    continue
+                k = f"{name}.{_key_part(cond)}.{extra}"
+                mine = ev.get(cond, {}).get(extra) if ev else None
+                if mine is not None:
+                    v = _rate_value(k, mine, RECOMPUTED, src, mine["n"])
+                    r = cell[extra]
+                    out.compare(v, {"point": r["rate"], "lo": r["ci"][0], "hi": r["ci"][1]}, f"{rel}/report.json")
+                else:
+                    v = _rate_value(k, cell[extra], READ, f"{rel}/report.json")
+                out.add(v)
+        kappas = _relabel_kappas(rows) if rows else {}
         for reading, ks in rep.get("kappa", {}).items():
-            if isinstance(ks, dict):
-                for who, k in ks.items():
-                    out.add(Value(f"{name}.kappa.{reading}.{who}", float(k), unit=RAW, how=READ,
-                                  source=f"{rel}/report.json", method="cohen kappa"))
-            else:
-                out.add(Value(f"{name}.kappa.{reading}", float(ks), unit=RAW, how=READ, source=f"{rel}/report.json",
-                              method="cohen kappa"))
-        for who, by in rep.get("identification", {}).get("by_labeller", {}).items():
-            for cond, s in by.items():
-                out.add(Value(f"{name}.identify.{who}.{_key_part(cond)}", float(s["share"]), _f(s.get("lo")),
-                              _f(s.get("hi")), s.get("correct"), s.get("n"), PERCENT, READ, f"{rel}/report.json",
-                              "share of turns whose real answer was picked"))
+            for who, committed in (ks.items() if isinstance(ks, dict) else [("", ks)]):
+                k = f"{name}.kappa.{reading}" + (f".{who}" if who else "")
+                mine_k = kappas.get(k[len(name) + 1:])
+                if mine_k is not None:
+                    v = replace(mine_k, key=k, source=src)
+                    out.compare(v, {"kappa": committed}, f"{rel}/report.json")
+                else:
+                    v = Value(k, float(committed), unit=RAW, how=READ, source=f"{rel}/report.json",
+                              method="cohen kappa")
+                out.add(v)
 
 
-def _relabel_evidence(path: Path) -> dict[str, dict[str, dict[str, dict[str, Any]]]] | None:
-    """condition -> reading -> labeller|both|either -> rate, from a relabel evidence.jsonl (``labels_v2``)."""
-    if not path.exists():
-        return None
-    rows = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
-    out: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+def _relabel_evidence(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """condition -> reading -> labeller|both|either -> rate, and condition -> v1_lenient_both | judge_only -> rate,
+    from a relabel evidence.jsonl (``labels_v2``, ``labels_v1``, ``judge``)."""
+    out: dict[str, dict[str, Any]] = {}
     for cond in sorted({r["condition"] for r in rows}):
         sub = [r for r in rows if r["condition"] == cond]
         names = sorted(sub[0]["labels_v2"])
@@ -459,6 +548,39 @@ def _relabel_evidence(path: Path) -> dict[str, dict[str, dict[str, dict[str, Any
             cell["both"] = _rate_of([all(calls[n][i] for n in names) for i in range(len(sub))])
             cell["either"] = _rate_of([any(calls[n][i] for n in names) for i in range(len(sub))])
             out[cond][reading] = cell
+        if all("labels_v1" in r for r in sub):
+            out[cond]["v1_lenient_both"] = _rate_of([all(x["label"] == GENUINE for x in r["labels_v1"].values())
+                                                     for r in sub])
+        judged = [r["judge"]["label"] for r in sub if (r.get("judge") or {}).get("label") is not None]
+        if judged:
+            out[cond]["judge_only"] = _rate_of([x == GENUINE for x in judged])
+    return out
+
+
+def _relabel_kappas(rows: list[dict[str, Any]]) -> dict[str, Value]:
+    """Binary kappas of a relabel evidence.jsonl, under the keys its report.json uses: labeller vs labeller over
+    every turn, the judge vs each labeller over the judged turns, per reading, and the v1 labellers'."""
+    out: dict[str, Value] = {}
+    names = sorted(rows[0]["labels_v2"])
+    items = [r.get("item_id", r["turn_id"]) for r in rows]  # one turn per item where no item is given
+
+    def put(k: str, a: list[str], b: list[str], its: list[str]) -> None:
+        est = kappa_with_ci(a, b, its, True, N_BOOT_KAPPA, SEED, ALPHA).to_dict()
+        out[k] = replace(_kappa_value(k, est, RECOMPUTED, ""), items=len(set(its)))
+
+    for reading, fld in (("lenient", "label"), ("strict", "strict_label")):
+        lab = {n: [r["labels_v2"][n][fld] for r in rows] for n in names}
+        if len(names) >= 2:
+            put(f"kappa.{reading}.labellers", lab[names[0]], lab[names[1]], items)
+        judged = [i for i, r in enumerate(rows) if (r.get("judge") or {}).get("label") is not None]
+        for n in names:
+            put(f"kappa.{reading}.judge_vs_{n}", [rows[i]["judge"]["label"] for i in judged],
+                [lab[n][i] for i in judged], [items[i] for i in judged])
+    if all("labels_v1" in r for r in rows):
+        v1 = sorted(rows[0]["labels_v1"])
+        if len(v1) >= 2:
+            put("kappa.v1_lenient_labellers", [r["labels_v1"][v1[0]]["label"] for r in rows],
+                [r["labels_v1"][v1[1]]["label"] for r in rows], items)
     return out
 
 
@@ -482,8 +604,16 @@ def _labelled_set(out: Findings, root: Path) -> None:
             out.add(_kappa_value(f"labelled_set.{who}.kappa.labellers.{kind}", k, RECOMPUTED, src))
 
 
-def _jsonl(path: Path) -> Iterable[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    """Rows of a committed JSONL file; a line that is not JSON (or a file that is not UTF-8) is one line, exit 2."""
+    out = []
+    for i, x in enumerate(read_text(path).splitlines(), start=1):
+        if x.strip():
+            try:
+                out.append(json.loads(x))
+            except json.JSONDecodeError as e:
+                raise UsageError(f"{path}:{i} is not JSON ({e.msg}); restore the committed file") from None
+    return out
 
 
 def compute_findings(root: str | Path = ".") -> Findings:

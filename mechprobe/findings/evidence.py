@@ -43,6 +43,9 @@ EVIDENCE_FIELDS = ("finding", "record_id", "item_id", "condition", "sample_id", 
 TEXT_FIELDS = ("turn_id", "split", "query", "answer", "answer_capped", "turn")
 LABEL_FIELDS = ("label", "borderline", "note")
 HOW = "python scripts/build_evidence.py"
+SUPERSEDED = ("**Labels only, superseded.** These label files have no codebook v2 `strict` field, so this audit has "
+              "no strict reading; its numbers are in `docs/findings_appendix.md` (labels only, superseded), where "
+              "\"both labellers genuine, neither borderline\" is named as such and never called strict.")
 
 
 def _labels_of(sample: AuditSample, labs: list[LabellerLabels], rid: str) -> dict[str, dict[str, Any]]:
@@ -172,7 +175,9 @@ def _audit_bundle(root: Path, name: str, rel: str, out: Path) -> list[Path]:
                   f"Judge verdicts: {n_judge} of {len(rows)} turns have the audit judge's verdict committed (the "
                   "labelled set's `judges.jsonl`, which judged its test split); the others are null, because the "
                   "run's `labels.jsonl` is not committed. The judge's scores are not committed. Judge-only rates "
-                  "and judge-vs-labeller kappas of this audit come from its committed `report.json`."]
+                  "and judge-vs-labeller kappas of this audit come from its committed `report.json`.", "",
+                  f"{SUPERSEDED} Where the same turns were re-labelled under codebook v2 (with the `strict` field), "
+                  "that re-labelling (`reports/relabel_v2/`) is the finding."]
     else:
         _write_jsonl(d / "labels.jsonl", _rows(name, rel, sample, labs, None, {}))
         lines += ["", "**Texts not kept.** The audited turns, the answers and the judge's verdict per turn were in "
@@ -180,7 +185,8 @@ def _audit_bundle(root: Path, name: str, rel: str, out: Path) -> list[Path]:
                   "hold these turns. What is committed:", "",
                   *[f"- {p}" for p in _committed(folder, root)], "",
                   "`labels.jsonl` (this folder) joins them: one row per audited turn with `record_id`, `item_id`, "
-                  "`condition`, `sample_id`, `row_key` and each labeller's `label`, `borderline` and `note`."]
+                  "`condition`, `sample_id`, `row_key` and each labeller's `label`, `borderline` and `note`.", "",
+                  SUPERSEDED]
     (d / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return sorted(p for p in d.iterdir() if p.is_file())
 
@@ -215,7 +221,7 @@ def _post_train_bundle(root: Path, out: Path) -> list[Path]:
     _write_jsonl(d / "labels.jsonl", rows)
     lines += ["", "`labels.jsonl` joins each audit's sample and labels: one row per audited turn with `arm`, "
               "`record_id`, `item_id`, `condition`, `sample_id`, `row_key` and each labeller's `label`, `borderline` "
-              "and `note`."]
+              "and `note`.", "", SUPERSEDED]
     (d / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return sorted(p for p in d.iterdir() if p.is_file())
 

@@ -24,7 +24,8 @@ class Value:
     ``point``/``lo``/``hi`` are fractions for :data:`PERCENT` values (0.05 is 5.0%); ``k``/``n`` the count behind a
     rate (``k`` may be a half: two labellers' consensus) or a kappa's agreements; ``how`` is :data:`RECOMPUTED` or
     :data:`READ`; ``source`` the committed file(s) it comes from, relative to the repository; ``method`` the
-    estimator's own description.
+    estimator's own description; ``items`` the items behind it where known (an estimate on fewer than 20 says so
+    where it is quoted); ``seed_spread`` how far a bootstrap interval's ends move over five seeds.
     """
 
     key: str
@@ -38,6 +39,8 @@ class Value:
     source: str = ""
     method: str = ""
     signed: bool = False  # a difference: shown with its sign
+    items: int | None = None  # items behind the estimate (fewer than 20: the docs must say so beside it)
+    seed_spread: float | None = None  # a bootstrap interval: largest move of an end over five seeds
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -47,22 +50,29 @@ class Value:
 
     def text(self) -> str:
         """``3/60 = 5.0% [1.7, 13.7]``, ``+7.5% [-1.3, 17.5]`` or ``0.90 [0.80, 0.98] (116/120 agree)``."""
-        if not math.isfinite(self.point):
-            return "n/a"
+        if not math.isfinite(self.point):  # undefined (a kappa with one class): its count still says what was seen
+            agree = f" ({_count(self.k)}/{self.n} agree)" if self.unit == RAW and self.k is not None and self.n else ""
+            return "n/a" + agree
         if self.unit == PERCENT:
             body = f"{100 * self.point:{'+' if self.signed else ''}.1f}%"
             if self.has_interval():
                 body += f" [{100 * self.lo:.1f}, {100 * self.hi:.1f}]"  # type: ignore[operator]
             if self.k is not None and self.n:
-                return f"{_count(self.k)}/{self.n} = {body}"
-            return body
+                body = f"{_count(self.k)}/{self.n} = {body}"
+            return body + self._few()
         body = f"{self.point:{'+' if self.signed else ''}.{self._places()}f}"
         if self.has_interval():
             body += f" [{self.lo:.{self._places()}f}, {self.hi:.{self._places()}f}]"
         if self.k is not None and self.n:
             body += f" ({_count(self.k)}/{self.n} agree)"
-        return body
+        return body + self._few()
 
+    def few_items(self) -> bool:
+        """Rests on fewer than 20 items."""
+        return self.items is not None and self.items < 20
+
+    def _few(self) -> str:
+        return f" (n < 20 items: {self.items})" if self.few_items() else ""
 
     def _places(self) -> int:
         """Two decimals (a kappa, a shift), more for a small p-value so it does not print as 0.00."""

@@ -103,6 +103,10 @@ VALUES = {v.key: v for v in (
     Value("a.rate", 3 / 60, 0.0172, 0.1372, 3, 60),
     Value("a.diff", -1 / 60, -0.089, 0.045, signed=True),
     Value("a.kappa", 0.8989, 0.7999, 0.9775, 116, 120, unit=""),
+    Value("a.other", 0.5, 0.4, 0.6, 30, 60),
+    Value("a.read", 0.1, 0.05, 0.2, 6, 60, how="read", source="x/report.json"),
+    Value("a.few", 3 / 18, 0.058, 0.392, 3, 18, items=18),
+    Value("a.boot", 0.05, 0.0, 0.125, 3, 60, seed_spread=0.0083),
 )}
 
 
@@ -110,21 +114,75 @@ def _doc(body: str) -> str:
     return f"intro 99.9% is outside the block\n{BEGIN}\n{body}\n{END}\n"
 
 
-def test_check_passes_on_recomputed_numbers_and_fails_on_a_planted_one() -> None:
-    good = _doc("greedy 3/60 = 5.0% [1.7, 13.7]; paired −1.7% [−8.9, 4.5]; κ 0.90 [0.80, 0.98] (116/120 agree) "
-                "at `alpha 0.8`, Qwen2.5-Coder-1.5B, 60 items")
+def _bad(text: str, **kw: object) -> list[str]:
+    return [str(q) for q in check_text(text, VALUES, "doc.md", **kw) if not q.ok]  # type: ignore[arg-type]
+
+
+def test_check_passes_on_bound_numbers_and_fails_on_a_planted_one() -> None:
+    good = _doc("greedy 3/60 = 5.0% [1.7, 13.7]<!-- =a.rate -->; paired −1.7% [−8.9, 4.5]<!-- =a.diff -->; κ 0.90\n"
+                "[0.80, 0.98] (116/120 agree)<!-- = a.kappa --> at `alpha 0.8`, Qwen2.5-Coder-1.5B, 60 items")
     got = check_text(good, VALUES, "doc.md")
     assert got and all(q.ok for q in got), [str(q) for q in got if not q.ok]
     assert {q.kind for q in got} == {"fraction", "percent", "interval", "decimal"}
-    bad = check_text(_doc("greedy 5.1% [1.7, 13.7], κ 0.91, 4/60 and [1.7, 13.8]"), VALUES, "doc.md")
-    assert sorted(q.text for q in bad if not q.ok) == ["0.91", "4/60", "5.1%", "[1.7, 13.8]"]
-    assert "doc.md:3:" in str(next(q for q in bad if not q.ok))
+    assert {q.key for q in got} == {"a.rate", "a.diff", "a.kappa"}
+    bad = _bad(_doc("greedy 5.1% [1.7, 13.7]<!-- =a.rate -->, κ 0.91<!-- =a.kappa -->, 4/60<!-- =a.rate --> and "
+                    "[1.7, 13.8]<!-- =a.rate -->"))
+    assert len(bad) == 4 and all("doc.md:3:" in b for b in bad)
+    assert any("5.1%" in b for b in bad) and any("0.91" in b for b in bad) and any("[1.7, 13.8]" in b for b in bad)
+
+
+def test_a_swapped_number_fails_although_it_is_some_other_finding() -> None:
+    """The old rule passed a number equal to *any* key; a bound number must be its own key's value."""
+    swapped = _doc("rate 50.0%<!-- =a.rate -->, other 5.0%<!-- =a.other -->; chance 50%<!-- =a.diff -->")
+    bad = _bad(swapped)
+    assert len(bad) == 3 and all("is not a." in b for b in bad)
+
+
+def test_a_stale_interval_fails() -> None:
+    assert _bad(_doc("3/60 = 5.0% [1.7, 13.7]<!-- =a.rate -->")) == []
+    bad = _bad(_doc("3/60 = 5.0% [1.6, 13.7]<!-- =a.rate -->"))
+    assert len(bad) == 1 and "interval [1.6, 13.7]" in bad[0] and "a.rate's interval" in bad[0]
+
+
+def test_a_read_only_number_fails_where_only_recomputed_ones_may_be_quoted() -> None:
+    text = _doc("judge 6/60 = 10.0% [5.0, 20.0]<!-- =a.read -->")
+    assert _bad(text) == []
+    bad = _bad(text, recomputed_only=True)
+    assert len(bad) == 3 and all("read from x/report.json" in b for b in bad)
+
+
+def test_unbound_numbers_unknown_keys_and_empty_markers_fail() -> None:
+    bad = _bad(_doc("3/60 = 5.0%<!-- =a.rate --> and then 7.5% with no marker"))
+    assert len(bad) == 1 and "7.5%" in bad[0] and "bound to no key" in bad[0]
+    bad = _bad(_doc("5.0%<!-- =a.nothing -->"))
+    assert len(bad) == 1 and "a.nothing is not one" in bad[0]
+    bad = _bad(_doc("5.0%<!-- =a.rate --> <!-- =a.rate -->"))
+    assert len(bad) == 1 and "binds no number" in bad[0]
+
+
+def test_a_block_that_checks_nothing_fails() -> None:
+    """A block whose only number is in inline code (or that has none) would pass anything: it fails."""
+    for body in ("checked `91` numbers: all match", "no numbers at all", "`5.0%`<!-- =a.rate -->"):
+        bad = _bad(_doc(body))
+        assert any("checks no number" in b for b in bad), (body, bad)
+
+
+def test_an_estimate_on_few_items_must_say_so() -> None:
+    assert len(_bad(_doc("judge 3/18 = 16.7% [5.8, 39.2]<!-- =a.few -->"))) == 3
+    assert _bad(_doc("judge (n < 20\n items) 3/18 = 16.7% [5.8, 39.2]<!-- =a.few -->")) == []
+    assert "(n < 20 items: 18)" in VALUES["a.few"].text()
+
+
+def test_a_bootstrap_spread_is_bound_with_at_spread() -> None:
+    assert _bad(_doc("ends move 0.8<!-- =a.boot@spread --> points")) == []
+    assert len(_bad(_doc("ends move 0.5<!-- =a.boot@spread --> points"))) == 1
+    assert len(_bad(_doc("ends move 0.8<!-- =a.rate@spread --> points"))) == 1  # no bootstrap: no spread
 
 
 def test_extraction_rule() -> None:
-    kinds = quoted_numbers("x `0.77` [link](../a/1.5b/2.0) Qwen2.5 1.5B 3.3–9.2% +15.0% 60 items 0.2–1.6")
+    kinds = quoted_numbers("x `0.77` [link](../a/1.5b/2.0) Qwen2.5 1.5B 3.3–9.2% +15.0% 60 items 0.2–1.6 5.5/60")
     assert [(k, p) for k, _, p in kinds] == [("percent", ("3.3%", "9.2%")), ("percent", ("+15.0%",)),
-                                            ("decimal", ("0.2",)), ("decimal", ("1.6",))]
+                                            ("decimal", ("0.2",)), ("decimal", ("1.6",)), ("fraction", ("5.5", "60"))]
 
 
 def test_unbalanced_markers_are_a_usage_error() -> None:
@@ -138,8 +196,8 @@ def test_command_check_exit_codes(mt_root: Path, mt_findings, tmp_path: Path,  #
                                   capsys: pytest.CaptureFixture[str]) -> None:
     v = mt_findings.values["mt_bench_1.5b.greedy.corrected"]
     ok, wrong, none = tmp_path / "ok.md", tmp_path / "wrong.md", tmp_path / "none.md"
-    ok.write_text(_doc(f"MT-Bench greedy {v.text()}"))
-    wrong.write_text(_doc(f"MT-Bench greedy {v.text()} and 18.4%"))
+    ok.write_text(_doc(f"MT-Bench greedy {v.text()}<!-- ={v.key} -->"))
+    wrong.write_text(_doc(f"MT-Bench greedy {v.text()}<!-- ={v.key} --> and 18.4%"))
     none.write_text("no block here: 18.4%\n")
     assert main(["findings", "--root", str(mt_root), "--quiet", "--check", str(ok)]) == 0
     assert json.loads((mt_root / "reports/findings.json").read_text())["values"]
@@ -147,6 +205,76 @@ def test_command_check_exit_codes(mt_root: Path, mt_findings, tmp_path: Path,  #
     err = capsys.readouterr().err
     assert "wrong.md:3: percent 18.4%" in err and "none.md: no findings block" in err
     assert main(["findings", "--root", str(tmp_path / "nowhere"), "--json", ""]) == 2
+
+
+def test_bad_input_is_one_line_and_exit_2_before_the_work(mt_root: Path, tmp_path: Path, monkeypatch,  # noqa: ANN001
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """--json naming a directory and a non-UTF-8 file to check are found before the recomputation starts."""
+    import mechprobe.cli.findings as cli
+
+    def boom(*a: object) -> None:
+        raise AssertionError("the recomputation started before the input was checked")
+
+    monkeypatch.setattr(cli, "compute_findings", boom)
+    (mt_root / "reports" / "adir").mkdir(exist_ok=True)
+    assert main(["findings", "--root", str(mt_root), "--json", "reports/adir", "--quiet"]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    latin = tmp_path / "README.md"
+    latin.write_bytes(f"{BEGIN}\nrate 5.0\xe9%\n{END}\n".encode("latin-1"))
+    assert main(["findings", "--root", str(mt_root), "--json", "", "--check", str(latin)]) == 2
+    assert "is not UTF-8" in capsys.readouterr().err
+    assert main(["findings", "--root", str(mt_root), "--json", "", "--check", str(tmp_path)]) == 2
+
+
+def test_nan_in_a_report_and_a_non_utf8_summary(tmp_path: Path) -> None:
+    root = _copy(tmp_path, MT)
+    rep_path = root / MT / "report.json"
+    rep = json.loads(rep_path.read_text())
+    rep["rates"]["greedy"]["judge_only"]["point"] = float("nan")
+    rep_path.write_text(json.dumps(rep))  # json writes NaN, as a report of an empty stratum may hold
+    f = compute_findings(root)
+    assert f.values["mt_bench_1.5b.greedy.judge_only"].k is None
+    (root / MT / "judge_summary.md").write_bytes(b"| greedy | 0 | 60 | 5.0% \xff")
+    with pytest.raises(UsageError, match="judge_summary.md is not UTF-8"):
+        compute_findings(root)
+
+
+def test_a_mismatch_with_the_committed_report_fails_the_check(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    root = _copy(tmp_path, MT)
+    rep_path = root / MT / "report.json"
+    rep = json.loads(rep_path.read_text())
+    rep["inter_labeller"][0]["binary"]["lo"] += 0.01  # a stale kappa interval in the committed report
+    rep_path.write_text(json.dumps(rep))
+    v = compute_findings(root).values["mt_bench_1.5b.greedy.corrected"]
+    doc = tmp_path / "doc.md"
+    doc.write_text(_doc(f"{v.text()}<!-- ={v.key} -->"))
+    assert main(["findings", "--root", str(root), "--json", "", "--quiet", "--check", str(doc)]) == 1
+    assert "mismatch: mt_bench_1.5b.kappa.labellers.binary" in capsys.readouterr().err
+
+
+def test_the_stand_in_is_never_called_strict(mt_findings) -> None:  # noqa: ANN001
+    """Label files without a strict field give `audited_unflagged` (both genuine, neither borderline), no
+    `audited_strict` key; differences get a paired item bootstrap beside the unpaired Newcombe interval."""
+    keys = set(mt_findings.values)
+    assert "mt_bench_1.5b.greedy.audited_unflagged" in keys
+    assert not [k for k in keys if "strict" in k]
+    assert "borderline" in mt_findings.values["mt_bench_1.5b.greedy.audited_unflagged"].method
+
+
+def test_a_strict_field_gives_the_strict_reading(tmp_path: Path) -> None:
+    root = _copy(tmp_path, MT)
+    for p in sorted((root / MT / "labels").glob("*.json")):
+        d = json.loads(p.read_text())
+        for r in d["rows"]:
+            if r["label"] == "genuine_followup":
+                r["strict"] = "yes"
+        p.write_text(json.dumps(d))
+    f = compute_findings(root)
+    assert "mt_bench_1.5b.greedy.audited_strict" in f.values
+    assert not [k for k in f.values if "unflagged" in k]
+    v = f.values["mt_bench_1.5b.greedy.audited_strict"]  # strict "yes" on every genuine row: both call it genuine
+    assert (v.k, v.n) == (10, 60) and "borderline" not in v.method
 
 
 def test_evidence_bundle_rows_have_every_field(set_root: Path, tmp_path: Path) -> None:
@@ -208,7 +336,8 @@ def test_relabel_report_is_recomputed_from_its_evidence(tmp_path: Path) -> None:
     f = compute_findings(tmp_path)
     v = f.values["relabel_v2.mt_bench_1.5b.greedy.strict.both"]
     assert (v.k, v.n, v.how) == (1, 4, "recomputed") and f.mismatches == []
-    assert f.values["relabel_v2.mt_bench_1.5b.kappa.lenient.labellers"].point == 0.5
+    k = f.values["relabel_v2.mt_bench_1.5b.kappa.lenient.labellers"]  # recomputed from the rows, equal to the report
+    assert math.isclose(k.point, 0.5) and k.how == "recomputed" and (k.k, k.n) == (3, 4)
     rows = [json.loads(x) for x in (d / "evidence.jsonl").read_text().splitlines()]
     rows[1]["labels_v2"]["labeller-b"]["strict_label"] = g  # the evidence now says 2 of 4 for both, strict
     (d / "evidence.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -235,13 +364,27 @@ def test_committed_findings_json_is_what_the_committed_files_give() -> None:
 
 
 @pytest.mark.slow
-def test_the_readme_quotes_only_recomputed_numbers(tmp_path: Path) -> None:
-    """Every number in README.md's findings block is one `mechprobe findings` recomputes; a planted wrong number in
-    a copy of the same block fails the check."""
-    values = compute_findings(REPO).values
-    readme = REPO / "README.md"
-    quoted, failures = check_file(readme, values)
-    assert quoted and not failures, failures
-    planted = tmp_path / "README.md"
-    planted.write_text(readme.read_text().replace("18.3% [10.6, 29.9]", "19.3% [10.6, 29.9]"))
-    assert check_file(planted, values)[1]
+def test_the_committed_docs_pass_and_planted_faults_fail(tmp_path: Path) -> None:
+    """README.md and the findings docs pass on the committed files; in a copy of the README a swap of two of its
+    numbers, a read-only number and a stale interval each fail the check."""
+    f = compute_findings(REPO)
+    assert f.mismatches == [], f.mismatches
+    assert not [k for k in f.values if ".identify." in k]  # answer identification is retired, not a finding
+    for rel in ("README.md", "docs/findings.md", "docs/findings_appendix.md"):
+        quoted, failures = check_file(REPO / rel, f.values)
+        assert quoted and not failures, failures
+    text = (REPO / "README.md").read_text()
+    rd = "relabel_v2.mt_bench_1.5b"
+    greedy, sampled = "8/60 = 13.3% [6.9, 24.2]", "9/60 = 15.0% [8.1, 26.1]"
+    assert greedy in text and sampled in text
+    plants = {
+        "swap": text.replace(greedy, "@@").replace(sampled, greedy).replace("@@", sampled),
+        "read": text.replace(f"<!-- ={rd}.greedy.judge_only -->", "<!-- =mt_bench_1.5b.greedy.judge_only -->")
+                    .replace("5/18 = 27.8% [12.5, 50.9]", "14/60 = 23.3% [14.4, 35.4]"),
+        "stale": text.replace("[6.9, 24.2]", "[6.8, 24.2]"),
+    }
+    for what, planted in plants.items():
+        p = tmp_path / what / "README.md"
+        p.parent.mkdir()
+        p.write_text(planted)
+        assert planted != text and check_file(p, f.values)[1], what
