@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mechprobe.errors import UserError, UsageError
+from mechprobe.errors import UsageError, UserError
 from mechprobe.study.interventions import (
     Study,
     draw_items,
@@ -69,7 +69,7 @@ def test_ledger_refuses_a_changed_plan(tmp_path):
     p = tmp_path / "plan.json"
     p.write_bytes(PLAN.read_bytes())
     s = Study(load_plan(p), tmp_path / "reports", tmp_path / "work", progress=False)
-    s.ledger.record("answers", 1.0, [])
+    s.ledger.record("train_answers", 1.0, [])
     raw = json.loads(p.read_text(encoding="utf-8"))
     raw["selection"]["alphas"] = [8.0]
     p.write_text(json.dumps(raw), encoding="utf-8")
@@ -145,6 +145,7 @@ def _mini_plan(tmp_path: Path) -> Path:
     raw["items"]["heldout"] = {"per_dataset": {"builtin": 2}, "candidates": {"builtin": ids[:4]}}
     raw["items"]["train"] = {"per_dataset": {"builtin": 3}, "candidates": {"builtin": ids[4:]}}
     raw["train"].update(sheet_batch=4, min_positives=2)
+    raw["labels"]["judges"] = ["offline"]
     raw["selection"].update(layers=[3, 6], alphas=[0.5, 1.0], n_train_items=3, max_degenerate_increase=1.0)
     p = tmp_path / "plan.json"
     p.write_text(json.dumps(raw), encoding="utf-8")
@@ -156,18 +157,22 @@ def _mini_plan(tmp_path: Path) -> Path:
 def test_every_step_runs_and_resumes_on_the_embedded_model(tmp_path, monkeypatch):
     plan = load_plan(_mini_plan(tmp_path))
     s = Study(plan, tmp_path / "reports", tmp_path / "work", progress=False)
-    assert s.run() == ["answers", "train_turns", "train_sheet"]  # stops at the labelling step
-    assert [st.state for st in s.status()][3] == "external"
+    first = ["train_answers", "train_turns", "train_sheet", "heldout_answers", "heldout_base", "heldout_base_t1",
+             "heldout_answer_removed"]
+    assert s.run() == first  # everything that does not wait for the train labels
+    assert {st.name: st.state for st in s.status()}["train_labels"] == "external"
+    assert {st.name: st.state for st in s.status()}["heldout_steer_audited"] == "pending"
     root = s.root
     for sheet in sorted((root / "train" / "sheets").glob("*.csv")):
         key = json.loads(sheet.with_suffix(".key.json").read_text(encoding="utf-8"))["rows"]
         for who in ("a", "b"):  # a scripted labeller: the 'react' stimuli are genuine, the rest not
             _fill(sheet, root / "train" / "labels" / sheet.stem / f"{who}.csv",
-                  lambda r: ({"label": "genuine_followup", "strict": "yes"} if key[r["row"]]["decoding"] == "react"
-                             else {"label": "new_query", "strict": ""}))
+                  lambda r, key=key: ({"label": "genuine_followup", "strict": "yes"}
+                                      if key[r["row"]]["decoding"] == "react" else {"label": "new_query", "strict": ""}))
     ran = s.run()
     arms = [a.name for a in plan.arms]
-    assert ran == ["train_labels", "direction", "select"] + [f"heldout_{a}" for a in arms] + ["heldout_sheet", "judge"]
+    assert ran == ["train_labels", "direction", "select", "heldout_steer_audited", "heldout_steer_random",
+                   "heldout_sheet", "judge"]
     sel = json.loads((root / "selection.json").read_text(encoding="utf-8"))
     assert sel["layer"] in (3, 6) and sel["alpha"] in (0.5, 1.0)
     rows = {a: [json.loads(x) for x in (root / "heldout" / f"{a}.jsonl").read_text().splitlines()] for a in arms}

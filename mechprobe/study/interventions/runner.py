@@ -3,17 +3,18 @@
 Steps (each writes under ``ROOT`` = ``reports/interventions/<plan name>/`` and is recorded in the ledger with its
 wall time and the sha256 of its outputs, so its files can be committed as soon as it finishes):
 
-1. ``answers``: the base model's greedy answers to every candidate item; the first complete ones per dataset and
-   split (in the plan's draw order) become the fixed conversations (``conversations.jsonl``, ``items.json``).
-2. ``train_turns``: on train items only, the greedy user turn and ``samples`` turns at T=1.
-3. ``train_sheet``: the train turns in the plan's labelling order, as blind sheets of ``batch`` rows.
+1. ``train_answers`` / ``heldout_answers``: the base model's greedy answers to a split's candidates; the first
+   complete ones per dataset (in the plan's draw order) become its fixed conversations.
+2. ``train_turns``: on train conversations, the instructed stimuli and the model's own greedy user turn.
+3. ``train_sheet``: the train turns as shuffled blind sheets of ``sheet_batch`` rows.
 4. ``train_labels``: *external*: two model-written labellers fill each sheet (``train/labels/<batch>/<name>.csv``);
    done when the labelled batches hold at least ``min_positives`` turns both call strictly genuine.
 5. ``direction``: the reading contrast per candidate layer from the audited train labels, its item-grouped
    cross-validated AUROC, and the layer's mean boundary residual norm (the vector's norm).
 6. ``select``: layer and alpha on train items by the plan's rule; frozen in ``selection.json``.
-7. ``heldout_<arm>``: each arm's user turns on the held-out conversations (one row per item).
-8. ``heldout_sheet`` and ``heldout_labels`` (*external*), ``judge`` (verdicts beside the labels), ``analysis``.
+7. ``heldout_<arm>``: each arm's user turns on the held-out conversations (one row per item); unsteered arms need
+   only the held-out answers, steering arms also the frozen selection.
+8. ``heldout_sheet``, ``judge`` (verdicts beside the labels) and ``heldout_labels`` (*external*); then ``table``.
 """
 
 from __future__ import annotations
@@ -101,8 +102,8 @@ class Study:
 
     def conversations(self, split: str) -> list[AssistantRecord]:
         """The fixed conversations of ``split`` (``train``/``heldout``), in the plan's order."""
-        items = read_json(self.root / "items.json")[split]
-        by_id = {r["item_id"]: r for r in read_jsonl(self.root / "conversations.jsonl")}
+        items = read_json(self.root / f"items_{split}.json")["items"]
+        by_id = {r["item_id"]: r for r in read_jsonl(self.root / f"conversations_{split}.jsonl")}
         return [AssistantRecord(item_id=i, dataset=by_id[i]["dataset"], prompt=by_id[i]["query"],
                                 response=by_id[i]["answer"], stop_reason=by_id[i]["stop_reason"],
                                 n_tokens=by_id[i]["n_answer_tokens"]) for i in items]
@@ -113,16 +114,14 @@ class Study:
             raise MissingInput(f"step(s) {', '.join(miss)} not done yet: run `mechprobe interventions run` first")
 
     # ------------------------------------------------------------------ steps
-    def step_answers(self) -> list[Path]:
+    def step_answers(self, split: str) -> list[Path]:
+        """The fixed conversations of ``split``: greedy answers to its candidates in draw order, the first complete
+        ones per dataset kept (``conversations_<split>.jsonl``, ``items_<split>.json``)."""
         items = {}
         for ds in self.plan.datasets:
             for it in load_dataset(ds).items:
                 items[it.item_id] = it
-        order: list[tuple[str, str, str]] = []  # (split, dataset, id)
-        for split in ("heldout", "train"):
-            for ds in self.plan.datasets:
-                order += [(split, ds, i) for i in self.plan.candidates(split, ds)]
-        missing = [i for _, _, i in order if i not in items]
+        missing = [i for ds in self.plan.datasets for i in self.plan.candidates(split, ds) if i not in items]
         if missing:
             raise UserError(f"the plan names {len(missing)} items the datasets lack (e.g. {missing[0]}): is ../shared "
                             f"the data the plan was drawn from?")
@@ -131,44 +130,42 @@ class Study:
         # Candidates in draw order, a chunk at a time, until the split has its complete answers: the rule picks
         # the first complete ones, so answers past that point would never be used.
         recs: dict[str, AssistantRecord] = {}
-        chosen: dict[str, list[str]] = {"heldout": [], "train": []}
+        chosen: list[str] = []
         chunk = int(self.plan.raw["conversations"].get("chunk", 16))
         complete = bool(self.plan.raw["conversations"].get("require_complete", True))
-        for split in ("heldout", "train"):
-            for ds in self.plan.datasets:
-                cands, need, ok = self.plan.candidates(split, ds), self.plan.wanted(split, ds), []
-                pos = 0
-                while len(ok) < need and pos < len(cands):
-                    take = cands[pos:pos + max(1, min(chunk, 2 * (need - len(ok))))]
-                    pos += len(take)
-                    for r in assistant_answers(cfg, self.lm, [items[i] for i in take], self.work / "answers",
-                                               progress=self.progress):
-                        recs[r.item_id] = r
-                    ok += [i for i in take if recs[i].stop_reason != "max_tokens" or not complete]
-                if len(ok) < need:
-                    raise UserError(f"only {len(ok)} of the {split} {ds} candidates have complete answers, the plan "
-                                    f"wants {need}: a new plan with more candidates is needed")
-                chosen[split] += ok[:need]
-        conv = self.root / "conversations.jsonl"
+        for ds in self.plan.datasets:
+            cands, need, ok = self.plan.candidates(split, ds), self.plan.wanted(split, ds), []
+            pos = 0
+            while len(ok) < need and pos < len(cands):
+                take = cands[pos:pos + max(1, min(chunk, 2 * (need - len(ok))))]
+                pos += len(take)
+                for r in assistant_answers(cfg, self.lm, [items[i] for i in take], self.work / "answers",
+                                           progress=self.progress):
+                    recs[r.item_id] = r
+                ok += [i for i in take if recs[i].stop_reason != "max_tokens" or not complete]
+            if len(ok) < need:
+                raise UserError(f"only {len(ok)} of the {split} {ds} candidates have complete answers, the plan "
+                                f"wants {need}: a new plan with more candidates is needed")
+            chosen += ok[:need]
+        conv = self.root / f"conversations_{split}.jsonl"
         rows = []
-        for split in ("heldout", "train"):
-            for i in chosen[split]:
-                r = recs[i]
-                rows.append({"item_id": i, "split": split, "dataset": r.dataset, "query": r.prompt, "answer": r.response,
-                             "stop_reason": r.stop_reason, "n_answer_tokens": r.n_tokens,
-                             "score": r.score, "gold": r.gold})
+        for i in chosen:
+            r = recs[i]
+            rows.append({"item_id": i, "split": split, "dataset": r.dataset, "query": r.prompt, "answer": r.response,
+                         "stop_reason": r.stop_reason, "n_answer_tokens": r.n_tokens, "score": r.score,
+                         "gold": r.gold})
         self.root.mkdir(parents=True, exist_ok=True)
         conv.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-        tried = {f"{sp}/{ds}": [i for i in self.plan.candidates(sp, ds) if i in recs]
-                 for sp in ("heldout", "train") for ds in self.plan.datasets}
-        cut = {k: [i for i in v if recs[i].stop_reason == "max_tokens"] for k, v in tried.items()}
-        write_json(self.root / "items.json", {**chosen, "answered": {k: len(v) for k, v in tried.items()},
-                                              "left_out_cut_at_cap": cut})
-        return [conv, self.root / "items.json"]
+        tried = {ds: [i for i in self.plan.candidates(split, ds) if i in recs] for ds in self.plan.datasets}
+        write_json(self.root / f"items_{split}.json",
+                   {"items": chosen, "answered": {k: len(v) for k, v in tried.items()},
+                    "left_out_cut_at_cap": {k: [i for i in v if recs[i].stop_reason == "max_tokens"]
+                                            for k, v in tried.items()}})
+        return [conv, self.root / f"items_{split}.json"]
 
     def step_train_turns(self) -> list[Path]:
         """Candidate follow-ups on train conversations: the stimuli of every kind, plus the model's own greedy turn."""
-        self._need("answers")
+        self._need("train_answers")
         convs = self.conversations("train")
         out = self.root / "train" / "turns.jsonl"
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -311,7 +308,7 @@ class Study:
         return [self.root / "selection.json", out]
 
     def step_heldout(self, arm_name: str) -> list[Path]:
-        self._need("answers")
+        self._need("heldout_answers")
         arm = next(a for a in self.plan.arms if a.name == arm_name)
         vec, alpha = None, 0.0
         if arm.kind == "steer":
@@ -391,20 +388,36 @@ class Study:
         return tab
 
     # ------------------------------------------------------------------ the ledger
-    def steps(self) -> list[tuple[str, Callable[[], list[Path]] | None]]:
-        """Every step in order; ``None`` for the external (labelling) steps."""
-        out: list[tuple[str, Callable[[], list[Path]] | None]] = [
-            ("answers", self.step_answers), ("train_turns", self.step_train_turns),
-            ("train_sheet", self.step_train_sheet), ("train_labels", None), ("direction", self.step_direction),
-            ("select", self.step_select)]
-        out += [(f"heldout_{a.name}", (lambda n=a.name: self.step_heldout(n))) for a in self.plan.arms]
-        out += [("heldout_sheet", self.step_heldout_sheet), ("judge", self.step_judge), ("heldout_labels", None)]
+    def steps(self) -> list[tuple[str, Callable[[], list[Path]] | None, tuple[str, ...]]]:
+        """Every step in run order with what it needs; ``None`` for the external (labelling) steps.
+
+        The model's held-out conversations and the unsteered arms need nothing from the train side, so they run
+        while the train sheet is being labelled; the steering arms need the frozen selection.
+        """
+        arms = self.plan.arms
+        free = [a for a in arms if a.kind != "steer"]
+        steered = [a for a in arms if a.kind == "steer"]
+
+        def arm_step(name: str) -> Callable[[], list[Path]]:
+            return lambda: self.step_heldout(name)
+
+        out: list[tuple[str, Callable[[], list[Path]] | None, tuple[str, ...]]] = [
+            ("train_answers", lambda: self.step_answers("train"), ()),
+            ("train_turns", self.step_train_turns, ("train_answers",)),
+            ("train_sheet", self.step_train_sheet, ("train_turns",)),
+            ("heldout_answers", lambda: self.step_answers("heldout"), ())]
+        out += [(f"heldout_{a.name}", arm_step(a.name), ("heldout_answers",)) for a in free]
+        out += [("train_labels", None, ("train_sheet",)), ("direction", self.step_direction, ("train_labels",)),
+                ("select", self.step_select, ("direction",))]
+        out += [(f"heldout_{a.name}", arm_step(a.name), ("heldout_answers", "select")) for a in steered]
+        out += [("heldout_sheet", self.step_heldout_sheet, tuple(f"heldout_{a.name}" for a in arms)),
+                ("judge", self.step_judge, ("heldout_sheet",)), ("heldout_labels", None, ("heldout_sheet",))]
         return out
 
     def status(self) -> list[StepStatus]:
         """Each step: done (with its wall seconds), external (labels awaited) or pending."""
         res = []
-        for name, fn in self.steps():
+        for name, fn, _ in self.steps():
             rec = self.ledger.steps.get(name)
             if rec is not None:
                 res.append(StepStatus(name, "done", f"{len(rec.outputs)} file(s), {rec.cpu}", rec.seconds))
@@ -418,27 +431,29 @@ class Study:
         return res
 
     def run(self, only: str | None = None) -> list[str]:
-        """Run pending steps in order (or just ``only``); stop at the first external step that is not done."""
-        ran = []
-        names = [n for n, _ in self.steps()]
+        """Run every pending step whose needs are done, in order (or just ``only``); an external step counts as done
+        once its labels are in (``train_labels``: enough strict positives). Returns the steps run."""
+        ran: list[str] = []
+        names = [n for n, _, _ in self.steps()]
         if only is not None and only not in names:
             raise UsageError(f"unknown step {only!r}; steps: {', '.join(names)}")
         with output_dir_lock(self.root, "interventions run", "another `interventions run` on the same study"):
-            for name, fn in self.steps():
-                if only is not None and name != only:
+            for name, fn, needs in self.steps():
+                if (only is not None and name != only) or self.ledger.done(name):
                     continue
-                if self.ledger.done(name):
+                if not all(self.ledger.done(n) for n in needs):
+                    if only is not None:
+                        self._need(*needs)
                     continue
                 if fn is None:
-                    if name == "train_labels" and self.ledger.done("train_sheet"):
+                    if name == "train_labels":
                         rows, note = self.train_labels()
                         pos = sum(all(x["strict_genuine"] for x in r["labels"]) for r in rows)
                         if pos >= int(self.plan.train["min_positives"]):
                             files = sorted((self.root / "train" / "labels").rglob("*.csv"))
                             self.ledger.record(name, 0.0, files, {"note": note})
                             ran.append(name)
-                            continue
-                    break
+                    continue
                 t0 = time.time()
                 outs = fn()
                 self.ledger.record(name, time.time() - t0, outs)
