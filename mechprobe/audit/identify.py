@@ -31,6 +31,7 @@ import random
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,7 @@ CANT_TELL = "cant_tell"
 CHOICES = ("A", "B", CANT_TELL)
 CHANCE = 0.5
 OTHER_SAMPLE, PERTURBED = "other_sample", "perturbed"
+_LONG = 15  # digits past which only a number's leading digits change (see _new_digits)
 
 # A number as written: 1234, 1,234, 3.5, 1,234.50; not part of a word (x1, v2) nor the tail of a decimal.
 _NUMBER = re.compile(r"(?<![\w.])\d+(?:,\d{3})*(?:\.\d+)?")
@@ -92,24 +94,33 @@ class IdentifyPair:
         return asdict(self)
 
 
-def _value(s: str) -> tuple[int, int]:
-    """``(digits as an integer, decimal places)`` of a written number: ``"1,234.50"`` -> ``(123450, 2)``."""
+def _parts(s: str) -> tuple[str, int]:
+    """``(digits, decimal places)`` of a written number: ``"1,234.50"`` -> ``("123450", 2)``."""
     plain = s.replace(",", "")
     places = len(plain.split(".")[1]) if "." in plain else 0
-    return int(plain.replace(".", "")), places
+    return plain.replace(".", ""), places
 
 
-def _normal(s: str) -> float:
-    n, places = _value(s)
-    return n / 10 ** places
+def _dec(digits: str | int, places: int) -> Decimal:
+    """The exact value (a Decimal compares 3.5 with 3.50 as equal and never overflows, unlike a float)."""
+    return Decimal(f"{digits}E-{places}")
 
 
-def _write(n: int, places: int, commas: bool) -> str:
-    whole, frac = divmod(n, 10 ** places) if places else (n, 0)
-    head = f"{whole:,}" if commas else str(whole)
-    return f"{head}.{frac:0{places}d}" if places else head
+def _normal(s: str) -> Decimal:
+    return _dec(*_parts(s))
 
 
+def _group(whole: str) -> str:
+    """Thousands separators on a string of digits (no int conversion: a number may have any length)."""
+    head = len(whole) % 3 or 3
+    return ",".join([whole[:head], *(whole[i:i + 3] for i in range(head, len(whole), 3))])
+
+
+def _write(digits: str, places: int, commas: bool) -> str:
+    digits = digits.rjust(places + 1, "0")
+    whole, frac = (digits[:-places], digits[-places:]) if places else (digits, "")
+    head = _group(whole) if commas else whole
+    return f"{head}.{frac}" if places else head
 def _is_structure(text: str, start: int, written: str) -> bool:
     """A list marker (``1.`` / ``2)`` at a line start) or a step number (``Step 3``)."""
     line = text[text.rfind("\n", 0, start) + 1:start]
@@ -118,7 +129,7 @@ def _is_structure(text: str, start: int, written: str) -> bool:
     return bool(_STEP_WORD.search(line))
 
 
-def _new_value(n: int, places: int, taken: set[float], rng: random.Random) -> int:
+def _new_value(n: int, places: int, taken: set[Decimal], rng: random.Random) -> int:
     """Another value of about the same size (10-35% away, at least 1), not negative and not in ``taken``."""
     for attempt in range(400):
         if n > 1:
@@ -126,12 +137,29 @@ def _new_value(n: int, places: int, taken: set[float], rng: random.Random) -> in
             cand = n + step * rng.choice((-1, 1))
         else:
             cand = n + rng.randint(1, 9) + attempt
-        if cand >= 0 and cand != n and cand / 10 ** places not in taken:
+        if cand >= 0 and cand != n and _dec(cand, places) not in taken:
             return cand
     cand = n + 1  # a text dense with nearby numbers (code, tables, lists of years): the next free value above
-    while cand / 10 ** places in taken:
+    while _dec(cand, places) in taken:
         cand += 1
     return cand
+
+
+def _new_digits(digits: str, places: int, taken: set[Decimal], rng: random.Random) -> str:
+    """The digits of another value for one number (see :func:`_new_value`).
+
+    A number longer than ``_LONG`` digits (a small model repeating one digit) changes in its leading
+    ``_LONG`` digits only, with the digit count kept: Python refuses integer conversion past 4300 digits, and
+    a changed head is what a reader would see.
+    """
+    if len(digits) <= _LONG:
+        return str(_new_value(int(digits), places, taken, rng))
+    head, tail = digits[:_LONG], digits[_LONG:]
+    for attempt in range(400):
+        cand = str(_new_value(int(head), 0, set(), rng) + attempt).rjust(_LONG, "0")
+        if len(cand) == _LONG and cand != head and _dec(cand + tail, places) not in taken:
+            return cand + tail
+    return str(int(head) - 1).rjust(_LONG, "0") + tail  # a head of nines: one less keeps the digit count
 
 
 def perturb_numbers(answer: str, query: str = "", key: str = "") -> str | None:
@@ -160,14 +188,14 @@ def perturb_numbers(answer: str, query: str = "", key: str = "") -> str | None:
     change = [m for m in found if _normal(m.group()) not in in_query] or found
     taken = in_query | {_normal(m.group()) for m in _NUMBER.finditer(answer)}
     digest = hashlib.sha256(answer.encode()).hexdigest()[:16]
-    new_for: dict[float, str] = {}
+    new_for: dict[Decimal, str] = {}
     out, last = [], 0
     for m in change:
         v = _normal(m.group())
         if v not in new_for:
-            n, places = _value(m.group())
-            cand = _new_value(n, places, taken, random.Random(f"perturb|{key}|{digest}|{m.group()}"))
-            taken.add(cand / 10 ** places)
+            digits, places = _parts(m.group())
+            cand = _new_digits(digits, places, taken, random.Random(f"perturb|{key}|{digest}|{m.group()}"))
+            taken.add(_dec(cand, places))
             new_for[v] = _write(cand, places, "," in m.group())
         out += [answer[last:m.start()], new_for[v]]
         last = m.end()
