@@ -345,7 +345,13 @@ def read_identify_file(path: str | Path, sample: AuditSample, pairs: list[Identi
     """Read and check one labeller's identification export; returns the normalised dict to store."""
     path = Path(path)
     d = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(d, dict):
+        raise UsageError(f"{path}: the file is a JSON {type(d).__name__}, not an identification export; export "
+                         f"it again from identify.html")
     lab = d.get("labeller") or {}
+    if not isinstance(lab, dict):
+        raise UsageError(f"{path}: 'labeller' is {type(lab).__name__}, not an object with 'name' and 'kind'; "
+                         f"export the file again from identify.html")
     who = str(lab.get("name") or "").strip() or path.stem
     if not LABELLER_NAME_PATTERN.match(who):
         raise UsageError(f"{path}: labeller name {who!r} must be letters, digits, '_', '.', '-' (at most 64); "
@@ -362,7 +368,14 @@ def read_identify_file(path: str | Path, sample: AuditSample, pairs: list[Identi
                          f"{sample.sample_id}; answer the run's current identify.html (the sample was redrawn since)")
     keys = {q.row for q in pairs}
     rows, seen = [], set()
-    for r in d.get("rows", []):
+    given = d.get("rows", [])
+    if not isinstance(given, list):
+        raise UsageError(f"{path}: 'rows' is {type(given).__name__}, not a list; export the file again from "
+                         f"identify.html")
+    for i, r in enumerate(given):
+        if not isinstance(r, dict):
+            raise UsageError(f"{path}: row {i} is {type(r).__name__ if r is not None else 'null'}, not an object; "
+                             f"export the file again from identify.html")
         choice = r.get("choice")
         if choice in (None, ""):
             continue
