@@ -158,9 +158,10 @@ def _write_error(path: Path, e: OSError, n_kept: int) -> UserError:
 
 
 def check_writable_dir(path: str | Path, flag: str) -> Path:
-    """Refuse, before anything runs, a directory a stage cannot write: one that is a file, a symlink loop, or
-    read-only (tried with a real temporary file, so it holds for root and read-only mounts too). A directory
-    that does not exist yet is checked at its nearest existing parent. ``flag`` names the option in the error.
+    """Refuse, before anything runs, a directory a stage cannot write: one that is a file, a symlink loop, a
+    dangling symlink (or a path under one), or read-only (tried with a real temporary file, so it holds for root
+    and read-only mounts too). A directory that does not exist yet is checked at its nearest existing parent.
+    ``flag`` names the option in the error.
 
     Why: each of these ended in a traceback (``FileExistsError``, ``RuntimeError: Symlink loop``,
     ``PermissionError``) after the model was loaded, or after the first stage had run.
@@ -174,6 +175,9 @@ def check_writable_dir(path: str | Path, flag: str) -> Path:
         raise UsageError(f"{flag} {p} is a file, not a directory: pass a directory (a new name is created)")
     probe = p
     while not probe.exists():
+        if probe.is_symlink():  # exists() follows the link: its target is gone, and mkdir would fail on it
+            raise UsageError(f"{flag} {p}: {probe} is a symlink to {os.readlink(probe)}, which does not exist; "
+                             f"create that directory or pass another path")
         probe = probe.parent
     if not probe.is_dir():
         raise UsageError(f"{flag} {p}: {probe} is a file, not a directory: pass a path under a directory")
@@ -332,6 +336,7 @@ def output_dir_lock(directory: str | Path, command: str, other: str) -> Iterator
     points a run elsewhere (``--out``, ``--root``). Creates the directory.
     """
     directory = Path(directory)
+    check_writable_dir(directory, other)
     directory.mkdir(parents=True, exist_ok=True)
     with writer_lock(directory / OUTPUT_LOCK.removesuffix(".lock"), busy=lambda holder, lock: (
             f"{directory} is in use by another {command} run ({holder}; lock {lock}). Wait for it to finish, or "
