@@ -435,12 +435,31 @@ def check_manifest(run_dir: str | Path, identity: dict[str, Any], name: str = MA
     path = run_dir / name
     if not path.exists():
         return None
-    old = read_json(path)
-    old.setdefault("identity", {})
+    old = read_run_manifest(run_dir, name)
+    assert old is not None  # the file exists
     diff = identity_diff(old["identity"], json.loads(json.dumps(redact(identity), default=str)))
     if diff:
         raise ManifestMismatch(f"{path} was written by a different configuration ({'; '.join(diff)}). "
-                               f"Use a new --out directory, or delete {run_dir} to start over.")
+                               f"Use a new --out directory; nothing was changed.")
+    return old
+
+
+def read_run_manifest(run_dir: str | Path, name: str = MANIFEST) -> dict[str, Any] | None:
+    """A run directory's manifest (None when there is none); :class:`ManifestMismatch` when the directory holds
+    something else (a manifest without a run's ``identity``, e.g. a run's activation cache).
+
+    Why: ``--out RUN/activations`` was treated as a run of another configuration, after the model had loaded, with
+    the advice to delete the directory: a valid cache. Nothing here suggests deleting anything.
+    """
+    path = Path(run_dir) / name
+    if not path.exists():
+        return None
+    old = read_json(path)
+    if not isinstance(old, dict) or "identity" not in old:
+        fmt = str(old.get("format", "")) if isinstance(old, dict) else ""
+        what = "an activation cache" if "activations.cache" in fmt else f"a {fmt or 'non-run'} manifest"
+        raise ManifestMismatch(f"{run_dir} is not a run directory: it holds {what} ({path}); pass a new or run "
+                               f"directory as --out; nothing was changed")
     return old
 
 
