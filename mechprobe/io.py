@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import platform
+import shlex
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -155,6 +156,11 @@ def _write_error(path: Path, e: OSError, n_kept: int) -> UserError:
     fix = "free disk space" if full else "make it writable"
     return UserError(f"cannot write {path} ({e.strerror or e}); {fix} and re-run: the {n_kept} rows already in it "
                      f"are kept and the stage resumes after them")
+
+
+def shell_arg(value: str | Path) -> str:
+    """``value`` as one shell word, for a command a message suggests (a path with spaces stays one argument)."""
+    return shlex.quote(str(value))
 
 
 def check_writable_dir(path: str | Path, flag: str) -> Path:

@@ -39,7 +39,7 @@ from scipy.stats import binomtest
 from statsmodels.stats.proportion import proportion_confint
 
 from mechprobe.errors import UsageError
-from mechprobe.io import read_json, read_jsonl, write_json
+from mechprobe.io import read_json, read_jsonl, shell_arg, write_json
 from mechprobe.records import AssistantRecord
 
 from .estimate import judge_only_rate
@@ -406,7 +406,7 @@ def import_identify(run: str | Path, paths: Sequence[str | Path], sample: AuditS
     pairs = load_pairs(run, sample)
     if pairs is None:
         raise UsageError(f"{audit_dir(run) / PAIRS_FILE} does not record the run's sample; write the pages first "
-                         f"(`mechprobe audit {run} --n {sample.n} --by {sample.by} --seed {sample.seed}`)")
+                         f"(`mechprobe audit {shell_arg(run)} --n {sample.n} --by {sample.by} --seed {sample.seed}`)")
     loaded = [read_identify_file(p, sample, pairs, kind) for p in paths]
     names = [d["labeller"]["name"] for d in loaded]
     dup = sorted({n for n in names if names.count(n) > 1})
