@@ -469,14 +469,15 @@ def _load_stored(run: str | Path, sample: AuditSample) -> list[dict[str, Any]]:
     return [x for x in got if x.get("sample_id") == sample.sample_id]
 
 
-def identification_report(run: str | Path, table: TurnTable, sample: AuditSample, alpha: float = 0.05
-                          ) -> dict[str, Any] | None:
+def identification_report(run: str | Path, table: TurnTable, sample: AuditSample, alpha: float = 0.05,
+                          n_boot: int = 2000, seed: int = 0) -> dict[str, Any] | None:
     """The identification section of the audit report, or None when nobody answered the identification page.
 
     Per labeller and stratum (and over all strata): the share of pairs identified correctly against chance
     (50%), "can't tell" counted as not identified and reported; beside it the stratum's judge-only genuine
     rate. Also per judge verdict (turns the judge calls genuine vs not), the check that matters: a judge's
-    genuine turns should be identifiable well above chance, its other turns near chance.
+    genuine turns should be identifiable well above chance, its other turns near chance. ``n_boot`` and ``seed``
+    are those of the rates table, whose judge-only rate (and interval) the genuine column repeats.
     """
     pairs = load_pairs(run, sample)
     stored = _load_stored(run, sample)
@@ -484,7 +485,10 @@ def identification_report(run: str | Path, table: TurnTable, sample: AuditSample
         return None
     by_row = {q.row: q for q in pairs}
     strata = table.strata(sample.by)
-    genuine = {s: judge_only_rate([int(t.judge_genuine) for t in turns], alpha).to_dict() for s, turns in strata.items()}
+    # The same estimate as the rates table (item-clustered where an item holds several turns; n_boot and seed as
+    # there), so one stratum never shows two intervals in one report.
+    genuine = {s: judge_only_rate([int(t.judge_genuine) for t in turns], alpha, [t.item_id for t in turns], n_boot,
+                                  seed).to_dict() for s, turns in strata.items()}
     kinds = {k: sum(q.kind == k for q in pairs) for k in (OTHER_SAMPLE, PERTURBED)}
     rec = read_json(audit_dir(run) / PAIRS_FILE)
     out: dict[str, Any] = {
@@ -502,7 +506,8 @@ def identification_report(run: str | Path, table: TurnTable, sample: AuditSample
             out["by_stratum"].append({"labeller": name, "stratum": s,
                                       **score_choices([c for _, c in sub], [q.real for q, _ in sub], alpha),
                                       "genuine_judge_only": genuine.get(s) if s != "all" else judge_only_rate(
-                                          [int(t.judge_genuine) for t in table.rows], alpha).to_dict()})
+                                          [int(t.judge_genuine) for t in table.rows], alpha,
+                                          [t.item_id for t in table.rows], n_boot, seed).to_dict()})
         for verdict in (True, False):
             sub = [(q, c) for q, c in answered if table.get(q.record_id).judge_genuine == verdict]
             out["by_judge_verdict"].append({"labeller": name, "judge": "genuine" if verdict else "not genuine",

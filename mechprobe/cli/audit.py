@@ -93,7 +93,7 @@ def _labels(a: argparse.Namespace, run_dir: Path, table: TurnTable) -> int:
         print(f"imported {p}")
     rep = build_report(table, sample, load_labellers(run_dir, sample), alpha=a.alpha, n_boot=a.n_boot,
                        seed=a.seed)
-    rep["identification"] = identification_report(run_dir, table, sample, alpha=a.alpha)
+    rep["identification"] = identification_report(run_dir, table, sample, alpha=a.alpha, n_boot=a.n_boot, seed=a.seed)
     md, js = write_report(run_dir, rep)
     print(report_markdown(rep))
     print(f"report: {md}\nreport data: {js}")
