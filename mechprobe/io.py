@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import platform
+import shlex
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -157,10 +158,16 @@ def _write_error(path: Path, e: OSError, n_kept: int) -> UserError:
                      f"are kept and the stage resumes after them")
 
 
+def shell_arg(value: str | Path) -> str:
+    """``value`` as one shell word, for a command a message suggests (a path with spaces stays one argument)."""
+    return shlex.quote(str(value))
+
+
 def check_writable_dir(path: str | Path, flag: str) -> Path:
-    """Refuse, before anything runs, a directory a stage cannot write: one that is a file, a symlink loop, or
-    read-only (tried with a real temporary file, so it holds for root and read-only mounts too). A directory
-    that does not exist yet is checked at its nearest existing parent. ``flag`` names the option in the error.
+    """Refuse, before anything runs, a directory a stage cannot write: one that is a file, a symlink loop, a
+    dangling symlink (or a path under one), or read-only (tried with a real temporary file, so it holds for root
+    and read-only mounts too). A directory that does not exist yet is checked at its nearest existing parent.
+    ``flag`` names the option in the error.
 
     Why: each of these ended in a traceback (``FileExistsError``, ``RuntimeError: Symlink loop``,
     ``PermissionError``) after the model was loaded, or after the first stage had run.
@@ -174,6 +181,9 @@ def check_writable_dir(path: str | Path, flag: str) -> Path:
         raise UsageError(f"{flag} {p} is a file, not a directory: pass a directory (a new name is created)")
     probe = p
     while not probe.exists():
+        if probe.is_symlink():  # exists() follows the link: its target is gone, and mkdir would fail on it
+            raise UsageError(f"{flag} {p}: {probe} is a symlink to {os.readlink(probe)}, which does not exist; "
+                             f"create that directory or pass another path")
         probe = probe.parent
     if not probe.is_dir():
         raise UsageError(f"{flag} {p}: {probe} is a file, not a directory: pass a path under a directory")
@@ -332,6 +342,7 @@ def output_dir_lock(directory: str | Path, command: str, other: str) -> Iterator
     points a run elsewhere (``--out``, ``--root``). Creates the directory.
     """
     directory = Path(directory)
+    check_writable_dir(directory, other)
     directory.mkdir(parents=True, exist_ok=True)
     with writer_lock(directory / OUTPUT_LOCK.removesuffix(".lock"), busy=lambda holder, lock: (
             f"{directory} is in use by another {command} run ({holder}; lock {lock}). Wait for it to finish, or "
@@ -430,12 +441,31 @@ def check_manifest(run_dir: str | Path, identity: dict[str, Any], name: str = MA
     path = run_dir / name
     if not path.exists():
         return None
-    old = read_json(path)
-    old.setdefault("identity", {})
+    old = read_run_manifest(run_dir, name)
+    assert old is not None  # the file exists
     diff = identity_diff(old["identity"], json.loads(json.dumps(redact(identity), default=str)))
     if diff:
         raise ManifestMismatch(f"{path} was written by a different configuration ({'; '.join(diff)}). "
-                               f"Use a new --out directory, or delete {run_dir} to start over.")
+                               f"Use a new --out directory; nothing was changed.")
+    return old
+
+
+def read_run_manifest(run_dir: str | Path, name: str = MANIFEST) -> dict[str, Any] | None:
+    """A run directory's manifest (None when there is none); :class:`ManifestMismatch` when the directory holds
+    something else (a manifest without a run's ``identity``, e.g. a run's activation cache).
+
+    Why: ``--out RUN/activations`` was treated as a run of another configuration, after the model had loaded, with
+    the advice to delete the directory: a valid cache. Nothing here suggests deleting anything.
+    """
+    path = Path(run_dir) / name
+    if not path.exists():
+        return None
+    old = read_json(path)
+    if not isinstance(old, dict) or "identity" not in old:
+        fmt = str(old.get("format", "")) if isinstance(old, dict) else ""
+        what = "an activation cache" if "activations.cache" in fmt else f"a {fmt or 'non-run'} manifest"
+        raise ManifestMismatch(f"{run_dir} is not a run directory: it holds {what} ({path}); pass a new or run "
+                               f"directory as --out; nothing was changed")
     return old
 
 

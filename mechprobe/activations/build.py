@@ -34,7 +34,7 @@ from mechprobe.activations.layout import (
     shard_problem,
 )
 from mechprobe.errors import MissingInput, UsageError
-from mechprobe.io import check_writable_dir, read_json, read_jsonl, write_json
+from mechprobe.io import check_writable_dir, read_json, read_jsonl, shell_arg, write_json
 from mechprobe.lm.choice import ChoiceScorer, crop_kv
 from mechprobe.lm.models import LoadedModel, load_model
 from mechprobe.records import UserTurnRecord
@@ -133,7 +133,7 @@ def cache_run(
         check_writable_dir(run_dir / CACHE_DIR if (run_dir / CACHE_DIR).is_dir() else run_dir, "RUN")
     turns = run_dir / "user_turns.jsonl"
     if not turns.exists():
-        raise MissingInput(f"{turns} not found: run `mechprobe probe --out {run_dir}` first")
+        raise MissingInput(f"{turns} not found: run `mechprobe probe --out {shell_arg(run_dir)}` first")
     recs = [UserTurnRecord.from_dict(r) for r in read_jsonl(turns, key="record_id")]
     if not recs:
         raise UsageError(f"{turns} is empty: the probe has not produced any user turns yet")
@@ -240,7 +240,7 @@ def _refuse_diff(old: dict[str, Any], new: dict[str, Any], run_dir: Path, out: P
     details = "; ".join(f"{k}: cache has {old.get(k)!r}, now {new[k]!r} (set by {_FLAGS.get(k, k)})" for k in diff)
     flags = " ".join(f"{_FLAGS[k]} {_flag_value(old[k])}" for k in diff
                      if k in ("dtype", "positions", "layers", "backend") and k in old)
-    again = f" (`mechprobe cache {run_dir} {flags}`)" if flags else ""
+    again = f" (`mechprobe cache {shell_arg(run_dir)} {flags}`)" if flags else ""
     raise CacheMismatch(f"{out} was cached with a different configuration ({details}); pass the same "
                         f"options to extend it{again}, or delete {out} to re-cache")
 

@@ -56,7 +56,7 @@ from mechprobe.activations.layout import (
     shard_problem,
 )
 from mechprobe.errors import MissingInput, UsageError, UserError
-from mechprobe.io import read_json, read_jsonl
+from mechprobe.io import read_json, read_jsonl, shell_arg
 from mechprobe.records import LabelRecord
 
 __all__ = [
@@ -123,15 +123,15 @@ class ActivationCache:
         man_path = path / "manifest.json"
         run = path.parent if path.name == CACHE_DIR else path
         if not man_path.exists():
-            raise MissingInput(f"no activation cache at {path}: run `mechprobe cache {run}`")
+            raise MissingInput(f"no activation cache at {path}: run `mechprobe cache {shell_arg(run)}`")
         meta = read_json(man_path)
         if "record_ids" not in meta:  # a run directory's own (probe) manifest, not a cache's
             raise MissingInput(f"no activation cache at {path / CACHE_DIR} (the manifest at {man_path} is not a "
-                               f"cache's): run `mechprobe cache {run}`")
+                               f"cache's): run `mechprobe cache {shell_arg(run)}`")
         n, n_l, d = len(meta["record_ids"]), len(meta["layers"]), int(meta["d_model"])
         if meta.get("n_done", 0) != n:
             raise CacheMismatch(f"{path}: cache is incomplete ({meta.get('n_done', 0)}/{n} rows); run "
-                                f"`mechprobe cache {path.parent}` to finish it")
+                                f"`mechprobe cache {shell_arg(path.parent)}` to finish it")
         store = _DTYPES[meta["dtype"]]
         tensors = {p: torch.empty((n, n_l, d), dtype=store) for p in meta["positions"]}
         expect = 0
@@ -139,10 +139,10 @@ class ActivationCache:
             f = path / sh["file"]
             if sh["start"] != expect:
                 raise CacheMismatch(f"{path}: shard rows not contiguous at {expect}; "
-                                    f"delete {path} and re-run `mechprobe cache {path.parent}`")
+                                    f"delete {path} and re-run `mechprobe cache {shell_arg(path.parent)}`")
             problem = shard_problem(f, sh)
             if problem:
-                raise CacheCorrupt(f"activation shard {f} {problem}: run `mechprobe cache {path.parent}` to "
+                raise CacheCorrupt(f"activation shard {f} {problem}: run `mechprobe cache {shell_arg(path.parent)}` to "
                                    f"rebuild its rows {sh['start']}..{sh['end'] - 1} (nothing else is recomputed)")
             want = (sh["end"] - sh["start"], n_l, d)
             with safe_open(str(f), framework="pt") as st:
@@ -167,10 +167,10 @@ class ActivationCache:
             ids = [r["record_id"] for r in read_jsonl(turns, key="record_id")]
             if ids[: len(self.record_ids)] != self.record_ids:
                 raise CacheMismatch(f"{self.path} does not match {turns} (record ids differ): the run was "
-                                    f"regenerated; delete {self.path} and re-run `mechprobe cache {run}`")
+                                    f"regenerated; delete {self.path} and re-run `mechprobe cache {shell_arg(run)}`")
             if len(ids) > len(self.record_ids):
                 warnings.warn(f"{self.path} covers {len(self.record_ids)} of the run's {len(ids)} user turns; run "
-                              f"`mechprobe cache {run}` to add the rest", stacklevel=3)
+                              f"`mechprobe cache {shell_arg(run)}` to add the rest", stacklevel=3)
         man = run / "manifest.json"
         if man.exists():
             run_id = read_json(man).get("identity", {})
@@ -179,7 +179,7 @@ class ActivationCache:
                     run_id[k] != mine.get(k)]
             if diff:
                 raise CacheMismatch(f"{self.path} was cached with another model/template than {run} "
-                                    f"({', '.join(diff)} differ); delete it and re-run `mechprobe cache {run}`")
+                                    f"({', '.join(diff)} differ); delete it and re-run `mechprobe cache {shell_arg(run)}`")
 
     # ---------- access ----------
     @property
@@ -232,7 +232,7 @@ class ActivationCache:
     def _position(self, position: str) -> torch.Tensor:
         if position not in self._tensors:
             raise KeyError(f"position {position!r} not cached (have {self.positions}); re-cache with "
-                           f"`mechprobe cache {self.path.parent} --positions {','.join([*self.positions, position])}` "
+                           f"`mechprobe cache {shell_arg(self.path.parent)} --positions {','.join([*self.positions, position])}` "
                            "into a fresh directory")
         return self._tensors[position]
 
@@ -257,7 +257,7 @@ class ActivationCache:
         run = self.path.parent
         p = run / labels_file
         if not p.exists():
-            raise MissingInput(f"no {labels_file} in {run}: run `mechprobe judge {run}` first")
+            raise MissingInput(f"no {labels_file} in {run}: run `mechprobe judge {shell_arg(run)}` first")
         # read_jsonl names file and line for a garbage line, and refuses two verdicts for one record
         # (two judges appending at once) instead of silently keeping the last.
         by_id = {}
@@ -266,7 +266,7 @@ class ActivationCache:
                 by_id[r["record_id"]] = LabelRecord.from_dict(r)
             except (KeyError, TypeError, ValueError) as e:
                 raise UserError(f"{p}: row {n} is not a label record ({type(e).__name__}: {e}); fix or delete "
-                                f"that row, or re-run `mechprobe judge {run}`") from None
+                                f"that row, or re-run `mechprobe judge {shell_arg(run)}`") from None
         return [by_id.get(rid) for rid in self.record_ids]
 
     def labels(self, field: str = "genuine", labels_file: str = "labels.jsonl") -> Any:
@@ -310,7 +310,7 @@ class ActivationCache:
         """
         if layer not in self.meta["layers"]:
             raise UsageError(f"layer {layer} is not cached here (cached residual indices: {self.layers}); re-cache "
-                             f"with `mechprobe cache {self.path.parent} --layers ...` into a fresh directory")
+                             f"with `mechprobe cache {shell_arg(self.path.parent)} --layers ...` into a fresh directory")
         y = self.labels("genuine", labels_file) if labels is None else self._own_labels(labels)
         keep = ~torch.isnan(y)
         if not keep.any():

@@ -31,6 +31,7 @@ import random
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from scipy.stats import binomtest
 from statsmodels.stats.proportion import proportion_confint
 
 from mechprobe.errors import UsageError
-from mechprobe.io import read_json, read_jsonl, write_json
+from mechprobe.io import read_json, read_jsonl, shell_arg, write_json
 from mechprobe.records import AssistantRecord
 
 from .estimate import judge_only_rate
@@ -61,6 +62,7 @@ CANT_TELL = "cant_tell"
 CHOICES = ("A", "B", CANT_TELL)
 CHANCE = 0.5
 OTHER_SAMPLE, PERTURBED = "other_sample", "perturbed"
+_LONG = 15  # digits past which only a number's leading digits change (see _new_digits)
 
 # A number as written: 1234, 1,234, 3.5, 1,234.50; not part of a word (x1, v2) nor the tail of a decimal.
 _NUMBER = re.compile(r"(?<![\w.])\d+(?:,\d{3})*(?:\.\d+)?")
@@ -92,24 +94,33 @@ class IdentifyPair:
         return asdict(self)
 
 
-def _value(s: str) -> tuple[int, int]:
-    """``(digits as an integer, decimal places)`` of a written number: ``"1,234.50"`` -> ``(123450, 2)``."""
+def _parts(s: str) -> tuple[str, int]:
+    """``(digits, decimal places)`` of a written number: ``"1,234.50"`` -> ``("123450", 2)``."""
     plain = s.replace(",", "")
     places = len(plain.split(".")[1]) if "." in plain else 0
-    return int(plain.replace(".", "")), places
+    return plain.replace(".", ""), places
 
 
-def _normal(s: str) -> float:
-    n, places = _value(s)
-    return n / 10 ** places
+def _dec(digits: str | int, places: int) -> Decimal:
+    """The exact value (a Decimal compares 3.5 with 3.50 as equal and never overflows, unlike a float)."""
+    return Decimal(f"{digits}E-{places}")
 
 
-def _write(n: int, places: int, commas: bool) -> str:
-    whole, frac = divmod(n, 10 ** places) if places else (n, 0)
-    head = f"{whole:,}" if commas else str(whole)
-    return f"{head}.{frac:0{places}d}" if places else head
+def _normal(s: str) -> Decimal:
+    return _dec(*_parts(s))
 
 
+def _group(whole: str) -> str:
+    """Thousands separators on a string of digits (no int conversion: a number may have any length)."""
+    head = len(whole) % 3 or 3
+    return ",".join([whole[:head], *(whole[i:i + 3] for i in range(head, len(whole), 3))])
+
+
+def _write(digits: str, places: int, commas: bool) -> str:
+    digits = digits.rjust(places + 1, "0")
+    whole, frac = (digits[:-places], digits[-places:]) if places else (digits, "")
+    head = _group(whole) if commas else whole
+    return f"{head}.{frac}" if places else head
 def _is_structure(text: str, start: int, written: str) -> bool:
     """A list marker (``1.`` / ``2)`` at a line start) or a step number (``Step 3``)."""
     line = text[text.rfind("\n", 0, start) + 1:start]
@@ -118,7 +129,7 @@ def _is_structure(text: str, start: int, written: str) -> bool:
     return bool(_STEP_WORD.search(line))
 
 
-def _new_value(n: int, places: int, taken: set[float], rng: random.Random) -> int:
+def _new_value(n: int, places: int, taken: set[Decimal], rng: random.Random) -> int:
     """Another value of about the same size (10-35% away, at least 1), not negative and not in ``taken``."""
     for attempt in range(400):
         if n > 1:
@@ -126,12 +137,29 @@ def _new_value(n: int, places: int, taken: set[float], rng: random.Random) -> in
             cand = n + step * rng.choice((-1, 1))
         else:
             cand = n + rng.randint(1, 9) + attempt
-        if cand >= 0 and cand != n and cand / 10 ** places not in taken:
+        if cand >= 0 and cand != n and _dec(cand, places) not in taken:
             return cand
     cand = n + 1  # a text dense with nearby numbers (code, tables, lists of years): the next free value above
-    while cand / 10 ** places in taken:
+    while _dec(cand, places) in taken:
         cand += 1
     return cand
+
+
+def _new_digits(digits: str, places: int, taken: set[Decimal], rng: random.Random) -> str:
+    """The digits of another value for one number (see :func:`_new_value`).
+
+    A number longer than ``_LONG`` digits (a small model repeating one digit) changes in its leading
+    ``_LONG`` digits only, with the digit count kept: Python refuses integer conversion past 4300 digits, and
+    a changed head is what a reader would see.
+    """
+    if len(digits) <= _LONG:
+        return str(_new_value(int(digits), places, taken, rng))
+    head, tail = digits[:_LONG], digits[_LONG:]
+    for attempt in range(400):
+        cand = str(_new_value(int(head), 0, set(), rng) + attempt).rjust(_LONG, "0")
+        if len(cand) == _LONG and cand != head and _dec(cand + tail, places) not in taken:
+            return cand + tail
+    return str(int(head) - 1).rjust(_LONG, "0") + tail  # a head of nines: one less keeps the digit count
 
 
 def perturb_numbers(answer: str, query: str = "", key: str = "") -> str | None:
@@ -160,14 +188,14 @@ def perturb_numbers(answer: str, query: str = "", key: str = "") -> str | None:
     change = [m for m in found if _normal(m.group()) not in in_query] or found
     taken = in_query | {_normal(m.group()) for m in _NUMBER.finditer(answer)}
     digest = hashlib.sha256(answer.encode()).hexdigest()[:16]
-    new_for: dict[float, str] = {}
+    new_for: dict[Decimal, str] = {}
     out, last = [], 0
     for m in change:
         v = _normal(m.group())
         if v not in new_for:
-            n, places = _value(m.group())
-            cand = _new_value(n, places, taken, random.Random(f"perturb|{key}|{digest}|{m.group()}"))
-            taken.add(cand / 10 ** places)
+            digits, places = _parts(m.group())
+            cand = _new_digits(digits, places, taken, random.Random(f"perturb|{key}|{digest}|{m.group()}"))
+            taken.add(_dec(cand, places))
             new_for[v] = _write(cand, places, "," in m.group())
         out += [answer[last:m.start()], new_for[v]]
         last = m.end()
@@ -317,7 +345,13 @@ def read_identify_file(path: str | Path, sample: AuditSample, pairs: list[Identi
     """Read and check one labeller's identification export; returns the normalised dict to store."""
     path = Path(path)
     d = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(d, dict):
+        raise UsageError(f"{path}: the file is a JSON {type(d).__name__}, not an identification export; export "
+                         f"it again from identify.html")
     lab = d.get("labeller") or {}
+    if not isinstance(lab, dict):
+        raise UsageError(f"{path}: 'labeller' is {type(lab).__name__}, not an object with 'name' and 'kind'; "
+                         f"export the file again from identify.html")
     who = str(lab.get("name") or "").strip() or path.stem
     if not LABELLER_NAME_PATTERN.match(who):
         raise UsageError(f"{path}: labeller name {who!r} must be letters, digits, '_', '.', '-' (at most 64); "
@@ -334,7 +368,14 @@ def read_identify_file(path: str | Path, sample: AuditSample, pairs: list[Identi
                          f"{sample.sample_id}; answer the run's current identify.html (the sample was redrawn since)")
     keys = {q.row for q in pairs}
     rows, seen = [], set()
-    for r in d.get("rows", []):
+    given = d.get("rows", [])
+    if not isinstance(given, list):
+        raise UsageError(f"{path}: 'rows' is {type(given).__name__}, not a list; export the file again from "
+                         f"identify.html")
+    for i, r in enumerate(given):
+        if not isinstance(r, dict):
+            raise UsageError(f"{path}: row {i} is {type(r).__name__ if r is not None else 'null'}, not an object; "
+                             f"export the file again from identify.html")
         choice = r.get("choice")
         if choice in (None, ""):
             continue
@@ -365,7 +406,7 @@ def import_identify(run: str | Path, paths: Sequence[str | Path], sample: AuditS
     pairs = load_pairs(run, sample)
     if pairs is None:
         raise UsageError(f"{audit_dir(run) / PAIRS_FILE} does not record the run's sample; write the pages first "
-                         f"(`mechprobe audit {run} --n {sample.n} --by {sample.by} --seed {sample.seed}`)")
+                         f"(`mechprobe audit {shell_arg(run)} --n {sample.n} --by {sample.by} --seed {sample.seed}`)")
     loaded = [read_identify_file(p, sample, pairs, kind) for p in paths]
     names = [d["labeller"]["name"] for d in loaded]
     dup = sorted({n for n in names if names.count(n) > 1})
@@ -428,14 +469,15 @@ def _load_stored(run: str | Path, sample: AuditSample) -> list[dict[str, Any]]:
     return [x for x in got if x.get("sample_id") == sample.sample_id]
 
 
-def identification_report(run: str | Path, table: TurnTable, sample: AuditSample, alpha: float = 0.05
-                          ) -> dict[str, Any] | None:
+def identification_report(run: str | Path, table: TurnTable, sample: AuditSample, alpha: float = 0.05,
+                          n_boot: int = 2000, seed: int = 0) -> dict[str, Any] | None:
     """The identification section of the audit report, or None when nobody answered the identification page.
 
     Per labeller and stratum (and over all strata): the share of pairs identified correctly against chance
     (50%), "can't tell" counted as not identified and reported; beside it the stratum's judge-only genuine
     rate. Also per judge verdict (turns the judge calls genuine vs not), the check that matters: a judge's
-    genuine turns should be identifiable well above chance, its other turns near chance.
+    genuine turns should be identifiable well above chance, its other turns near chance. ``n_boot`` and ``seed``
+    are those of the rates table, whose judge-only rate (and interval) the genuine column repeats.
     """
     pairs = load_pairs(run, sample)
     stored = _load_stored(run, sample)
@@ -443,7 +485,10 @@ def identification_report(run: str | Path, table: TurnTable, sample: AuditSample
         return None
     by_row = {q.row: q for q in pairs}
     strata = table.strata(sample.by)
-    genuine = {s: judge_only_rate([int(t.judge_genuine) for t in turns], alpha).to_dict() for s, turns in strata.items()}
+    # The same estimate as the rates table (item-clustered where an item holds several turns; n_boot and seed as
+    # there), so one stratum never shows two intervals in one report.
+    genuine = {s: judge_only_rate([int(t.judge_genuine) for t in turns], alpha, [t.item_id for t in turns], n_boot,
+                                  seed).to_dict() for s, turns in strata.items()}
     kinds = {k: sum(q.kind == k for q in pairs) for k in (OTHER_SAMPLE, PERTURBED)}
     rec = read_json(audit_dir(run) / PAIRS_FILE)
     out: dict[str, Any] = {
@@ -461,7 +506,8 @@ def identification_report(run: str | Path, table: TurnTable, sample: AuditSample
             out["by_stratum"].append({"labeller": name, "stratum": s,
                                       **score_choices([c for _, c in sub], [q.real for q, _ in sub], alpha),
                                       "genuine_judge_only": genuine.get(s) if s != "all" else judge_only_rate(
-                                          [int(t.judge_genuine) for t in table.rows], alpha).to_dict()})
+                                          [int(t.judge_genuine) for t in table.rows], alpha,
+                                          [t.item_id for t in table.rows], n_boot, seed).to_dict()})
         for verdict in (True, False):
             sub = [(q, c) for q, c in answered if table.get(q.record_id).judge_genuine == verdict]
             out["by_judge_verdict"].append({"labeller": name, "judge": "genuine" if verdict else "not genuine",

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mechprobe.errors import UsageError
+from mechprobe.io import shell_arg
 from mechprobe.taxonomy import DEFINITIONS, LABELS
 
 from .readings import parse_strict
@@ -275,7 +276,7 @@ def read_labels_file(path: str | Path, kind: str | None = None, name: str | None
     got = read_labellers_file(path, kind, name)
     if len(got) > 1:
         raise UsageError(f"{path} holds the labels of {len(got)} labellers ({', '.join(lab.name for lab in got)}); "
-                         f"read it with read_labellers_file, or import it with `mechprobe audit RUN --labels {path}`")
+                         f"read it with read_labellers_file, or import it with `mechprobe audit RUN --labels {shell_arg(path)}`")
     return got[0]
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mechprobe.errors import UsageError
+from mechprobe.io import shell_arg
 from mechprobe.stats.clustered import cluster_ppi_paired_difference, has_repeats, paired_cluster_bootstrap
 from mechprobe.taxonomy import GENUINE, LABELS
 
@@ -75,7 +76,7 @@ def check_sample_judged(sample: AuditSample, table: TurnTable, run: str | Path =
     missing = [r for r in sample.record_ids if not table.has(r)]
     if missing:
         raise UsageError(f"{len(missing)} sampled turn(s) have no judge label in the run now (first {missing[0]!r}: "
-                         f"a judge_error or a removed turn); re-run `mechprobe judge {run}` (judge errors are "
+                         f"a judge_error or a removed turn); re-run `mechprobe judge {shell_arg(run)}` (judge errors are "
                          f"retried), or draw a new sample with --redraw; nothing was imported")
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mechprobe.errors import UsageError
-from mechprobe.io import read_json
+from mechprobe.io import read_json, shell_arg
 
 from .codebook import CODEBOOK_VERSION, LEGACY_CODEBOOK_VERSION
 from .store import write_json_atomic
@@ -179,7 +179,7 @@ def load_sample(run: str | Path) -> AuditSample:
     """The run's recorded sample, or :class:`UsageError` saying how to draw one."""
     p = audit_dir(run) / SAMPLE_FILE
     if not p.exists():
-        raise UsageError(f"{p} not found: draw the audit sample first (`mechprobe audit {run} --n 80 --by condition`)")
+        raise UsageError(f"{p} not found: draw the audit sample first (`mechprobe audit {shell_arg(run)} --n 80 --by condition`)")
     return AuditSample.from_dict(read_json(p))
 
 

@@ -34,6 +34,7 @@ from mechprobe.audit.sheet import FORMULA_START, refuse_filled_sheet, sheet_rows
 from mechprobe.audit.store import audit_lock
 from mechprobe.audit.table import STRATA, TurnTable, load_run_table
 from mechprobe.cli import common
+from mechprobe.io import shell_arg
 
 __all__ = ["HELP", "add_args", "run"]
 
@@ -92,7 +93,7 @@ def _labels(a: argparse.Namespace, run_dir: Path, table: TurnTable) -> int:
         print(f"imported {p}")
     rep = build_report(table, sample, load_labellers(run_dir, sample), alpha=a.alpha, n_boot=a.n_boot,
                        seed=a.seed)
-    rep["identification"] = identification_report(run_dir, table, sample, alpha=a.alpha)
+    rep["identification"] = identification_report(run_dir, table, sample, alpha=a.alpha, n_boot=a.n_boot, seed=a.seed)
     md, js = write_report(run_dir, rep)
     print(report_markdown(rep))
     print(f"report: {md}\nreport data: {js}")
@@ -128,6 +129,6 @@ def _next_steps(run_dir: Path, html_p: Path, csv_p: Path, ident_p: Path, n_pairs
         f"(and strict on genuine_followup rows) of a copy of {csv_p.name}",
         f"  2. optional, a codebook-free check by someone who has not seen {html_p.name}: open {ident_p} "
         f"({n_pairs} pairs{left}), pick the answer each turn follows, Export",
-        f"  3. import and report: mechprobe audit {run_dir} --labels <exported .json or filled .csv> ... "
+        f"  3. import and report: mechprobe audit {shell_arg(run_dir)} --labels <exported .json or filled .csv> ... "
         f"[--labeller-kind person|model]",
     ])

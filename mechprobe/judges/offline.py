@@ -185,11 +185,20 @@ def _stem(w: str) -> str:
 
 
 def _norm_number(s: str) -> str:
+    """One spelling per value: ``1,200`` -> ``1200``, ``3.0`` -> ``3``, ``3.50`` -> ``3.5``.
+
+    A number past float range (a small model repeating one digit hundreds of times) is kept as its exact
+    digits, so it never overflows and two different long numbers stay different.
+    """
     s = s.replace(",", "").rstrip("%")
     try:
         f = float(s)
     except ValueError:
         return s
+    if not math.isfinite(f):
+        whole, _, frac = s.partition(".")
+        whole, frac = whole.lstrip("0") or "0", frac.rstrip("0")
+        return f"{whole}.{frac}" if frac else whole
     return str(int(f)) if f == int(f) else f"{f:g}"
 
 
@@ -230,6 +239,8 @@ def _chance_number(n: str) -> bool:
         v = float(n)
     except ValueError:
         return False
+    if not math.isfinite(v):
+        return False  # past float range: hundreds of digits are never a chance number
     return v <= 12 or (v == int(v) and re.fullmatch(r"10*", str(int(v))) is not None)
 
 

@@ -10,6 +10,7 @@ mechprobe is the user-turn probe (``mechprobe probe``).
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,7 +119,8 @@ def fit_probe(cache: ActivationCache, layer: int,
         says why) and ``train_auroc``.
 
     Raises:
-        UsageError: the layer or position is not cached, or ``labels`` has the wrong length or values.
+        UsageError: ``cache`` is not an ActivationCache, ``layer`` is not an int, the layer or position is not
+            cached, or ``labels`` has the wrong length or values.
         MissingInput: ``labels`` is None and the run has no ``labels.jsonl`` (judge it first).
         InsufficientPositives: fewer than 2 rows of either class.
 
@@ -131,6 +133,13 @@ def fit_probe(cache: ActivationCache, layer: int,
         >>> probe.score(cache.resid(12)[:3])                                   # doctest: +SKIP
         array([-0.41..., 0.12..., -1.3...])
     """
+    if not isinstance(cache, ActivationCache):  # None or a path used to fail as an AttributeError naming nothing
+        hint = f": load it first, fit_probe(ActivationCache.load({str(cache)!r}), ...)" if isinstance(cache, str) else ""
+        raise UsageError(f"fit_probe: cache must be an ActivationCache, got {type(cache).__name__}{hint}")
+    if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
+        raise UsageError(f"fit_probe: layer must be an int (a cached residual index, cached: {list(cache.layers)}), "
+                         f"got {layer!r} ({type(layer).__name__})")
+    layer = int(layer)
     if position not in cache.positions:
         raise UsageError(f"position {position!r} is not cached here (cached: {', '.join(cache.positions)})")
     if folds < 0:

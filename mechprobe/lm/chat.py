@@ -19,7 +19,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from mechprobe.errors import UserError
+from mechprobe.errors import UsageError, UserError
 
 SENTINEL = "MECHPROBEsentinelQ"
 SENTINEL_2 = "MECHPROBEsentinelR"
@@ -167,6 +167,7 @@ def build_probe_prompt(
         the last position, and whose ``assistant_span`` locates the response.
 
     Raises:
+        UsageError: ``prompt`` or ``response`` is not a string (a ``ValueError``).
         ChatTemplateError: no chat template, a template that refuses the conversation, renders the user
             message twice, or drops/rewrites the response.
 
@@ -177,6 +178,9 @@ def build_probe_prompt(
         >>> pp.text.endswith("<|im_start|>user\\n"), pp.boundary_index == len(pp.input_ids) - 1  # doctest: +SKIP
         (True, True)
     """
+    for arg, value, what in (("prompt", prompt, "the user query"), ("response", response, "the assistant's answer")):
+        if not isinstance(value, str):  # None used to fail deep inside as an AttributeError naming nothing
+            raise UsageError(f"build_probe_prompt: {arg} must be a string ({what}), got {type(value).__name__}")
     msgs = conversation_messages(prompt, response, system, history)
     full = render(tokenizer, msgs + [{"role": "user", "content": SENTINEL}])
     if full.count(SENTINEL) != 1:

@@ -14,7 +14,9 @@ always the last position of every row.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import numbers
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,8 +141,9 @@ def generate(
         ``LoadedModel``, ``text`` (special tokens and the stop token removed).
 
     Raises:
-        ValueError: a temperature count that differs from the prompt count, a sampled row without a seed,
-            or an empty prompt.
+        ValueError: ``prompts`` empty or not a list, an empty prompt, ``max_new_tokens`` not a positive integer,
+            a negative or non-finite temperature, a temperature count that differs from the prompt count, or a
+            sampled row without a seed.
         UsageError: ``stop_ids=None`` or a text prompt without a ``LoadedModel`` (no tokenizer to ask).
 
     Example:
@@ -163,6 +166,15 @@ def generate(
     """
     from transformers import DynamicCache  # lazy: slow import, model paths only
 
+    # Arguments first: max_new_tokens=0 used to return empty text and [] failed inside max() with no name.
+    if prompts is None or isinstance(prompts, str | bytes | ProbePrompt) or not isinstance(prompts, Iterable):
+        raise UsageError(f"prompts must be a list of prompts (token-id lists, ProbePrompts or rendered text), got "
+                         f"{type(prompts).__name__}; wrap a single prompt in a list: generate(model, [prompt])")
+    prompts = list(prompts)
+    if not prompts:
+        raise UsageError("prompts is empty: pass at least one prompt")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
+        raise UsageError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     tok = None
     if isinstance(model, LoadedModel):
         model, tok = model.model, model.tokenizer
@@ -178,6 +190,8 @@ def generate(
     temps = [float(temperatures)] * b if isinstance(temperatures, int | float) else [float(t) for t in temperatures]
     if len(temps) != b:
         raise ValueError("one temperature per prompt")
+    if not all(math.isfinite(t) and t >= 0 for t in temps):
+        raise UsageError(f"temperatures must be finite and >= 0 (0 = greedy), got {temperatures!r}")
     seeds = list(seeds) if seeds is not None else [None] * b
     if any(t > 0 and s is None for t, s in zip(temps, seeds)):
         raise ValueError("sampled rows need a seed so they can be regenerated exactly")

@@ -428,7 +428,8 @@ def load_model(
     Raises:
         ModelLoadError: an unknown name (a near miss of an embedded name is named at once, before any hub
             lookup), a missing ``.gguf`` file, or a model that cannot be loaded.
-        UsageError: a device that does not exist here (:func:`check_device`).
+        UsageError: ``name_or_path`` empty or not a string/path, or a device that does not exist here
+            (:func:`check_device`).
 
     Example:
         >>> from mechprobe import load_model
@@ -438,6 +439,10 @@ def load_model(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: slow import, model paths only
 
+    if not isinstance(name_or_path, str | Path) or not str(name_or_path).strip():
+        # None or "" used to go to the hub and retry for about a minute before failing
+        raise UsageError(f"load_model: name_or_path must be a model name or path (e.g. {DEFAULT_MODEL!r}), got "
+                         f"{name_or_path!r}")
     dev = check_device(device)
     close = close_embedded_name(str(name_or_path))
     if close is not None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import socket
 import threading
 import time
@@ -43,6 +44,8 @@ LOOPBACK = ("127.0.0.1", "localhost")
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a chat request for a local model; far above any judge or chat prompt
 KEPT_BODY_BYTES = 64 * 1024  # a remembered request keeps its parsed body only up to this raw size
 READ_TIMEOUT_S = 30.0  # a client that announced more body than it sends is dropped after this
+MAX_PROMPT_TOKENS = 4096  # default prompt cap of the model responder (the model's context caps it further)
+MAX_TEMPERATURE = 2.0  # the API's range is 0..2
 
 
 @dataclass
@@ -50,7 +53,8 @@ class Reply:
     """A raw HTTP reply a responder may return instead of the assistant's text.
 
     ``body`` is a dict (sent as JSON), str/bytes (sent as is, e.g. a malformed body) or None (the
-    server builds a chat completion from ``content``). ``delay`` seconds pass before replying.
+    server builds a chat completion from ``content``, with ``finish_reason`` and the token counts in
+    ``usage`` as ``(prompt_tokens, completion_tokens)``). ``delay`` seconds pass before replying.
     """
 
     status: int = 200
@@ -58,23 +62,55 @@ class Reply:
     content: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
+    finish_reason: str = "stop"
+    usage: tuple[int, int] = (0, 0)
 
 
 Responder = Callable[[dict[str, Any]], "str | Reply"]
 
 
-def chat_completion(content: str, model: str, prompt_tokens: int = 0, completion_tokens: int = 0) -> dict[str, Any]:
-    """An OpenAI ``chat.completion`` object holding one assistant message."""
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def chat_completion(content: str, model: str, prompt_tokens: int = 0, completion_tokens: int = 0,
+                    finish_reason: str = "stop") -> dict[str, Any]:
+    """An OpenAI ``chat.completion`` object holding one assistant message.
+
+    ``finish_reason`` is ``"stop"`` (the model ended its turn) or ``"length"`` (cut at the token cap).
+    """
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                     "finish_reason": "stop", "logprobs": None}],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
+                     "finish_reason": finish_reason, "logprobs": None}],
+        "usage": _usage(prompt_tokens, completion_tokens),
     }
+
+
+def chat_completion_chunks(content: str, model: str, prompt_tokens: int = 0, completion_tokens: int = 0,
+                           finish_reason: str = "stop", include_usage: bool = False) -> list[dict[str, Any]]:
+    """The same reply as OpenAI ``chat.completion.chunk`` objects, for ``"stream": true``.
+
+    The role, then the content, then an empty delta carrying ``finish_reason``; with ``include_usage``
+    (``stream_options``) a last chunk with no choices carries the usage, as the API sends it.
+    """
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion.chunk",
+            "created": int(time.time()), "model": model}
+
+    def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+        return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+
+    out = [chunk({"role": "assistant", "content": ""}, None)]
+    if content:
+        out.append(chunk({"content": content}, None))
+    out.append(chunk({}, finish_reason))
+    if include_usage:
+        out.append({**head, "choices": [], "usage": _usage(prompt_tokens, completion_tokens)})
+    return out
 
 
 def error_body(message: str, type_: str = "server_error", code: str | None = None) -> dict[str, Any]:
@@ -152,7 +188,13 @@ class HFResponder:
     """Greedy replies from a local Hugging Face model through its own chat template.
 
     One request at a time: the model is shared and hooks on it (steering) must see one forward pass
-    at a time. ``max_tokens``/``max_completion_tokens`` in a request lower the limit.
+    at a time. ``max_tokens``/``max_completion_tokens`` in a request lower the limit. ``temperature`` > 0
+    samples (with the request's ``seed``, else a fresh one) and ``top_p`` applies to it; ``n`` other than 1 is
+    refused by :func:`request_problem`.
+
+    A prompt over ``max_prompt_tokens`` or the model's context (``max_position_embeddings``) is refused with a
+    400 (code ``context_length_exceeded``) before it reaches the model thread: one huge prompt would hold the
+    model for minutes, every other client queued behind it, and Ctrl-C would wait for it.
 
     Why a worker thread: the HTTP handler threads are daemons, and a daemon thread still inside
     torch when the interpreter finalizes is killed by a forced unwind through C++ frames, which
@@ -161,11 +203,15 @@ class HFResponder:
     and that ``concurrent.futures`` also joins at interpreter exit, before finalization.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_new_tokens: int = 256):
+    def __init__(self, model: Any, tokenizer: Any, *, max_new_tokens: int = 256,
+                 max_prompt_tokens: int = MAX_PROMPT_TOKENS):
         check_max_new_tokens(max_new_tokens)
+        check_max_prompt_tokens(max_prompt_tokens)
         self.model = model
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
+        self.max_prompt_tokens = max_prompt_tokens
+        self.context = _context_length(model)
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
 
@@ -200,16 +246,38 @@ class HFResponder:
         except chat.ChatTemplateError as e:
             return Reply(400, error_body(str(e), "invalid_request_error"))
         ids, _ = chat.tokenize_rendered(self.tokenizer, text)
+        too_long = self._too_long(len(ids))
+        if too_long is not None:
+            return too_long
+        if self.context is not None:
+            limit = min(limit, self.context - len(ids))  # prompt and reply together fit the context
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        temperature = float(body.get("temperature") or 0.0)
+        seed = body.get("seed")
+        seed = int(seed) if seed is not None else random.randrange(2**31)
+        top_p = float(body.get("top_p") if body.get("top_p") is not None else 1.0)
 
         def run() -> Any:
             stops = chat.assistant_stop_token_ids(self.tokenizer, self.model)
-            return generate(self.model, [ids], stop_ids=stops, max_new_tokens=limit, pad_id=pad)[0]
+            return generate(self.model, [ids], stop_ids=stops, max_new_tokens=limit, pad_id=pad,
+                            temperatures=temperature, seeds=[seed if temperature > 0 else None], top_p=top_p)[0]
 
         gen = self._executor().submit(run).result()
         _, content = decode(self.tokenizer, gen)
         return Reply(200, body=None, content=content,
-                     headers={"X-Mechprobe-Tokens": f"{len(ids)},{len(gen.token_ids)}"})
+                     headers={"X-Mechprobe-Tokens": f"{len(ids)},{len(gen.token_ids)}"},
+                     finish_reason="length" if gen.stop_reason == "max_tokens" else "stop",
+                     usage=(len(ids), len(gen.token_ids)))
+
+    def _too_long(self, n: int) -> Reply | None:
+        """A 400 for a prompt of ``n`` tokens over the cap or the model's context (None when it fits)."""
+        cap = self.max_prompt_tokens if self.context is None else min(self.max_prompt_tokens, self.context - 1)
+        if n <= cap:
+            return None
+        why = (f"the model's context of {self.context} tokens" if self.context is not None
+               and cap == self.context - 1 else f"this server's --max-prompt-tokens {self.max_prompt_tokens}")
+        return Reply(400, error_body(f"prompt is {n} tokens, over {why}: shorten the messages",
+                                     "invalid_request_error", "context_length_exceeded"))
 
     def _choose(self, messages: list[dict[str, str]], choices: list[str]) -> Reply:
         """A json_schema with a ``label`` enum: constrained choice, exactly as ``--judge local:``.
@@ -223,13 +291,18 @@ class HFResponder:
             _, ids = prompt_ids(self.tokenizer, messages)
         except chat.ChatTemplateError as e:
             return Reply(400, error_body(str(e), "invalid_request_error"))
+        too_long = self._too_long(len(ids))
+        if too_long is not None:
+            return too_long
         scores = self._executor().submit(
             lambda: ChoiceScorer(self.model, self.tokenizer, choices).score(ids)).result()
         probs = normalise(scores)
         best = choices[max(range(len(choices)), key=lambda i: probs[i])]
         content = json.dumps({"rationale": "", "label": best,
                               "choice_probs": {c: round(p, 6) for c, p in zip(choices, probs)}})
-        return Reply(200, body=None, content=content, headers={"X-Mechprobe-Tokens": f"{len(ids)},0"})
+        # Nothing is generated (the choices are scored), so the completion counts no tokens.
+        return Reply(200, body=None, content=content, headers={"X-Mechprobe-Tokens": f"{len(ids)},0"},
+                     usage=(len(ids), 0))
 
 
 def check_max_new_tokens(n: Any) -> int:
@@ -237,6 +310,26 @@ def check_max_new_tokens(n: Any) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise UsageError(f"--max-new-tokens must be a positive integer, got {n!r}: pass e.g. --max-new-tokens 256")
     return n
+
+
+def check_max_prompt_tokens(n: Any) -> int:
+    """Refuse a prompt cap that is not a positive integer (``--max-prompt-tokens``), before the model loads."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise UsageError(f"--max-prompt-tokens must be a positive integer, got {n!r}: pass e.g. "
+                         f"--max-prompt-tokens {MAX_PROMPT_TOKENS}")
+    return n
+
+
+def _context_length(model: Any) -> int | None:
+    """The model's context in tokens (``max_position_embeddings`` of its text config), None when it has none."""
+    cfg = getattr(model, "config", None)
+    cfg = getattr(cfg, "get_text_config", lambda: cfg)() if cfg is not None else None
+    n = getattr(cfg, "max_position_embeddings", None)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else None
+
+
+def _number(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
 
 
 def request_problem(body: dict[str, Any]) -> str | None:
@@ -258,6 +351,23 @@ def request_problem(body: dict[str, Any]) -> str | None:
               and float(v).is_integer())
         if not ok:
             return f"'{key}' must be a positive integer"
+    # Fields the API defines that change the reply: honoured or refused, never silently ignored.
+    if body.get("n") is not None and (not _number(body["n"]) or body["n"] != 1):
+        return "'n' must be 1: this server returns one choice per request (send n requests with seeds)"
+    t = body.get("temperature")
+    if t is not None and not (_number(t) and 0 <= t <= MAX_TEMPERATURE):
+        return f"'temperature' must be a number from 0 (greedy) to {MAX_TEMPERATURE:g}"
+    p = body.get("top_p")
+    if p is not None and not (_number(p) and 0 < p <= 1):
+        return "'top_p' must be a number in (0, 1]"
+    seed = body.get("seed")
+    if seed is not None and not (_number(seed) and float(seed).is_integer()):
+        return "'seed' must be an integer"
+    if body.get("stream") is not None and not isinstance(body["stream"], bool):
+        return "'stream' must be true or false"
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        return "'stream_options' must be an object"
     return None
 
 
@@ -306,7 +416,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
         try:
             self.send_response(status)
-            hdrs = {"Content-Type": "application/json", **headers}
+            hdrs = {"Content-Type": "application/json", **headers}  # a later Content-Type (a stream) wins
             for k, v in hdrs.items():
                 self.send_header(k, v)
             self.send_header("Content-Length", str(len(body)))
@@ -317,6 +427,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _json(self, status: int, obj: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         self._send(status, json.dumps(obj).encode("utf-8"), headers or {})
+
+    def _stream(self, chunks: list[dict[str, Any]], headers: dict[str, str]) -> None:
+        """Server-sent events, as the API streams: one ``data:`` line per chunk, then ``data: [DONE]``.
+
+        The reply is complete before the first event (the model runs on its own thread), so the events carry
+        the whole reply in order; a client reading a stream gets the same text and finish reason.
+        """
+        events = b"".join(b"data: " + json.dumps(c).encode("utf-8") + b"\n\n" for c in chunks)
+        self._send(200, events + b"data: [DONE]\n\n",
+                   {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers})
 
     def do_GET(self) -> None:  # noqa: N802 - stdlib name
         srv = self.server.owner
@@ -391,8 +511,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # shutting down: drop the connection instead of answering
             return
         model = str(body.get("model") or srv.model_name)
-        if reply.body is None:
-            self._json(reply.status, chat_completion(reply.content or "", model), reply.headers)
+        if reply.body is None and reply.status == 200 and body.get("stream") is True:
+            opts = body.get("stream_options") or {}
+            chunks = chat_completion_chunks(reply.content or "", model, *reply.usage, reply.finish_reason,
+                                            include_usage=bool(opts.get("include_usage")))
+            self._stream(chunks, reply.headers)
+        elif reply.body is None:
+            self._json(reply.status, chat_completion(reply.content or "", model, *reply.usage, reply.finish_reason),
+                       reply.headers)
         elif isinstance(reply.body, dict):
             self._json(reply.status, reply.body, reply.headers)
         else:

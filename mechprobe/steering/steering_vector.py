@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from mechprobe.errors import MissingInput, UsageError
@@ -36,6 +37,7 @@ from mechprobe.steering.hooks import _steered
 ALPHA_UNITS = ("raw", "resid")
 KINDS = ("diff_means", "probe", "random", "negative")
 FORMAT = "mechprobe.steering_vector/1"
+MAX_ABS_ALPHA = 1000.0  # any |alpha| past this is a typo: 1 already pushes by the residual norm or class gap
 
 
 @dataclass
@@ -205,10 +207,13 @@ class SteeringVector:
             A context manager; the hooks are registered on entry and removed on exit, also after an exception.
 
         Raises:
-            UsageError: an unknown unit or positions, ``unit="resid"`` on a vector without ``resid_norm``, or a
-                vector built for another model.
+            UsageError: ``alpha`` not a real number (a bool, a string), not finite or past :data:`MAX_ABS_ALPHA`
+                (raised here, at the call); an unknown unit or positions, ``unit="resid"`` on a vector without
+                ``resid_norm``, or a vector built for another model. The context may be entered again after it
+                exits (the hooks are registered anew), not while it is open.
         """
-        return _steered(model, in_alpha_units(self, unit), alpha, positions)
+        _check_alpha(alpha)
+        return _Apply(model, in_alpha_units(self, unit), alpha, positions)
 
     def save(self, path: str | Path) -> Path:
         """Write ``<path>.safetensors`` (the vector) and ``<path>.json`` (layer, kind, metadata)."""
@@ -234,12 +239,55 @@ class SteeringVector:
             if not p.exists():
                 raise MissingInput(f"steering vector file {p} is missing; SteeringVector.save writes both "
                                         f"{st.name} and {side.name}")
-        info = json.loads(side.read_text())
-        v = load_file(str(st))["vector"]
+        try:  # a truncated or foreign file: name it, not a raw JSONDecodeError / SafetensorError
+            info = json.loads(side.read_text())
+            layer, kind = int(info["layer"]), info["kind"]
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as e:
+            raise UsageError(f"{side} is not a steering vector's description ({type(e).__name__}: {e}); it is "
+                             f"truncated or another file: save the vector again (SteeringVector.save)") from None
+        try:
+            v = load_file(str(st))["vector"]
+        except (SafetensorError, KeyError, OSError) as e:
+            raise UsageError(f"{st} is not a readable steering vector ({type(e).__name__}: {e}); it is truncated "
+                             f"or another file: save the vector again (SteeringVector.save)") from None
         if int(info.get("d_model", v.shape[0])) != v.shape[0]:
             raise ValueError(f"{st} holds {v.shape[0]} dims but {side} says {info['d_model']}: the files are from "
                              "different vectors")
-        return cls(v, int(info["layer"]), info["kind"], info.get("metadata", info.get("meta", {})))
+        return cls(v, layer, kind, info.get("metadata", info.get("meta", {})))
+
+
+class _Apply:
+    """What :meth:`SteeringVector.apply` returns: a context manager that may be entered again once it has exited.
+
+    Why not the generator context itself: a used one raised ``AttributeError: ... 'args'`` when entered again.
+    """
+
+    def __init__(self, model: Any, vector: SteeringVector, alpha: float, positions: str):
+        self._args = (model, vector, alpha, positions)
+        self._open: contextlib.AbstractContextManager[None] | None = None
+
+    def __enter__(self) -> None:
+        if self._open is not None:
+            raise UsageError("this vec.apply(...) context is already open; exit it before entering it again")
+        ctx = _steered(*self._args)
+        ctx.__enter__()
+        self._open = ctx
+
+    def __exit__(self, *exc: Any) -> bool | None:
+        ctx, self._open = self._open, None
+        return ctx.__exit__(*exc) if ctx is not None else None
+
+
+def _check_alpha(alpha: Any) -> None:
+    """Refuse an alpha that is not a finite real number of sane size, naming it (a ``ValueError``).
+
+    Why: ``True`` steered at 1, ``"0.2"`` was taken, and ``1e30`` overflowed the residual into empty text.
+    """
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
+        raise UsageError(f"alpha must be a number (e.g. alpha=0.2), got {alpha!r} ({type(alpha).__name__})")
+    if not math.isfinite(float(alpha)) or abs(float(alpha)) > MAX_ABS_ALPHA:
+        raise UsageError(f"alpha must be finite and within +-{MAX_ABS_ALPHA:g} (1 is already a push of the whole "
+                         f"residual norm or class gap), got {alpha!r}")
 
 
 def _base_path(path: str | Path) -> Path:

@@ -39,6 +39,7 @@ from mechprobe.io import (
     check_writable_dir,
     read_json,
     read_jsonl,
+    read_run_manifest,
     writer_lock,
 )
 from mechprobe.lm import chat
@@ -283,8 +284,7 @@ def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
         raise UsageError(f"dataset {cfg.dataset!r} gave no items (limit={cfg.limit}); nothing to probe")
     if cfg.engine not in ENGINES:
         raise UsageError(f"unknown engine {cfg.engine!r}: use {', '.join(ENGINES)}")
-    if (out / "manifest.json").exists():
-        read_json(out / "manifest.json")  # a cut-off manifest is refused before the model loads
+    read_run_manifest(out)  # a cut-off manifest or another kind of directory is refused before the model loads
     if lm is None:
         lm, engine = load_generator(cfg)
     tok = lm.tokenizer

@@ -12,7 +12,7 @@ import numpy as np
 
 from mechprobe.activations.cache import ActivationCache, parse_layers
 from mechprobe.errors import UsageError, UserError
-from mechprobe.io import read_jsonl
+from mechprobe.io import read_jsonl, shell_arg
 from mechprobe.linear.propensity.targets import ItemTargets, concat_targets, item_key, item_targets
 
 # Rows of one item come from one forward pass per unique prompt, so they are bit-identical in practice;
@@ -108,7 +108,7 @@ def load_item_states(runs: Sequence[Path], layers_arg: Any, temperature: float =
         layers = want
         turns = read_jsonl(run / "user_turns.jsonl", key="record_id")
         if not (run / "labels.jsonl").exists():
-            raise UserError(f"no labels.jsonl in {run}: run `mechprobe judge {run}` first")
+            raise UserError(f"no labels.jsonl in {run}: run `mechprobe judge {shell_arg(run)}` first")
         t = item_targets(turns, read_jsonl(run / "labels.jsonl", key="record_id"), temperature, min_samples)
         by_rid = {r["record_id"]: r for r in turns}
         row_keys = [item_key(by_rid[rid]["dataset"], by_rid[rid]["item_id"]) for rid in cache.record_ids]
