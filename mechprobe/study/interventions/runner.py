@@ -48,7 +48,7 @@ from mechprobe.study.interventions.generate import (
     user_turns,
 )
 from mechprobe.study.interventions.ledger import Ledger
-from mechprobe.study.interventions.plan import Plan
+from mechprobe.study.interventions.plan import Plan, load_plan
 from mechprobe.study.interventions.sheets import read_sheet_labels, write_sheet
 from mechprobe.turns.datasets import load_dataset
 from mechprobe.turns.pipeline import ProbeConfig, assistant_answers
@@ -139,7 +139,7 @@ class Study:
             while len(ok) < need and pos < len(cands):
                 take = cands[pos:pos + max(1, min(chunk, 2 * (need - len(ok))))]
                 pos += len(take)
-                for r in assistant_answers(cfg, self.lm, [items[i] for i in take], self.work / "answers",
+                for r in assistant_answers(cfg, self.lm, [items[i] for i in take], self.answers_dir(),
                                            progress=self.progress):
                     recs[r.item_id] = r
                 ok += [i for i in take if recs[i].stop_reason != "max_tokens" or not complete]
@@ -163,6 +163,41 @@ class Study:
                                             for k, v in tried.items()}})
         return [conv, self.root / f"items_{split}.json"]
 
+    def answers_dir(self) -> Path:
+        """The scratch store of greedy answers; ``conversations.answers_from`` names an earlier plan whose store is
+        reused (refused unless it pinned the same model, dtype and answer cap: the answers are then the same)."""
+        src = self.plan.raw["conversations"].get("answers_from")
+        if not src:
+            return self.work / "answers"
+        other = self.plan.raw["conversations"].get("answers_from_plan")
+        if other:
+            o = load_plan(Path(self.plan.path).parent / other)
+            same = (o.model, o.model_sha256, o.dtype, o.answer_tokens) == (self.plan.model, self.plan.model_sha256,
+                                                                           self.plan.dtype, self.plan.answer_tokens)
+            if not same or o.name != src:
+                raise UserError(f"answers_from {src!r}: that plan pins another model, dtype or answer cap; its answers "
+                                f"are not this plan's")
+        return self.work.parent / src / "answers"
+
+    @property
+    def authored(self) -> bool:
+        """Whether the train stimuli are written by an author session (an external step) rather than the model."""
+        return self.plan.train.get("stimuli") == "authored"
+
+    def authored_stimuli(self) -> tuple[list[dict[str, Any]], str]:
+        """The authored stimuli file's rows (every train item once), and a one-line progress note."""
+        f = self.root / "train" / "stimuli_authored.jsonl"
+        if not f.exists():
+            return [], f"waits for {f.relative_to(self.root)} (an author session writes react/ignore per item)"
+        rows = read_jsonl(f)
+        want = {a.item_id for a in self.conversations("train")}
+        got = {r.get("item_id") for r in rows}
+        bad = [r.get("item_id") for r in rows if not (isinstance(r.get("react"), str) and r["react"].strip()
+                                                       and isinstance(r.get("ignore"), str) and r["ignore"].strip())]
+        if got != want or len(rows) != len(want) or bad:
+            return [], f"{f.name}: {len(want - got)} train items missing, {len(got - want)} unknown, {len(bad)} empty"
+        return rows, f"{len(rows)} items with react and ignore stimuli"
+
     def step_train_turns(self) -> list[Path]:
         """Candidate follow-ups on train conversations: the stimuli of every kind, plus the model's own greedy turn."""
         self._need("train_answers")
@@ -171,7 +206,21 @@ class Study:
         out.parent.mkdir(parents=True, exist_ok=True)
         store = JsonlStore(out, key="turn_id")
         rows = read_jsonl(out)
-        for kind in STIMULUS_KINDS:
+        if self.authored:
+            stim, note = self.authored_stimuli()
+            if not stim:
+                raise MissingInput(note)
+            by_id = {a.item_id: a for a in convs}
+            for r in stim:
+                a = by_id[r["item_id"]]
+                for kind in ("react", "ignore"):
+                    tid = f"{a.item_id}|{kind}"
+                    if not store.has(tid):
+                        store.append({"turn_id": tid, "decoding": kind, "item_id": a.item_id, "dataset": a.dataset,
+                                      "stimulus": kind, "ignore_kind": r.get("ignore_kind") if kind == "ignore" else None,
+                                      "query": a.prompt, "answer": a.response, "turn": r[kind].strip(),
+                                      "stop_reason": "authored"})
+        for kind in ([] if self.authored else STIMULUS_KINDS):
             have = {r["item_id"] for r in rows if r["decoding"] == kind}
             for row in stimuli(self.lm, convs, kind, max_new_tokens=self.plan.user_tokens, done=have,
                                progress=self.progress):
@@ -403,7 +452,9 @@ class Study:
 
         out: list[tuple[str, Callable[[], list[Path]] | None, tuple[str, ...]]] = [
             ("train_answers", lambda: self.step_answers("train"), ()),
-            ("train_turns", self.step_train_turns, ("train_answers",)),
+            *([("train_stimuli", None, ("train_answers",))] if self.authored else []),
+            ("train_turns", self.step_train_turns, ("train_answers", "train_stimuli") if self.authored
+             else ("train_answers",)),
             ("train_sheet", self.step_train_sheet, ("train_turns",)),
             ("heldout_answers", lambda: self.step_answers("heldout"), ())]
         out += [(f"heldout_{a.name}", arm_step(a.name), ("heldout_answers",)) for a in free]
@@ -421,6 +472,8 @@ class Study:
             rec = self.ledger.steps.get(name)
             if rec is not None:
                 res.append(StepStatus(name, "done", f"{len(rec.outputs)} file(s), {rec.cpu}", rec.seconds))
+            elif fn is None and name == "train_stimuli":
+                res.append(StepStatus(name, "external", self.authored_stimuli()[1]))
             elif fn is None and name == "train_labels":
                 note = self.train_labels()[1] if self.ledger.done("train_sheet") else "waits for train_sheet"
                 res.append(StepStatus(name, "external", note))
@@ -446,6 +499,10 @@ class Study:
                         self._need(*needs)
                     continue
                 if fn is None:
+                    if name == "train_stimuli" and self.authored_stimuli()[0]:
+                        self.ledger.record(name, 0.0, [self.root / "train" / "stimuli_authored.jsonl"],
+                                           {"note": self.authored_stimuli()[1]})
+                        ran.append(name)
                     if name == "train_labels":
                         rows, note = self.train_labels()
                         pos = sum(all(x["strict_genuine"] for x in r["labels"]) for r in rows)
