@@ -37,6 +37,7 @@ from mechprobe.linear.turn import (
     sweep_layers,
     transfer_matrix,
 )
+from mechprobe.plots.extents import draw_figure
 from mechprobe.plots.linear import plot_layer_auroc, plot_no_curve
 from mechprobe.plots.titles import figure_title
 from mechprobe.stages import (
@@ -172,10 +173,10 @@ def _no_fit(out_dir: Path, fig_path: Path, base: dict[str, Any], counts: dict[st
     write_json(out_dir / "metrics.json", {**base, "status": "insufficient_positives", "reason": reason,
                                           "label_counts": counts, "total_seconds": round(time.time() - t0, 1)})
     (out_dir / "metrics.md").write_text(no_fit_md(Path(base["run"]).name, title, counts, reason))
-    fig = plot_no_curve(counts, reason, fig_path, title)
+    fig, failed = draw_figure(fig_path, lambda: plot_no_curve(counts, reason, fig_path, title))
     msg = (f"\nNot reporting probe metrics: {reason}\n(wrote {out_dir}/metrics.json and metrics.md with the label "
-           f"counts and the reason, and {fig}; everything computed so far is kept: the run's turns, labels and "
-           "activations are reused when you re-run)")
+           f"counts and the reason{f', and {fig}' if fig else ''}; everything computed so far is kept: the run's "
+           "turns, labels and activations are reused when you re-run)" + (f"\nmechprobe: error: {failed}" if failed else ""))
     return LinearProbeResult("insufficient_positives", out_dir, fig, message=msg, exit_code=3)
 
 
@@ -233,13 +234,18 @@ def _analyse(a: LinearProbeConfig, run: Path, cfg: ProbeConfig, timings: dict[st
                          results_table(report, ctrl), best, mc, tm)
     (out_dir / "metrics.md").write_text("\n".join(md) + "\n")
     n = report.nested
-    fig = plot_layer_auroc(report, ctrl, fig_path, title, confusion=mc)
+    # The figure is the last thing written: a plotting failure costs the picture, never the files above.
+    fig, failed = draw_figure(fig_path, lambda: plot_layer_auroc(report, ctrl, fig_path, title, confusion=mc))
     summary = "\n".join([
         "\n" + "\n".join(md[4:]),
         f"\nheadline: nested layer selection AUROC {n['auroc'].fmt()} (fold layers {n['fold_layers']}); "
         f"best layer on the curve {best}: {report.layer(best).logreg_auroc.fmt()}",
         "controls: " + "; ".join(f"{k} {v.fmt()}" for k, v in ctrl.items()),
-        f"\nwrote {out_dir}/metrics.json, metrics.md, directions.safetensors, directions.json and {fig}",
+        f"\nwrote {out_dir}/metrics.json, metrics.md, directions.safetensors, directions.json"
+        + (f" and {fig}" if fig else ""),
         json.dumps({"stage_seconds": timings, "analysis_seconds": analysis_s,
                     "total_seconds": metrics["total_seconds"]})])
+    if failed:
+        return LinearProbeResult("ok", out_dir, None, summary=summary, message=f"mechprobe: error: {failed}",
+                                 exit_code=1)
     return LinearProbeResult("ok", out_dir, fig, summary=summary)

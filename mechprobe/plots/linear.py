@@ -14,6 +14,8 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from mechprobe.plots.extents import yerr  # noqa: E402
+
 
 def _band(ax: Any, res: Sequence[Any], attr: str, color: str, name: str, ls: str = "-", marker: str | None = "o",
           alpha: float = 0.2) -> None:
@@ -64,8 +66,7 @@ def plot_layer_auroc(report: Any, ctrl: dict[str, Any], out: str | Path, title: 
         m0 = res[layers.index(0)].logreg_auroc
         ax.plot([0], [m0.value], marker="*", ms=12, color="C9", ls="none", label=f"embedding layer {m0.value:.2f}")
     n = report.nested
-    ax.errorbar([layers[-1] + 0.6], [n["auroc"].value], yerr=[[n["auroc"].value - n["auroc"].lo],
-                                                               [n["auroc"].hi - n["auroc"].value]],
+    ax.errorbar([layers[-1] + 0.6], [n["auroc"].value], yerr=yerr([n["auroc"].value], [n["auroc"].lo], [n["auroc"].hi]),
                 fmt="D", color="C0", capsize=3, label=f"nested layer choice {n['auroc'].fmt()}")
     ax.axhline(0.5, color="k", lw=0.5)
     ax.set_xlabel("residual index r (0 = embeddings; r = input of block r = output of block r-1)")
@@ -128,7 +129,7 @@ def plot_propensity(report: Any, ctrl: dict[str, Any], out: str | Path, title: s
                 ax.axhspan(m.lo, m.hi, color=color, alpha=0.07)
     n = report.nested["rho"]
     if np.isfinite(n.value):
-        ax.errorbar([layers[-1] + 0.6], [n.value], yerr=[[n.value - n.lo], [n.hi - n.value]], fmt="D", color="C0",
+        ax.errorbar([layers[-1] + 0.6], [n.value], yerr=yerr([n.value], [n.lo], [n.hi]), fmt="D", color="C0",
                     capsize=3, label=f"nested layer choice {n.fmt()}")
     ax.axhline(0.0, color="k", lw=0.5)
     ax.set_xlabel("residual index r (0 = embeddings; r = input of block r = output of block r-1)")

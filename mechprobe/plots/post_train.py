@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from mechprobe.plots.extents import yerr
+
 DECODINGS = ("greedy", "sample")
 CORRECTED = "corrected by the audit (model-written labels)"
 
@@ -105,15 +107,14 @@ def _followup_panel(ax: Any, summary: dict[str, Any]) -> None:
     for j, arm in enumerate(arms):
         r = summary["arms"][arm]["all"]["followup"]
         vals = [r[d]["rate"] if r[d]["n"] else 0 for d in DECODINGS]
-        err = [[v - r[d]["ci"][0] for v, d in zip(vals, DECODINGS)],
-               [r[d]["ci"][1] - v for v, d in zip(vals, DECODINGS)]]
+        err = yerr(vals, [r[d]["ci"][0] for d in DECODINGS], [r[d]["ci"][1] for d in DECODINGS])
         ax.bar(np.arange(len(DECODINGS)) + j * width, vals, width, yerr=err, capsize=3, label=f"{arm}, judge only")
         c = _corrected_of(summary["arms"][arm])
         for i, d in enumerate(DECODINGS):
             e = (c or {}).get(d)
             if e and math.isfinite(e["point"]):
                 ax.errorbar(i + j * width + width * 0.3, e["point"],
-                            yerr=[[max(0.0, e["point"] - e["lo"])], [max(0.0, e["hi"] - e["point"])]],
+                            yerr=yerr([e["point"]], [e["lo"]], [e["hi"]]),
                             fmt="D", color="crimson", ms=5, capsize=4,
                             label=None if CORRECTED in ax.get_legend_handles_labels()[1] else CORRECTED)
     ax.set_xticks(np.arange(len(DECODINGS)) + width * (len(arms) - 1) / 2, list(DECODINGS))

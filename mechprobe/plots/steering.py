@@ -11,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from mechprobe.plots.extents import yerr  # noqa: E402
 from mechprobe.plots.titles import figure_title  # noqa: E402
 
 
@@ -41,12 +42,12 @@ def plot_steering(rows: Sequence[dict[str, Any]], out: str | Path, title: str,
             a = [r["alpha"] * (1 + 0.05 * off) if r["alpha"] else 0.05 * off * pos[0] for r in rs]
         else:
             a = [r["alpha"] + off * 0.012 * (span or 1.0) for r in rs]
-        ax.errorbar(a, [r["followup_rate"] for r in rs],
-                    yerr=[[r["followup_rate"] - r["ci"][0] for r in rs], [r["ci"][1] - r["followup_rate"] for r in rs]],
+        f = [r["followup_rate"] for r in rs]
+        ax.errorbar(a, f, yerr=yerr(f, [r["ci"][0] for r in rs], [r["ci"][1] for r in rs]),
                     marker="o", capsize=3, color=f"C{i}", label=k)
         d = [r["degenerate_rate"] for r in rs]
         dci = [r.get("degenerate_ci", [x, x]) for r, x in zip(rs, d)]
-        ax2.errorbar(a, d, yerr=[[x - c[0] for x, c in zip(d, dci)], [c[1] - x for x, c in zip(d, dci)]],
+        ax2.errorbar(a, d, yerr=yerr(d, [c[0] for c in dci], [c[1] for c in dci]),
                      marker="s", ls=":", capsize=3, color=f"C{i}", label=k)
     for axis, ylab in ((ax, "genuine follow-up rate"), (ax2, "degenerate rate")):
         if log:
@@ -57,7 +58,8 @@ def plot_steering(rows: Sequence[dict[str, Any]], out: str | Path, title: str,
         axis.set_xlabel(xlabel + (" (symlog)" if log else ""), fontsize=8)
         axis.set_ylabel(f"{ylab} (held-out, greedy)")
         axis.set_ylim(-0.02, 1.02)
-        axis.legend(fontsize=7)
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=130)

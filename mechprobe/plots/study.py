@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mechprobe.plots.extents import yerr
 from mechprobe.stats import Rate
 
 FIGURES = ("accuracy", "temperature", "perturbations", "profiles", "human")
@@ -51,13 +52,12 @@ def _pyplot() -> Any:
     return plt
 
 
-def _err(r: Rate) -> tuple[float, float]:
-    lo, hi = r.ci
-    return (r.p - lo, hi - r.p) if r.n else (0.0, 0.0)
-
-
 def _yerr(rs: Sequence[Rate]) -> Any:
-    return list(zip(*[_err(r) for r in rs])) if rs else None
+    """Clipped extents of each rate's Wilson interval; no bar for a rate of nothing (n = 0, drawn at 0)."""
+    if not rs:
+        return None
+    return yerr([r.p if r.n else 0.0 for r in rs], [r.ci[0] if r.n else 0.0 for r in rs],
+                [r.ci[1] if r.n else 0.0 for r in rs])
 
 
 def _save(fig: Any, path: Path) -> None:

@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -33,6 +34,7 @@ from mechprobe.io import output_dir_lock, read_json, read_jsonl, write_json
 from mechprobe.judges.factory import default_judge
 from mechprobe.judges.run import judge_run
 from mechprobe.lm.models import load_model
+from mechprobe.plots.extents import draw_figure
 from mechprobe.plots.post_train import loss_title, plot_loss
 from mechprobe.post_train import train as pt
 from mechprobe.post_train.config import PostTrainConfig, validate_args
@@ -421,9 +423,8 @@ def _train(a: PostTrainConfig, cfg: DPOTrainConfig, d: Path) -> dict[str, Any]:
     info: dict[str, Any] = {"model": lm.name, "method": "dpo", "pairs": c, "judge_error_on_pairs": err,
                             "beta": cfg.beta, "steps_done": res.steps_done, "resumed_from": res.resumed_from,
                             **log_summary(log)}
-    plot_loss(log, d / "figures" / "post_train_loss_dpo.png",
-              loss_title(lm.name, f"DPO (LoRA r={cfg.lora_r}, beta {cfg.beta:g}) on preference pairs", len(ps.pairs),
-                         judge=summary.judge), ylabel="DPO loss")
+    title = loss_title(lm.name, f"DPO (LoRA r={cfg.lora_r}, beta {cfg.beta:g}) on preference pairs", len(ps.pairs),
+                       judge=summary.judge)
     merged = pt.merge_adapter(pm)
     merged.config.use_cache = True  # the Trainer turns the KV cache off for training; generation needs it back
     pt.save_merged(merged, lm.tokenizer, d / pt.MERGED_DIR,
@@ -434,4 +435,9 @@ def _train(a: PostTrainConfig, cfg: DPOTrainConfig, d: Path) -> dict[str, Any]:
     print(f"merged DPO model: {d / pt.MERGED_DIR} (weight hash {check.weight_hash[:12]}..., loads with load_model)")
     info["merged"] = {"path": str(d / pt.MERGED_DIR), **check.identity()}
     write_json(d / "train_summary.json", info)
+    # After the merged model and the summary: a plotting failure costs the loss curve (one line), never the model.
+    loss_fig = d / "figures" / "post_train_loss_dpo.png"
+    _, failed = draw_figure(loss_fig, lambda: plot_loss(log, loss_fig, title, ylabel="DPO loss"))
+    if failed:
+        print(f"mechprobe: error: {failed}", file=sys.stderr)
     return info

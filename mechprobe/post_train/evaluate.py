@@ -15,6 +15,7 @@ returns a :class:`PostTrainResult`; the command line prints it.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -29,6 +30,7 @@ from mechprobe.errors import MissingInput
 from mechprobe.io import output_dir_lock, read_json, read_jsonl, write_json
 from mechprobe.judges.factory import default_judge
 from mechprobe.lm.models import load_model, weight_identity
+from mechprobe.plots.extents import draw_figure
 from mechprobe.plots.post_train import loss_title, plot_eval, plot_loss
 from mechprobe.post_train import train as pt
 from mechprobe.post_train.boundary import base_directions, boundary_shift
@@ -71,7 +73,7 @@ class EvalResult:
     summary_path: Path
     report_path: Path
     report: str
-    figure: Path
+    figure: Path | None  # None when it could not be drawn (the report's last line says why)
 
 
 @dataclass
@@ -266,11 +268,15 @@ def _train_sft(a: PostTrainConfig, cfg: pt.TrainConfig, out: Path, lm: Any) -> t
         info["heldout_loss"] = {"base": round(_heldout_loss(pm, held_ex, pad, adapter=False), 4),
                                 "post": round(_heldout_loss(pm, held_ex, pad, adapter=True), 4),
                                 "n_examples": len(held_ex)}
-    plot_loss(log, out / "figures" / "post_train_loss.png",
-              loss_title(lm.name, f"LoRA r={cfg.lora_r} SFT, {info['tokens_per_s']} tok/s",
-                         len(built.examples)) + f"; held-out n={min(len(held_ex), a.curve_examples)}",
-              heldout=info["heldout_curve"], chosen=res.chosen_step)
     write_json(out / "train_summary.json", info)
+    # After the summary: a plotting failure costs the loss curve (one line on stderr), never the training.
+    loss_fig = out / "figures" / "post_train_loss.png"
+    title = (loss_title(lm.name, f"LoRA r={cfg.lora_r} SFT, {info['tokens_per_s']} tok/s", len(built.examples))
+             + f"; held-out n={min(len(held_ex), a.curve_examples)}")
+    _, failed = draw_figure(loss_fig, lambda: plot_loss(log, loss_fig, title, heldout=info["heldout_curve"],
+                                                        chosen=res.chosen_step))
+    if failed:
+        print(f"mechprobe: error: {failed}", file=sys.stderr)
     return pm, info
 
 
@@ -331,12 +337,15 @@ def evaluate_arms(a: PostTrainConfig, out: Path, trained: dict[str, str], info: 
             _compare_arm(a, runs, arm, summary, shifts, notes)
     summary["boundary_shift"] = shifts
     write_json(out / f"eval_summary{suffix}.json", summary)
-    fig = plot_eval(summary, shifts, out / "figures" / f"post_train_eval{suffix}.png", str(info.get("model", a.model)),
-                    what)
+    fig = out / "figures" / f"post_train_eval{suffix}.png"
     notes.append(f"figures: {out / 'figures' / f'post_train_loss{suffix}.png'}, {fig}")
     text = report_markdown(summary, info, shifts, notes)
     (out / f"report{suffix}.md").write_text(text)
-    return EvalResult(summary, out / f"eval_summary{suffix}.json", out / f"report{suffix}.md", text, fig)
+    # The figure is the last thing written; a plotting failure ends the printed report in one line naming it.
+    drawn, failed = draw_figure(fig, lambda: plot_eval(summary, shifts, fig, str(info.get("model", a.model)), what))
+    if failed:
+        text += f"\nmechprobe: error: {failed}\n"
+    return EvalResult(summary, out / f"eval_summary{suffix}.json", out / f"report{suffix}.md", text, drawn)
 
 
 def _eval_runs(a: PostTrainConfig, out: Path, arms: dict[str, str], judge_spec: str

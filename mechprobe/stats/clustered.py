@@ -87,6 +87,16 @@ def _percentile(boots: np.ndarray, alpha: float) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
+def _clip(v: float, lo: float, hi: float) -> float:
+    """``v`` clipped into ``[lo, hi]``, NaN kept.
+
+    Why every bound and the point alike: a PPI estimate (and its bootstrap draws) can leave the range of a rate
+    or a difference; clipping the point and only the outer side of each bound once left an interval
+    ``[2.0, 1.0]`` around a point 1.0. Clipping all three with one monotone map keeps ``lo <= point <= hi``
+    wherever it held before."""
+    return float(min(hi, max(lo, v))) if math.isfinite(v) else v
+
+
 def _edge(values: np.ndarray) -> bool:
     """All values 0, or all 1: the case where resampling cannot show any spread."""
     return values.size > 0 and (bool(np.all(values == 0)) or bool(np.all(values == 1)))
@@ -206,8 +216,8 @@ def cluster_bootstrap_ppi(y: Sequence[float], yhat: Sequence[float], clusters: S
         lo = min(lo, clo) if math.isfinite(lo) else clo
         hi = max(hi, chi) if math.isfinite(hi) else chi
         method += " widened to the audit-only clopper-pearson (all audited values equal)"
-    point = min(1.0, max(0.0, point))
-    return ClusteredEstimate(point, max(0.0, lo), min(1.0, hi), int(ya.size), len(keys), method)
+    return ClusteredEstimate(_clip(point, 0.0, 1.0), _clip(lo, 0.0, 1.0), _clip(hi, 0.0, 1.0), int(ya.size), len(keys),
+                             method)
 
 
 def _paired_p(boots: np.ndarray) -> float:
@@ -323,5 +333,5 @@ def cluster_ppi_paired_difference(judge_a: Mapping[Hashable, Sequence[float]],
         hi = max(hi, nhi) if math.isfinite(hi) else nhi
         method += " widened to the audit-only newcombe/clopper-pearson (all audited values equal)"
     n_aud = int(ya.size + yb.size)
-    return ClusteredEstimate(float(np.clip(d, -1, 1)), max(-1.0, lo), min(1.0, hi), n_aud, len(common), method,
-                             _paired_p(boots))
+    return ClusteredEstimate(_clip(d, -1.0, 1.0), _clip(lo, -1.0, 1.0), _clip(hi, -1.0, 1.0), n_aud, len(common),
+                             method, _paired_p(boots))

@@ -17,6 +17,10 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
     With ``n == 0`` there is no evidence at all, so the interval is the whole range ``(0.0, 1.0)``:
     a finite value keeps JSON files valid (no bare NaN) and reads correctly in a table.
+
+    At ``k == 0`` the lower bound is exactly 0 and at ``k == n`` the upper bound exactly 1 (the closed form's
+    value there): statsmodels' floating point leaves ``1.4e-17`` for 0/13, an interval that excludes its own
+    estimate 0/13 = 0 and turns into a negative error bar in a figure.
     """
     if k < 0 or n < 0 or k > n:
         raise ValueError(f"wilson needs 0 <= k <= n, got k={k}, n={n}")
@@ -24,7 +28,8 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
         return (0.0, 1.0)
     alpha = 2 * (1 - NormalDist().cdf(z))  # statsmodels takes the level; callers keep passing z
     lo, hi = proportion_confint(k, n, alpha=alpha, method="wilson")
-    return (max(0.0, float(lo)), min(1.0, float(hi)))
+    p = k / n
+    return (0.0 if k == 0 else min(p, max(0.0, float(lo))), 1.0 if k == n else max(p, min(1.0, float(hi))))
 
 
 @dataclass(frozen=True)

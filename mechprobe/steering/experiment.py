@@ -45,6 +45,7 @@ from mechprobe.judges.factory import make_judge, shared_judge_model
 from mechprobe.linear.turn import figures_dir
 from mechprobe.lm.llamacpp import load_engine
 from mechprobe.lm.models import load_model, native_bf16_dtype
+from mechprobe.plots.extents import draw_figure
 from mechprobe.plots.steering import plot_steering, steering_title
 from mechprobe.records import truncated_item_ids
 from mechprobe.splits import ItemSplit, load_split
@@ -86,12 +87,17 @@ class SteerResult:
     alphas: list[float]
     rows: list[dict[str, Any]]
     table: str
-    figure: Path
+    figure: Path | None
     selection: dict[str, Any] | None = None
     exit_code: int = 0
+    figure_error: str = ""  # one line naming the figure when it could not be drawn (exit code 1)
 
     def summary(self) -> str:
-        """The text the command prints at the end: the table and the files written."""
+        """The text the command prints at the end: the table and the files written; when the figure could not be
+        drawn, the results are still listed and the last line says which figure failed and why."""
+        if self.figure_error:
+            return (f"\n{self.table}\nwrote {self.out_dir}/results.md and results.json\n"
+                    f"mechprobe: error: {self.figure_error}")
         return "\n" + self.table + f"\nwrote {self.out_dir}/results.md, results.json and {self.figure}"
 
 
@@ -336,8 +342,11 @@ def _write_results(s: _Steer, *, layer: int, alphas: list[float], raw: SteeringV
     xlabel = ("alpha (x mean residual norm at the layer; equal |delta| for every kind)" if s.unit == "resid"
               else "alpha (multiplies the raw difference-of-means vector)")
     title = steering_title(s.cfg.model, s.judge.name, len(heldout), layer, a.positions)
-    fig = plot_steering(rows, figures_dir(a.figures, s.run) / f"steer_{s.run.name}.png", title, xlabel=xlabel)
-    return SteerResult(out_dir, layer, sorted(set(alphas)), rows, table, fig, selection)
+    # The figure is the last thing written: a plotting failure costs the picture, never the results above.
+    fig_path = figures_dir(a.figures, s.run) / f"steer_{s.run.name}.png"
+    fig, failed = draw_figure(fig_path, lambda: plot_steering(rows, fig_path, title, xlabel=xlabel))
+    return SteerResult(out_dir, layer, sorted(set(alphas)), rows, table, fig, selection, exit_code=1 if failed else 0,
+                       figure_error=failed)
 
 
 def _steer(a: SteerConfig, run: Path, cfg: Any, out_dir: Path, split: ItemSplit | None, st: Stages,

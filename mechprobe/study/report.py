@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from pathlib import Path
 
 from mechprobe.errors import UsageError
+from mechprobe.plots.extents import draw_figure
+from mechprobe.plots.study import FIGURES
 from mechprobe.records import truncation_note
 from mechprobe.study.claims import (
     ALPHA,
@@ -299,10 +302,14 @@ def write_report(root: str | Path, labels_file: str, report_dir: str | Path, fig
         raise UsageError(f"no runs with labels {labels_file} under {root}, so the report would be empty; refusing "
                          f"to overwrite {report_dir / 'README.md'}. Check --root (and --quick/--judge), or run the "
                          "study first")
-    paths = write_figures(data, figures_dir) if data.full else {}
-    rel = {k: os.path.relpath(p, report_dir) for k, p in paths.items()} or {
-        k: "" for k in ("accuracy", "temperature", "perturbations", "profiles", "human")}
+    paths = {k: figures_dir / f"study_{k}.png" for k in FIGURES} if data.full else {}
+    rel = {k: os.path.relpath(p, report_dir) for k, p in paths.items()} or {k: "" for k in FIGURES}
     report_dir.mkdir(parents=True, exist_ok=True)
     out = report_dir / "README.md"
     out.write_text(build_report(data, rel), encoding="utf-8")
+    # The figures are the last thing written: a plotting failure costs the pictures (one line), never the README.
+    if paths:
+        _, failed = draw_figure(figures_dir, lambda: write_figures(data, figures_dir))
+        if failed:
+            print(f"mechprobe: error: {failed}", file=sys.stderr)
     return out

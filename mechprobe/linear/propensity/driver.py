@@ -23,6 +23,7 @@ from mechprobe.linear.propensity.targets import ItemTargets
 from mechprobe.linear.propensity.transfer import modal_layer, propensity_transfer
 from mechprobe.linear.result import LinearProbeResult
 from mechprobe.linear.turn import figures_dir
+from mechprobe.plots.extents import draw_figure
 from mechprobe.plots.linear import plot_no_curve, plot_propensity
 from mechprobe.plots.titles import figure_title
 from mechprobe.stages import ensure_stages, ensure_transfer_runs
@@ -71,10 +72,10 @@ def _no_fit(out_dir: Path, fig_path: Path, base: dict[str, Any], tg: ItemTargets
               "items with any genuine sample": s["items_with_any_genuine"],
               "judge-error or unjudged rows": s["judge_errors_skipped"], "greedy turns judged": s["greedy_judged"],
               "greedy turns genuine": s["greedy_genuine"]}
-    fig = plot_no_curve(counts, reason, fig_path, title)
+    fig, failed = draw_figure(fig_path, lambda: plot_no_curve(counts, reason, fig_path, title))
     msg = (f"\nNot reporting propensity metrics: {reason}\n(wrote {out_dir}/propensity.json with the counts and the "
-           f"reason, and {fig}; everything computed so far is kept: the runs' turns, labels and activations are "
-           "reused when you re-run)")
+           f"reason{f', and {fig}' if fig else ''}; everything computed so far is kept: the runs' turns, labels and "
+           "activations are reused when you re-run)" + (f"\nmechprobe: error: {failed}" if failed else ""))
     return LinearProbeResult("insufficient_items", out_dir, fig, message=msg, exit_code=3)
 
 
@@ -126,12 +127,16 @@ def run_propensity(a: Any, runs: Sequence[Path], model: str, why: str, timings: 
         table += cost_list_md(cost)
     (out_dir / "propensity.md").write_text(propensity_md(out_dir.parent.name, why, targets_title(model, tg, judge),
                                                          timings, analysis_s, table))
-    fig = plot_propensity(report, ctrl, fig_path, _fig_title(model, tg, judge))
+    # The figure is the last thing written: a plotting failure costs the picture, never the files above.
+    fig, failed = draw_figure(fig_path, lambda: plot_propensity(report, ctrl, fig_path, _fig_title(model, tg, judge)))
     n = report.nested
     summary = "\n".join([
         "\n" + table,
         f"\nheadline: nested layer choice Spearman rho {n['rho'].fmt()} (fold layers {n['fold_layers']}) vs "
         f"ceiling sqrt(R) {ctrl['split_half_ceiling'].fmt()} (propensity reliability R "
         f"{ctrl['split_half_reliability'].fmt()})",
-        f"wrote {out_dir}/propensity.json, propensity.md and {fig}"])
+        f"wrote {out_dir}/propensity.json, propensity.md" + (f" and {fig}" if fig else "")])
+    if failed:
+        return LinearProbeResult("ok", out_dir, None, summary=summary, message=f"mechprobe: error: {failed}",
+                                 exit_code=1)
     return LinearProbeResult("ok", out_dir, fig, summary=summary)
