@@ -316,7 +316,7 @@ def fill_prefixes(model: Any, store: KVSource, prompts: Sequence[Sequence[int]],
         return found
     dev = input_device(model)
     sub = [found[i] for i in far]
-    cache, width = assemble([kv for _, kv in sub], [n for n, _ in sub])
+    cache, width = assemble([kv for _, kv in sub], [n for n, _ in sub], dev)
     ids, mask, pos = continuation_inputs([prompts[i][n:-1] for i, (n, _) in zip(far, sub)], [n for n, _ in sub],
                                          width, pad_id, dev)
     with forward_kind("prefix"), torch.inference_mode():
@@ -336,7 +336,7 @@ def _reuse_prefixes(model: Any, store: KVSource, prompts: Sequence[Sequence[int]
     forward kind); a prompt whose rest is longer than ``store.max_tail`` has its prefix computed first."""
     found = fill_prefixes(model, store, prompts, pad_id=pad_id, max_tail=store.max_tail)
     starts = [n for n, _ in found]
-    cache, width = assemble([kv for _, kv in found], starts)
+    cache, width = assemble([kv for _, kv in found], starts, dev)
     if width == 0:
         ids, mask, pos = left_pad(prompts, pad_id, dev)
         return cache, ids, mask, pos, None

@@ -26,13 +26,16 @@ from typing import Any, Protocol
 
 import torch
 
+from mechprobe.lm.choice import kv_of
+
 __all__ = [
-    "KV", "KVSource", "active_interventions", "assemble", "call_kind", "cache_layers", "continuation_inputs",
+    "KV", "KVSource", "active_interventions", "assemble", "call_kind", "continuation_inputs",
     "forward_kind", "intervention", "kv_nbytes", "reuse_problem", "take_row",
 ]
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]
-"""One row's keys and values, per layer: ``(keys, values)`` each ``(kv_heads, n_tokens, head_dim)``."""
+"""One row's keys and values, per layer: ``(keys, values)`` each ``(kv_heads, n_tokens, head_dim)`` (no batch
+dimension, unlike :data:`mechprobe.lm.choice.KV`, whose entries are one-row batches)."""
 
 CALL_KINDS = ("prefix", "continue")
 _CALL_KIND: ContextVar[str | None] = ContextVar("mechprobe_call_kind", default=None)
@@ -109,17 +112,9 @@ def reuse_problem(model: Any) -> str | None:
     return None
 
 
-def cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``(keys, values)`` per layer of an HF cache, each ``(batch, kv_heads, seq, head_dim)``."""
-    layers = getattr(cache, "layers", None)
-    if layers is not None:
-        return [(layer.keys, layer.values) for layer in layers]
-    return list(zip(cache.key_cache, cache.value_cache))
-
-
 def take_row(cache: Any, row: int, cols: torch.Tensor) -> KV:
     """Copy row ``row``'s keys and values at cache columns ``cols`` (an index tensor), every layer."""
-    return [(k[row][:, cols].clone(), v[row][:, cols].clone()) for k, v in cache_layers(cache)]
+    return [(k[row][:, cols].clone(), v[row][:, cols].clone()) for k, v in kv_of(cache)]
 
 
 def kv_nbytes(kv: KV) -> int:
@@ -127,8 +122,10 @@ def kv_nbytes(kv: KV) -> int:
     return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
 
 
-def assemble(kvs: Sequence[KV | None], lengths: Sequence[int]) -> tuple[Any, int]:
-    """A batch cache holding row ``i``'s first ``lengths[i]`` positions of ``kvs[i]``, right-aligned.
+def assemble(kvs: Sequence[KV | None], lengths: Sequence[int], device: torch.device | None = None
+             ) -> tuple[Any, int]:
+    """A batch cache on ``device`` (default: the first row's) holding row ``i``'s first ``lengths[i]`` positions of
+    ``kvs[i]``, right-aligned.
 
     Returns ``(cache, width)``: an HF ``DynamicCache`` of ``width = max(lengths)`` columns (empty when every
     length is 0); columns left of a row's prefix are zeros, masked out by :func:`continuation_inputs`.
@@ -141,8 +138,8 @@ def assemble(kvs: Sequence[KV | None], lengths: Sequence[int]) -> tuple[Any, int
         return DynamicCache(), 0
     data = []
     for layer, (k0, v0) in enumerate(ref):
-        k = k0.new_zeros((len(kvs), k0.shape[0], width, k0.shape[2]))
-        v = v0.new_zeros((len(kvs), v0.shape[0], width, v0.shape[2]))
+        k = k0.new_zeros((len(kvs), k0.shape[0], width, k0.shape[2]), device=device)
+        v = v0.new_zeros((len(kvs), v0.shape[0], width, v0.shape[2]), device=device)
         for i, (kv, n) in enumerate(zip(kvs, lengths)):
             if kv is not None and n > 0:
                 k[i, :, width - n:] = kv[layer][0][:, :n].to(k.device)

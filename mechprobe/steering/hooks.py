@@ -23,7 +23,12 @@ tokens (one per call in greedy decoding). ``positions`` selects:
   baked bias does (:func:`~mechprobe.steering.intervene.bake`).
 
 The prefill/decode split is read from the cache length, not from ``seq_len``, so a one-token prompt is
-still a prefill. HF ``generate(use_cache=False)`` re-runs the whole sequence every step; a no-cache
+still a prefill. A call that :func:`~mechprobe.lm.generation.generate` runs on a reused prefix
+(``prefix_store=``) holds a non-empty cache and still ends at the boundary: ``generate`` marks it
+(:func:`mechprobe.lm.kv.call_kind` ``"continue"``), and its last position is taken as the boundary; a call
+that computes a prefix for the store (``"prefix"``) has no boundary and no generated position. While a
+non-zero vector is active, the hooks record it on the model (:func:`mechprobe.lm.kv.intervention`), so
+``generate`` refuses stored prefixes under ``positions="all"``, the one mode that edits earlier positions. HF ``generate(use_cache=False)`` re-runs the whole sequence every step; a no-cache
 call whose ``input_ids`` extend the previous no-cache call's by exactly one token is recognised as such
 a step, and the boundary and generated positions are then found inside the full sequence, giving the
 same result as the cached run.
