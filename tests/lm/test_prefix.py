@@ -200,3 +200,23 @@ def test_real_model_user_turns_and_boundary_from_stored_prefixes_fp32(smol):
     assert res[True][0] == res[False][0]
     for a, b in zip(res[True][1], res[False][1]):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("drop_finished", [True, False])
+def test_keep_kv_stores_each_row_as_it_ends(drop_finished):
+    """Rows ending at different steps (a stop token) are stored with exactly their prompt + answer-but-last tokens,
+    whether finished rows leave the batch or keep decoding."""
+    lm = _lm("llama")
+    prompts = _prompts(7, (6, 13, 9, 4))
+    free = generate(lm.model, prompts, stop_ids={}, max_new_tokens=10, pad_id=0)
+    stop = next(t for t in free[0].token_ids[2:] if any(t not in f.token_ids for f in free[1:]))
+    store = PrefixStore(lm, progress=False)
+    gens = generate(lm.model, prompts, stop_ids={stop: "end_of_turn"}, max_new_tokens=10, pad_id=0, keep_kv=store,
+                    drop_finished=drop_finished)
+    assert {g.stop_reason for g in gens} == {"end_of_turn", "max_tokens"}
+    for p, g in zip(prompts, gens):
+        full = p + g.token_ids
+        assert store.lookup(full, len(full))[0] == len(full) - 1  # every token but the last, whose KV is not made
+        nxt = full + [3, 4]
+        a = generate(lm.model, [nxt], stop_ids={}, max_new_tokens=5, pad_id=0, prefix_store=store)[0]
+        assert a.token_ids == generate(lm.model, [nxt], stop_ids={}, max_new_tokens=5, pad_id=0)[0].token_ids
