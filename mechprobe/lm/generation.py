@@ -25,7 +25,17 @@ import torch
 
 from mechprobe.errors import UsageError
 from mechprobe.lm.chat import ProbePrompt, stop_token_ids, tokenize_rendered
-from mechprobe.lm.models import LoadedModel, kv_kw, out_cache
+from mechprobe.lm.kv import (
+    KV,
+    KVSource,
+    active_interventions,
+    assemble,
+    continuation_inputs,
+    forward_kind,
+    reuse_problem,
+    take_row,
+)
+from mechprobe.lm.models import LoadedModel, kv_kw, logits_kept, out_cache
 
 
 @dataclass
@@ -95,6 +105,8 @@ def generate(
     top_p: float = 1.0,
     share_prefill: bool = True,
     drop_finished: bool = True,
+    prefix_store: KVSource | None = None,
+    keep_kv: KVSource | None = None,
 ) -> list[Generation]:
     """Decode a batch of prompts; temperature 0 is greedy (argmax), >0 samples with the row's seed.
 
@@ -113,8 +125,21 @@ def generate(
     remaining steps compute only the rows still decoding. Every row keeps its own positions, mask and
     RNG, so outputs do not change (tested token for token against ``drop_finished=False``).
 
+    ``prefix_store`` (a :class:`~mechprobe.lm.prefix.PrefixStore`): each prompt continues from the longest
+    stored prefix of its tokens (never the last token: the boundary is always computed here), so only the
+    rest is prefilled; a prompt whose rest is longer than the store's ``max_tail`` first has its prefix up to
+    (not including) the boundary computed and stored, for the next call. Same outputs up to floating-point
+    rounding (fp32: tested token for token). Refused (:class:`UsageError`) while an intervention that edits
+    positions before the boundary is active (``steer(..., positions="all")``), or when the store was made for
+    other weights. ``keep_kv``: a store that receives every row's keys and values when the row ends (prompt +
+    generated tokens but the last), so the next turn of that conversation continues from them; refused while
+    any intervention is active (the generated positions would carry it).
+
     Runs under ``torch.inference_mode``. Hooks (activation capture, :func:`mechprobe.steering.vector.steer`)
     see one prefill call, whose last position is the boundary in every row, then one call per new token.
+    With a ``prefix_store`` the prefill call holds only the tokens after each row's stored prefix (marked
+    ``"continue"`` by :func:`mechprobe.lm.kv.call_kind`; the steering hooks read it), and a prefix computed
+    for the store is a separate call marked ``"prefix"`` (no boundary in it).
 
     Args:
         model: a :class:`~mechprobe.lm.models.LoadedModel` or an HF causal LM (``nn.Module``); inputs go to its
@@ -134,6 +159,10 @@ def generate(
         top_p: nucleus sampling mass for sampled rows (default 1.0 = off).
         share_prefill: prefill identical prompts once and copy their KV rows (default True; same outputs).
         drop_finished: drop finished rows from the batch (default True; same outputs).
+        prefix_store: reuse stored prefixes (:class:`~mechprobe.lm.prefix.PrefixStore`); None (default) = prefill
+            every prompt whole.
+        keep_kv: a :class:`~mechprobe.lm.prefix.PrefixStore` to receive each row's final keys and values (for a
+            next turn); None (default) = keep nothing.
 
     Returns:
         ``list[Generation]`` in prompt order: ``token_ids`` (new tokens, the stop token included),
@@ -144,7 +173,8 @@ def generate(
         ValueError: ``prompts`` empty or not a list, an empty prompt, ``max_new_tokens`` not a positive integer,
             a negative or non-finite temperature, a temperature count that differs from the prompt count, or a
             sampled row without a seed.
-        UsageError: ``stop_ids=None`` or a text prompt without a ``LoadedModel`` (no tokenizer to ask).
+        UsageError: ``stop_ids=None`` or a text prompt without a ``LoadedModel`` (no tokenizer to ask); a
+            ``prefix_store`` with an intervention before the boundary active, or made for other weights.
 
     Example:
         >>> from mechprobe import generate, tiny_model
@@ -199,11 +229,18 @@ def generate(
     first: dict[tuple[int, ...], int] = {}
     inverse = [first.setdefault(tuple(p), len(first)) for p in prompts]
     share = share_prefill and len(first) < b
-    ids, mask, pos = left_pad(list(first) if share else prompts, pad_id, dev)
+    unique = [list(p) for p in first] if share else prompts
+    _check_kv_stores(model, prefix_store, keep_kv)
+    kind: str | None = None
+    if prefix_store is not None:
+        cache, ids, mask, pos, kind = _reuse_prefixes(model, prefix_store, unique, pad_id, dev)
+    else:
+        ids, mask, pos = left_pad(unique, pad_id, dev)
+        cache = DynamicCache()
     gens = _make_generators(seeds, dev)
     temp_t = torch.tensor(temps, device=dev)
+    kept: set[int] = set()
 
-    cache = DynamicCache()
     out_tokens: list[list[int]] = [[] for _ in range(b)]
     reasons: list[str | None] = [None] * b
 
@@ -211,8 +248,9 @@ def generate(
     rows = list(range(b))  # original row index of each batch position (rows leave when drop_finished)
     for step in range(max_new_tokens):
         # Not logits_to_keep=1: measured 2x *slower* prefill in bf16 on CPU (benchmarks/bench_speed.py --prefill).
-        out = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
-                    **kv_kw(model, cache), use_cache=True)
+        with forward_kind(kind if step == 0 else None):
+            out = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
+                        **kv_kw(model, cache), use_cache=True)
         logits = out.logits[:, -1, :].float()
         cache = out_cache(out)
         if step == 0 and share:  # expand the unique prompts' prefill to one row per requested prompt
@@ -232,6 +270,8 @@ def generate(
                 out_tokens[i].append(t)
                 if t in stop_ids:
                     reasons[i] = stop_ids[t]
+        if keep_kv is not None:
+            _keep_rows(keep_kv, cache, mask, rows, prompts, out_tokens, reasons, kept, step == max_new_tokens - 1)
         keep = [j for j, i in enumerate(rows) if reasons[i] is None]
         if not keep:
             break
@@ -252,6 +292,85 @@ def generate(
         for g in gens_out:
             g.text = decode(tok, g)[1]
     return gens_out
+
+
+def _check_kv_stores(model: Any, prefix_store: KVSource | None, keep_kv: KVSource | None) -> None:
+    """Refuse a store whose prefixes this call could not reuse, or keys and values an intervention has touched."""
+    for store in (prefix_store, keep_kv):
+        if store is not None:
+            store.check(model)
+            problem = reuse_problem(model)
+            if problem:
+                raise UsageError(f"cannot reuse KV caches: {problem}; call generate without a prefix store")
+    before = active_interventions(model, before_boundary_only=True)
+    if prefix_store is not None and before:
+        raise UsageError(f"{before[0]} edits positions before the user-role boundary, so the stored prefixes (computed "
+                         "without it) are not what it would compute: steer from the boundary on (positions="
+                         "'boundary', 'generated' or 'boundary+generated') or call generate without prefix_store")
+    active = active_interventions(model)
+    if keep_kv is not None and active:
+        raise UsageError(f"keep_kv stores the generated positions' keys and values, and {active[0]} is active: "
+                         "they would carry it into the next turn; keep KV only from unsteered generation")
+
+
+def fill_prefixes(model: Any, store: KVSource, prompts: Sequence[Sequence[int]], *, pad_id: int = 0,
+                  max_tail: int = 0) -> list[tuple[int, KV | None]]:
+    """Each prompt's longest stored prefix ``(n_tokens, kv)``, after computing and storing, in one forward call
+    marked ``"prefix"``, the prefix up to (not including) the boundary of every prompt whose uncovered rest is
+    longer than ``max_tail`` tokens (0: every prompt not yet covered up to its boundary).
+
+    Each computed prefix continues from what the store already holds, so a conversation stored up to its
+    answer costs only the tokens after it. :meth:`mechprobe.lm.prefix.PrefixStore.build` calls this per batch.
+    """
+    model = model.model if isinstance(model, LoadedModel) else model
+    found: list[tuple[int, KV | None]] = [store.lookup(p, len(p) - 1) for p in prompts]
+    far = [i for i, (n, _) in enumerate(found)
+           if n < len(prompts[i]) - 1 and (max_tail == 0 or len(prompts[i]) - n > max_tail)]
+    if not far:
+        return found
+    dev = input_device(model)
+    sub = [found[i] for i in far]
+    cache, width = assemble([kv for _, kv in sub], [n for n, _ in sub], dev)
+    ids, mask, pos = continuation_inputs([prompts[i][n:-1] for i, (n, _) in zip(far, sub)], [n for n, _ in sub],
+                                         width, pad_id, dev)
+    with forward_kind("prefix"), torch.inference_mode():
+        out = logits_kept(model, 1, input_ids=ids, attention_mask=mask, position_ids=pos,
+                          **kv_kw(model, cache), use_cache=True)
+    cache = out_cache(out)
+    for r, i in enumerate(far):
+        kv = take_row(cache, r, mask[r].nonzero().flatten())
+        store.add(prompts[i][:-1], kv)
+        found[i] = (len(prompts[i]) - 1, kv)
+    return found
+
+
+def _reuse_prefixes(model: Any, store: KVSource, prompts: Sequence[Sequence[int]], pad_id: int, dev: torch.device
+                    ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor, str | None]:
+    """First-call inputs that continue each prompt from its longest stored prefix (cache, ids, mask, positions,
+    forward kind); a prompt whose rest is longer than ``store.max_tail`` has its prefix computed first."""
+    found = fill_prefixes(model, store, prompts, pad_id=pad_id, max_tail=store.max_tail)
+    starts = [n for n, _ in found]
+    cache, width = assemble([kv for _, kv in found], starts, dev)
+    if width == 0:
+        ids, mask, pos = left_pad(prompts, pad_id, dev)
+        return cache, ids, mask, pos, None
+    ids, mask, pos = continuation_inputs([p[n:] for p, n in zip(prompts, starts)], starts, width, pad_id, dev)
+    return cache, ids, mask, pos, "continue"
+
+
+def _keep_rows(store: KVSource, cache: Any, mask: torch.Tensor, rows: list[int], prompts: Sequence[Sequence[int]],
+               out_tokens: list[list[int]], reasons: list[str | None], kept: set[int], last: bool) -> None:
+    """Store the keys and values of rows that ended in this step (all rows on the last step): the prompt and
+    every generated token but the last, which no forward has read yet."""
+    for j, i in enumerate(rows):
+        if i in kept or (reasons[i] is None and not last):
+            continue
+        ids = list(prompts[i]) + out_tokens[i][:-1]
+        cols = mask[j].nonzero().flatten()
+        if len(cols) != len(ids):  # the mask must cover exactly the cached tokens of the row
+            raise RuntimeError(f"row {i}: {len(cols)} cached positions for {len(ids)} tokens")
+        store.add(ids, take_row(cache, j, cols))
+        kept.add(i)
 
 
 def _prompt_ids(p: Sequence[int] | ProbePrompt | str, tokenizer: Any) -> list[int]:

@@ -23,7 +23,12 @@ tokens (one per call in greedy decoding). ``positions`` selects:
   baked bias does (:func:`~mechprobe.steering.intervene.bake`).
 
 The prefill/decode split is read from the cache length, not from ``seq_len``, so a one-token prompt is
-still a prefill. HF ``generate(use_cache=False)`` re-runs the whole sequence every step; a no-cache
+still a prefill. A call that :func:`~mechprobe.lm.generation.generate` runs on a reused prefix
+(``prefix_store=``) holds a non-empty cache and still ends at the boundary: ``generate`` marks it
+(:func:`mechprobe.lm.kv.call_kind` ``"continue"``), and its last position is taken as the boundary; a call
+that computes a prefix for the store (``"prefix"``) has no boundary and no generated position. While a
+non-zero vector is active, the hooks record it on the model (:func:`mechprobe.lm.kv.intervention`), so
+``generate`` refuses stored prefixes under ``positions="all"``, the one mode that edits earlier positions. HF ``generate(use_cache=False)`` re-runs the whole sequence every step; a no-cache
 call whose ``input_ids`` extend the previous no-cache call's by exactly one token is recognised as such
 a step, and the boundary and generated positions are then found inside the full sequence, giving the
 same result as the cached run.
@@ -41,6 +46,7 @@ import torch
 from torch import nn
 
 from mechprobe.errors import UsageError
+from mechprobe.lm.kv import call_kind, intervention
 from mechprobe.lm.models import get_blocks
 
 STEER_POSITIONS = ("boundary", "generated", "boundary+generated", "all")
@@ -108,6 +114,13 @@ class _CallTracker:
             self.call = None
             return
         t = int(x.shape[1])
+        kind = call_kind()  # set by generate() when it reuses a stored prefix (mechprobe.lm.kv)
+        if kind == "prefix":  # positions before the boundary only
+            self.call, self.prev_ids = _Call(None, t), None
+            return
+        if kind == "continue":  # the rest of a prompt on a reused prefix: its last position is the boundary
+            self.call, self.prev_ids = _Call(t - 1, t), None
+            return
         # transformers >= 5.24 names the KV cache ``cache`` (``past_key_values`` before, still accepted with a
         # deprecation warning): read both, or every decode step would look like a fresh prompt.
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
@@ -220,7 +233,11 @@ def _hooked(mod: nn.Module, blocks: nn.ModuleList, vector: _Vector, alpha: float
         return args, {**kwargs, "hidden_states": add(kwargs["hidden_states"], owned=False)}
 
     handles = []
+    marks = contextlib.ExitStack()
     try:
+        if alpha != 0:  # tells generate() whether stored prefixes are still valid (mechprobe.lm.kv)
+            marks.enter_context(intervention(mod, f"steering at residual index {vector.layer} (positions="
+                                                  f"{positions!r})", before_boundary=positions == "all"))
         parent = _blocks_parent(mod, blocks)
         if parent is not None:
             handles.append(parent.register_forward_pre_hook(tracker.pre, with_kwargs=True, prepend=True))
@@ -233,4 +250,4 @@ def _hooked(mod: nn.Module, blocks: nn.ModuleList, vector: _Vector, alpha: float
     finally:
         for h in handles:
             h.remove()
-
+        marks.close()

@@ -44,8 +44,10 @@ from mechprobe.io import (
 )
 from mechprobe.lm import chat
 from mechprobe.lm.generation import auto_batch_size, batches_by_length, decode, generate
+from mechprobe.lm.kv import reuse_problem
 from mechprobe.lm.llamacpp import load_engine
 from mechprobe.lm.models import DEFAULT_MODEL, LoadedModel, load_model, load_tokenizer, weight_identity
+from mechprobe.lm.prefix import PrefixStore
 from mechprobe.lm.vllm import generate_vllm, load_vllm
 from mechprobe.records import (
     AssistantRecord,
@@ -239,8 +241,14 @@ def _merged_limit(out: Path, limit: int | None) -> int | None:
 
 
 def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
-              progress: bool = True, items: list[Item] | None = None, engine: Any = None) -> Path:
+              progress: bool = True, items: list[Item] | None = None, engine: Any = None,
+              continue_from_answer: bool = True) -> Path:
     """Build or extend the probe run in ``out``. Safe to re-run after a crash: done rows are skipped.
+
+    With the HF engine, each batch of answers is followed at once by its user turns, which continue from the
+    answers' KV cache (``continue_from_answer``): only the end of the assistant turn and the user-role header
+    are prefilled, not the query and the answer again. Answers that already existed (a resumed run) get
+    their user turns from a plain prefill.
 
     ``items`` bypasses the dataset loader (your own prompts from a notebook); ``cfg.dataset`` then
     only names them. Nothing is written to ``out`` until the config, the data, the model and its
@@ -255,6 +263,8 @@ def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
         items: your own :class:`~mechprobe.records.Item` list instead of the dataset loader; None (default).
         engine: the generation engine from :func:`load_generator` (vLLM/llama.cpp); None (default) with
             ``lm=None`` loads it, with an ``lm`` given means the HF path.
+        continue_from_answer: user turns continue from the answer batch's KV cache (HF engine; default True).
+            Same turns up to floating-point rounding (fp32: tested token for token; bf16: docs/cpu_speed.md).
 
     Returns:
         ``out`` as a :class:`~pathlib.Path`, now holding ``assistant.jsonl``, ``user_turns.jsonl``,
@@ -305,12 +315,14 @@ def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
         t0 = time.time()
         skipped = JsonlStore(out / SKIPPED, key="item_id")
         n_skip0 = len(skipped)
-        n_a = _assistant_stage(cfg, lm, a_jobs, out, progress, engine, skipped)
+        turns = _TurnsAfterAnswers(cfg, lm, plan, out, progress, engine, skipped,
+                                   _answer_store(lm, engine) if continue_from_answer else None)
+        n_a = _assistant_stage(cfg, lm, a_jobs, out, progress, engine, skipped, after_batch=turns)
         t_u = time.time()
-        n_u = _user_stage(cfg, lm, {it.item_id for it in items}, plan, out, progress, engine, skipped)
+        n_u = turns.rows + _user_stage(cfg, lm, {it.item_id for it in items}, plan, out, progress, engine, skipped)
         timing = _add_timing(read_json(out / "manifest.json").get("timing"),
-                             assistant_seconds=t_u - t0, assistant_rows=n_a, user_seconds=time.time() - t_u,
-                             user_rows=n_u)
+                             assistant_seconds=t_u - t0 - turns.seconds, assistant_rows=n_a,
+                             user_seconds=time.time() - t_u + turns.seconds, user_rows=n_u)
         n_skip = len(skipped)
         if n_skip > n_skip0:
             log.warning("%d row(s) skipped as too long for the model's context; see %s", n_skip - n_skip0,
@@ -321,6 +333,38 @@ def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
                                                 "skipped_rows": {"file": SKIPPED, "n": n_skip},
                                                 "timing": timing})
     return out
+
+
+def _answer_store(lm: LoadedModel, engine: Any) -> PrefixStore | None:
+    """A store for one answer batch's KV cache (HF engine only: the others keep their caches to themselves)."""
+    if engine is not None or lm.model is None or reuse_problem(lm.model):
+        return None
+    return PrefixStore(lm, progress=False)
+
+
+class _TurnsAfterAnswers:
+    """Called after each answer batch: that batch's user turns, continued from the answers' KV cache.
+
+    The store holds one batch's answers at a time (what the batch's own decoding held, so memory stays within
+    the automatic batch's budget) and is cleared after their turns; ``rows`` and ``seconds`` are what it added.
+    """
+
+    def __init__(self, cfg: ProbeConfig, lm: LoadedModel, plan: list[tuple[str, float, int]], out: Path,
+                 progress: bool, engine: Any, skipped: JsonlStore, store: PrefixStore | None) -> None:
+        self.cfg, self.lm, self.plan, self.out, self.progress, self.engine = cfg, lm, plan, out, progress, engine
+        self.skipped, self.store = skipped, store
+        self.rows, self.seconds = 0, 0.0
+
+    def __call__(self, item_ids: set[str]) -> None:
+        if self.store is None:
+            return
+        t = time.time()
+        try:
+            self.rows += _user_stage(self.cfg, self.lm, item_ids, self.plan, self.out, self.progress, self.engine,
+                                     self.skipped, prefix_store=self.store)
+        finally:
+            self.store.clear()
+        self.seconds += time.time() - t
 
 
 def _add_timing(old: dict[str, Any] | None, **new: float) -> dict[str, Any]:
@@ -373,12 +417,17 @@ def _rows(cfg: ProbeConfig, engine: Any, lm: LoadedModel | None = None, prompt_l
     return n
 
 
-def _decode_batch(lm: LoadedModel, engine: Any, prompts: list[list[int]], **kw: Any) -> list[Any]:
+def _decode_batch(lm: LoadedModel, engine: Any, prompts: list[list[int]], *, kv_store: PrefixStore | None = None,
+                  reuse: bool = False, **kw: Any) -> list[Any]:
+    """Decode with the run's engine; on the HF path, ``kv_store`` receives the rows' KV caches (answers) or,
+    with ``reuse``, supplies the prefixes the prompts continue from (user turns)."""
     if hasattr(engine, "decode_batch"):  # llamacpp_backend.LlamaCppEngine
         return engine.decode_batch(prompts, **kw)
     if engine is not None:
         kw.pop("pad_id", None)
         return generate_vllm(engine, prompts, **kw)
+    if kv_store is not None:
+        kw["prefix_store" if reuse else "keep_kv"] = kv_store
     return generate(lm.model, prompts, **kw)
 
 
@@ -410,7 +459,10 @@ def _assistant_jobs(cfg: ProbeConfig, lm: LoadedModel, items: list[Item], out: P
 
 
 def _assistant_stage(cfg: ProbeConfig, lm: LoadedModel, jobs: list[tuple[Item, list[int]]], out: Path,
-                     progress: bool, engine: Any, skipped: JsonlStore) -> int:
+                     progress: bool, engine: Any, skipped: JsonlStore,
+                     after_batch: _TurnsAfterAnswers | None = None) -> int:
+    """Greedy answers of ``jobs``, appended to ``out/assistant.jsonl``; ``after_batch`` (the user turns that
+    continue from the answers) runs after each batch, its answers' KV cache in its store."""
     tok = lm.tokenizer
     store = JsonlStore(out / ASSISTANT, key="item_id")
     ctx = context_length(lm)
@@ -424,7 +476,8 @@ def _assistant_stage(cfg: ProbeConfig, lm: LoadedModel, jobs: list[tuple[Item, l
     rows = _rows(cfg, engine, lm, max(len(p) for p in prompts), cfg.max_assistant_tokens)
     for batch in batches_by_length([len(p) for p in prompts], rows):
         gens = _decode_batch(lm, engine, [prompts[i] for i in batch], stop_ids=stops,
-                             max_new_tokens=cfg.max_assistant_tokens, temperatures=0.0, pad_id=tok.pad_token_id)
+                             max_new_tokens=cfg.max_assistant_tokens, temperatures=0.0, pad_id=tok.pad_token_id,
+                             kv_store=after_batch.store if after_batch is not None else None)
         for i, g in zip(batch, gens):
             it = todo[i][0]
             _, text = decode(tok, g)
@@ -435,6 +488,8 @@ def _assistant_stage(cfg: ProbeConfig, lm: LoadedModel, jobs: list[tuple[Item, l
                                   reference_next_user=it.reference_next_user)
             store.append(rec.to_dict())
             bar.update(1)
+        if after_batch is not None:
+            after_batch({todo[i][0].item_id for i in batch})
     bar.close()
     return len(todo)
 
@@ -455,11 +510,12 @@ def assistant_answers(cfg: ProbeConfig, lm: LoadedModel, items: list[Item], out:
 def _user_stage(cfg: ProbeConfig, lm: LoadedModel, wanted: set[str], plan: list[tuple[str, float, int]],
                 out: Path, progress: bool, engine: Any, skipped: JsonlStore, *,
                 prompt_for: Callable[[AssistantRecord], chat.ProbePrompt] | None = None,
-                variant: str = "full") -> int:
+                variant: str = "full", prefix_store: PrefixStore | None = None) -> int:
     """User turns for the assistant records in ``out`` whose item is in ``wanted``.
 
     ``prompt_for`` builds the probe prompt of a record (default: conversation + user header); the
     study's perturbations pass their own and tag rows with ``variant`` (also part of the record id).
+    ``prefix_store``: prompts continue from the longest prefix stored there (the answers' KV cache).
     """
     tok = lm.tokenizer
     assistants = [AssistantRecord.from_dict(r) for r in read_jsonl(out / ASSISTANT, key="item_id")]
@@ -488,7 +544,7 @@ def _user_stage(cfg: ProbeConfig, lm: LoadedModel, wanted: set[str], plan: list[
         seeds = [row_seed(cfg.seed, j[5]) if j[3] > 0 else None for j in sel]
         gens = _decode_batch(lm, engine, [j[1].input_ids for j in sel], stop_ids=stops,
                              max_new_tokens=cfg.max_user_tokens, temperatures=[j[3] for j in sel], seeds=seeds,
-                             pad_id=tok.pad_token_id)
+                             pad_id=tok.pad_token_id, kv_store=prefix_store, reuse=True)
         for (a, pp, decoding, temp, k, rid), seed, g in zip(sel, seeds, gens):
             raw, text = decode(tok, g)
             rec = UserTurnRecord(record_id=rid, item_id=a.item_id, dataset=a.dataset, decoding=decoding,
