@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from mechprobe.lm import chat
 from mechprobe.lm.generation import batches_by_length, decode, generate
 from mechprobe.lm.models import LoadedModel
+from mechprobe.lm.prefix import PrefixStore
 from mechprobe.records import AssistantRecord
 from mechprobe.steering.vector import SteeringVector, steer
 from mechprobe.turns.perturb import variant_prompt, variant_record
@@ -41,7 +42,7 @@ def arm_prompt(lm: LoadedModel, a: AssistantRecord, kind: str) -> chat.ProbeProm
 def user_turns(lm: LoadedModel, convs: Sequence[AssistantRecord], *, arm: str, kind: str, max_new_tokens: int,
                temperature: float = 0.0, seed: int = 0, vector: SteeringVector | None = None, alpha: float = 0.0,
                positions: str = "boundary+generated", batch_size: int = 16, progress: bool = True,
-               done: set[str] | None = None) -> Any:
+               done: set[str] | None = None, prefix_store: PrefixStore | None = None) -> Any:
     """Yield one row per conversation (``dict`` with the query, the answer, the turn and how it was made).
 
     Args:
@@ -58,18 +59,25 @@ def user_turns(lm: LoadedModel, convs: Sequence[AssistantRecord], *, arm: str, k
         batch_size: rows per decode call.
         progress: a tqdm bar.
         done: item ids already written (resume): skipped.
+        prefix_store: a :class:`~mechprobe.lm.prefix.PrefixStore` holding the conversations up to the boundary:
+            every arm then prefills only the boundary, so an arm costs its decoding alone. Steering at the boundary
+            and after is compatible (the boundary is computed inside the arm); the answer-removed arm's prompts
+            are other conversations and are prefilled whole.
     Yields:
         rows in batch order; the caller appends each to its JSONL file at once, so a kill loses one batch.
     """
     done = done or set()
     todo = [a for a in convs if a.item_id not in done]
     prompts = [arm_prompt(lm, a, kind) for a in todo]
+    store = prefix_store if kind != "no_response" else None
+    if store is not None and prompts:
+        store.build(prompts, pad_id=lm.tokenizer.pad_token_id or 0)
     bar = tqdm(total=len(todo), desc=f"user turns [{arm}]", unit="turn", disable=not progress)
     for idx in batches_by_length([len(p.input_ids) for p in prompts], batch_size):
         sel = [todo[i] for i in idx]
         pps = [prompts[i] for i in idx]
         seeds = [row_seed(seed, arm, a.item_id) if temperature > 0 else None for a in sel]
-        kw = dict(max_new_tokens=max_new_tokens, temperatures=temperature, seeds=seeds)
+        kw = dict(max_new_tokens=max_new_tokens, temperatures=temperature, seeds=seeds, prefix_store=store)
         if kind == "steer" and vector is not None and alpha != 0:
             with steer(lm.model, vector, alpha, positions):
                 gens = generate(lm, pps, **kw)

@@ -35,6 +35,7 @@ from mechprobe.io import JsonlStore, output_dir_lock, read_json, read_jsonl, sha
 from mechprobe.judges.base import JudgeInput
 from mechprobe.judges.factory import make_judge
 from mechprobe.lm.models import LoadedModel, load_model
+from mechprobe.lm.prefix import PrefixStore
 from mechprobe.lm.registry import EMBEDDED, embedded_gguf_path
 from mechprobe.records import AssistantRecord
 from mechprobe.steering.evaluate import is_degenerate
@@ -84,6 +85,7 @@ class Study:
         self.progress = progress
         self.ledger = Ledger.open(self.root, plan)
         self._lm: LoadedModel | None = None
+        self._store: PrefixStore | None = None
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -92,6 +94,14 @@ class Study:
             self._check_model()
             self._lm = load_model(self.plan.model, dtype=self.plan.dtype)
         return self._lm
+
+    @property
+    def store(self) -> PrefixStore:
+        """The conversations' KV prefixes, shared by every arm of this process (on disk under the work folder
+        beyond 2 GiB, reused by a later process on the same weights)."""
+        if self._store is None:
+            self._store = PrefixStore(self.lm, disk_dir=self.work / "prefix", progress=self.progress)
+        return self._store
 
     def _check_model(self) -> None:
         m = EMBEDDED.get(self.plan.model)
@@ -334,7 +344,8 @@ class Study:
             vec = self.vector("reading_contrast", layer)
             done = {t.split("|")[0] for t in have if t.endswith(f"|{name}")}
             for row in user_turns(self.lm, convs, arm=f"select_{name}", kind="steer", vector=vec, alpha=alpha,
-                                  max_new_tokens=self.plan.user_tokens, done=done, progress=self.progress):
+                                  max_new_tokens=self.plan.user_tokens, done=done, progress=self.progress,
+                                  prefix_store=self.store):
                 store.append({"turn_id": f"{row['item_id']}|{name}", **row})
                 have.add(f"{row['item_id']}|{name}")
             rows = [r for r in read_jsonl(out) if r["turn_id"].endswith(f"|{name}")]
@@ -370,7 +381,8 @@ class Study:
         have = {r["item_id"] for r in read_jsonl(out)}
         for row in user_turns(self.lm, self.conversations("heldout"), arm=arm.name, kind=arm.kind,
                               temperature=arm.temperature, seed=self.plan.seed, vector=vec, alpha=alpha,
-                              max_new_tokens=self.plan.user_tokens, done=have, progress=self.progress):
+                              max_new_tokens=self.plan.user_tokens, done=have, progress=self.progress,
+                              prefix_store=self.store):
             store.append(row)
         return [out]
 
