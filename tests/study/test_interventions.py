@@ -189,3 +189,43 @@ def test_every_step_runs_and_resumes_on_the_embedded_model(tmp_path, monkeypatch
     assert s.verify() == []
     again = Study(plan, tmp_path / "reports", tmp_path / "work", progress=False)
     assert again.run() == []  # everything recorded: a resumed run does nothing
+
+
+def test_authored_stimuli_are_an_external_step_checked_item_by_item(tmp_path):
+    raw = json.loads((REPO / "studies" / "interventions" / "plan_v2.json").read_text(encoding="utf-8"))
+    p = tmp_path / "plan_v2.json"
+    p.write_text(json.dumps(raw), encoding="utf-8")
+    (tmp_path / "plan.json").write_bytes(PLAN.read_bytes())  # answers_from_plan names it
+    s = Study(load_plan(p), tmp_path / "reports", tmp_path / "work", progress=False)
+    assert s.answers_dir() == tmp_path / "work" / "interventions-0.5b-v1" / "answers"
+    root = s.root
+    root.mkdir(parents=True)
+    convs = [{"item_id": f"gsm8k-{k:04d}", "split": "train", "dataset": "gsm8k", "query": "q", "answer": "a",
+              "stop_reason": "end_of_turn", "n_answer_tokens": 3, "score": None, "gold": None} for k in range(3)]
+    (root / "conversations_train.jsonl").write_text("".join(json.dumps(c) + "\n" for c in convs), encoding="utf-8")
+    (root / "items_train.json").write_text(json.dumps({"items": [c["item_id"] for c in convs]}), encoding="utf-8")
+    s.ledger.record("train_answers", 1.0, [])
+    state = {st.name: st for st in s.status()}
+    assert state["train_stimuli"].state == "external" and "waits for" in state["train_stimuli"].note
+    f = root / "train" / "stimuli_authored.jsonl"
+    f.parent.mkdir(parents=True)
+    rows = [{"item_id": c["item_id"], "react": "Why 3?", "ignore": "Thanks!", "ignore_kind": "generic"} for c in convs]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows[:2]), encoding="utf-8")
+    assert s.authored_stimuli()[0] == [] and "1 train items missing" in s.authored_stimuli()[1]
+    rows[2]["react"] = " "
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert "1 empty" in s.authored_stimuli()[1]
+    rows[2]["react"] = "Why is the second step 3?"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert len(s.authored_stimuli()[0]) == 3
+
+
+def test_reusing_answers_of_a_plan_with_another_cap_is_refused(tmp_path):
+    raw = json.loads((REPO / "studies" / "interventions" / "plan_v2.json").read_text(encoding="utf-8"))
+    (tmp_path / "plan_v2.json").write_text(json.dumps(raw), encoding="utf-8")
+    v1 = json.loads(PLAN.read_text(encoding="utf-8"))
+    v1["conversations"]["max_answer_tokens"] = 256
+    (tmp_path / "plan.json").write_text(json.dumps(v1), encoding="utf-8")
+    s = Study(load_plan(tmp_path / "plan_v2.json"), tmp_path / "reports", tmp_path / "work", progress=False)
+    with pytest.raises(UserError, match="answers_from"):
+        s.answers_dir()
