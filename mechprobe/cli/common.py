@@ -8,6 +8,7 @@ parser (the ``mechprobe`` subcommand's, or a parser of its own for ``experiments
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.metadata
 import re
 import sys
@@ -91,13 +92,66 @@ def command_parser(add_args: Callable[[argparse.ArgumentParser], None], doc: str
     return accept_negative_numbers(p)
 
 
-def friendly(fn: Callable[[], int | None]) -> int:
-    """Run ``fn``; a UserError becomes one line on stderr and exit code 2, anything else propagates."""
+# A config field named in a message below cli/ (``alpha=4``, ``max_heldout=``): the package names settings by their
+# config field, the command line by its flag.
+_FIELD = re.compile(r"(?<![\w.\-])([a-z][a-z0-9_]*)=")
+
+
+def flag_names(p: argparse.ArgumentParser) -> dict[str, str]:
+    """Config field (argparse ``dest``) -> the flag that sets it (its first long option), for ``p``'s options."""
+    out: dict[str, str] = {}
+    for action in p._actions:
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if longs and action.dest not in out:
+            out[action.dest] = longs[0]
+    return out
+
+
+def as_flags(message: str, flags: dict[str, str]) -> str:
+    """``message`` with every ``field=`` of a known field written as its flag (``alpha=4`` -> ``--alpha 4``).
+
+    Why: errors below :mod:`mechprobe.cli` name the config field a Python caller set; a command-line user set a
+    flag, and should be told that flag. Other ``name=`` text (a field this command has no flag for) is kept.
+
+    Example:
+        >>> as_flags("alpha=-1: must be > 0; or alpha_unit='raw'", {"alpha": "--alpha", "alpha_unit": "--alpha-unit"})
+        "--alpha -1: must be > 0; or --alpha-unit 'raw'"
+    """
+    def sub(m: re.Match[str]) -> str:
+        flag = flags.get(m.group(1))
+        if flag is None:
+            return m.group(0)
+        nxt = message[m.end():m.end() + 1]
+        return flag + (" " if nxt and not nxt.isspace() and nxt not in ",;:)" else "")
+    return _FIELD.sub(sub, message)
+
+
+def friendly(fn: Callable[[], int | None], parser: argparse.ArgumentParser | None = None) -> int:
+    """Run ``fn``; a UserError becomes one line on stderr and exit code 2, anything else propagates.
+
+    With ``parser`` (the command's), config fields named in the message are shown as that command's flags
+    (:func:`as_flags`)."""
     try:
         return int(fn() or 0)
     except UserError as e:
-        print(f"mechprobe: error: {e}", file=sys.stderr)
+        msg = as_flags(str(e), flag_names(parser)) if parser is not None else str(e)
+        print(f"mechprobe: error: {msg}", file=sys.stderr)
         return 2
+
+
+def command_of(p: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The subcommand parser ``name`` of ``p`` (``p`` itself when it has none of that name)."""
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            return action.choices[name]
+    return p
+
+
+def config_defaults(config: type) -> dict[str, Any]:
+    """Every field of the config dataclass ``config`` -> its default, so a flag's default is written once (in the
+    config) and the command line cannot drift from a Python caller's."""
+    made = config()
+    return {f.name: getattr(made, f.name) for f in dataclasses.fields(config)}
 
 
 def add_run(p: argparse.ArgumentParser, help: str, flag: str | None = None, optional: bool = False) -> None:

@@ -69,4 +69,5 @@ def run(a: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``mechprobe judge`` with a parser of its own (``argv`` without the command name); returns the exit code."""
-    return common.friendly(lambda: run(common.command_parser(add_args, __doc__, "mechprobe judge").parse_args(argv)))
+    p = common.command_parser(add_args, __doc__, "mechprobe judge")
+    return common.friendly(lambda: run(p.parse_args(argv)), p)

@@ -155,7 +155,7 @@ def _bake_arm(a: Any, out: Path, base_weight_hash: str, notes: list[str], judge:
     if not (dest / "config.json").exists():
         lm = load_model(a.model, device="cpu", dtype=torch.float32)
         try:
-            bake(lm.model, vec, float(best["alpha"]))
+            bake(lm.model, vec, float(best["alpha"]), unit="raw")  # the pinned vector is already in alpha units
         except NotImplementedError as e:
             notes.append(f"baked steering arm skipped: {e}")
             return None

@@ -107,7 +107,7 @@ def test_cli_run_is_positional_everywhere():
             return ""
 
     orig = cli_steer.steer_experiment
-    cli_steer.steer_experiment = lambda cfg: seen.append((cfg.run, cfg.alpha)) or _Done()
+    cli_steer.steer_experiment = lambda cfg: seen.append((cfg.run, cfg.alphas)) or _Done()
     try:
         assert cli.main(["steer", "runs/x", "--alpha", "4", "4.5"]) == 0
         assert cli.main(["steer", "--run", "runs/x", "--alpha-unit", "raw"]) == 0

@@ -286,7 +286,7 @@ def test_steering_adds_the_vector_where_the_hf_hook_does(smol, lc, probe_prompts
         ms.clear()
         corr = {}
         for hl in (layer - 1, layer, layer + 1):
-            with steer(smol.model, SteeringVector(vector=vec, layer=hl, kind="random"), 1.0, "all"), torch.no_grad():
+            with steer(smol.model, SteeringVector(vector=vec, layer=hl, kind="random"), 1.0, "all", unit="raw"), torch.no_grad():
                 theirs = smol.model(torch.tensor([p])).logits[0, -1].float().numpy()
             corr[hl] = float(np.corrcoef(ours, theirs)[0, 1])
         assert corr[layer] > 0.995 and corr[layer] > max(corr[layer - 1], corr[layer + 1]), corr
