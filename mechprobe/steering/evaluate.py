@@ -59,6 +59,15 @@ class SteeredTurn:
     nll_base_text: float | None = None  # NLL of the alpha-0 turn of this item under this condition's model
 
 
+def steered(model: Any, vector: SteeringVector, alpha: float, positions: str
+            ) -> contextlib.AbstractContextManager[None]:
+    """:func:`~mechprobe.steering.intervene.steer` for a vector already in alpha units (:func:`in_alpha_units`, as
+    the experiment builds every kind): ``alpha * vector`` is added, so the added norm is the one
+    ``steer(model, raw_vector, alpha, unit=...)`` adds in the config's unit. Every steered forward here goes
+    through this one call."""
+    return steer(model, vector, alpha, positions, unit="raw")
+
+
 def _engine_generate(engine: Any, prompts: list[list[int]], vector: SteeringVector | None, alpha: float,
                      positions: str, **kw: Any) -> list[Any]:
     """Greedy rows on a generation engine with steering (the llama.cpp engine's control vectors)."""
@@ -93,7 +102,7 @@ def steered_user_turns(lm: LoadedModel, assistants: Sequence[AssistantRecord], v
             gens = _engine_generate(engine, prompts, vector, alpha, positions, stop_ids=stops,
                                     max_new_tokens=max_new_tokens)
         elif vector is not None and alpha != 0:
-            with steer(lm.model, vector, alpha, positions, unit="raw"):
+            with steered(lm.model, vector, alpha, positions):
                 gens = generate(lm.model, prompts, stop_ids=stops, max_new_tokens=max_new_tokens,
                                 pad_id=tok.pad_token_id)
         else:
@@ -224,7 +233,7 @@ def steered_nll(lm: LoadedModel, prompts: Sequence[Sequence[int]], continuations
     out: list[float | None] = []
     for s in range(0, len(prompts), batch_size):
         ps, cs = prompts[s:s + batch_size], [list(c) for c in continuations[s:s + batch_size]]
-        ctx = steer(model, vector, alpha, positions, unit="raw") if vector is not None and alpha != 0 else contextlib.nullcontext()
+        ctx = steered(model, vector, alpha, positions) if vector is not None and alpha != 0 else contextlib.nullcontext()
         with ctx:
             ids, mask, pos = left_pad(ps, pad, dev)
             kv = DynamicCache()
@@ -352,7 +361,7 @@ class NllScorer:
             ids[i, :len(feed)] = torch.tensor(feed, device=dev)
             mask[i, width_p - n:width_p + len(feed)] = 1
         pos = torch.tensor(lens, device=dev)[:, None] + torch.arange(width_c, device=dev)[None]
-        ctx = steer(model, vector, alpha, positions, unit="raw") if vector is not None else contextlib.nullcontext()
+        ctx = steered(model, vector, alpha, positions) if vector is not None else contextlib.nullcontext()
         with ctx:
             logits = _last_logits(model, width_c, input_ids=ids, attention_mask=mask, position_ids=pos,
                                   **kv_kw(model, kv), use_cache=True)
@@ -447,7 +456,7 @@ def assistant_accuracy(lm: LoadedModel, items: Sequence[AssistantRecord], vector
             gens = _engine_generate(engine, prompts, vector, alpha, "all", stop_ids=stops,
                                     max_new_tokens=max_new_tokens)
         elif vector is not None and alpha != 0:
-            with steer(lm.model, vector, alpha, "all", unit="raw"):
+            with steered(lm.model, vector, alpha, "all"):
                 gens = generate(lm.model, prompts, stop_ids=stops, max_new_tokens=max_new_tokens,
                                 pad_id=tok.pad_token_id)
         else:

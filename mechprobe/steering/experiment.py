@@ -79,8 +79,8 @@ from mechprobe.steering.vector import (
     in_alpha_units,
 )
 
-__all__ = ["DEFAULT_ALPHAS", "SteerConfig", "SteerResult", "candidate_layers", "resid_ladder", "run_steer",
-           "steer_experiment"]
+__all__ = ["DEFAULT_ALPHAS", "SteerConfig", "SteerResult", "candidate_layers", "kind_vectors", "resid_ladder",
+           "run_steer", "steer_experiment"]
 
 
 @dataclass
@@ -285,7 +285,13 @@ def _vectors(s: _Steer, raw: SteeringVector, layer: int) -> list[SteeringVector]
     and its controls, in table order."""
     ctx = VectorContext(cache=s.cache, layer=layer, train_rows=s.train_rows, pos_rows=s.pos_rows,
                         neg_rows=s.neg_rows, reference=raw, seed=s.a.seed, model=s.lm, run=s.run)
-    return [in_alpha_units(build_vector(kind, ctx), s.unit) for kind in check_kinds(s.a.kinds)]
+    return kind_vectors(s.a, ctx)
+
+
+def kind_vectors(a: SteerConfig, ctx: VectorContext) -> list[SteeringVector]:
+    """Every kind of ``a.kinds`` built by its registered builder at ``ctx.layer``, put in ``a.alpha_unit``
+    (:func:`in_alpha_units`), in table order: what the held-out stage steers with."""
+    return [in_alpha_units(build_vector(kind, ctx), a.alpha_unit) for kind in check_kinds(a.kinds)]
 
 
 def _heldout(s: _Steer, vectors: list[SteeringVector], raw: SteeringVector, layer: int, alphas: list[float],
