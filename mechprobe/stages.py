@@ -22,8 +22,15 @@ from mechprobe.activations.cache import cache_run
 from mechprobe.errors import MissingInput, UserError
 from mechprobe.io import read_json, read_jsonl
 from mechprobe.judges.base import JudgeMismatch
-from mechprobe.judges.factory import default_judge, judges_model, make_judge, shared_judge_model
+from mechprobe.judges.factory import (
+    judges_model,
+    labelled_by,
+    make_judge,
+    resolve_judge_spec,
+    shared_judge_model,
+)
 from mechprobe.judges.hybrid import HybridJudge
+from mechprobe.judges.registry import AUTO
 from mechprobe.judges.run import judge_run
 from mechprobe.lm.choice import ChoiceScorer
 from mechprobe.lm.generation import free_memory_bytes, kv_bytes_per_token
@@ -215,8 +222,7 @@ def finding_presets(preset: dict[str, Any], datasets: list[str], limit: int | No
 def auto_judge(run: Path, model: str) -> str:
     """The judge ``--judge auto`` means for ``run`` (:func:`mechprobe.judges.factory.default_judge`, given the
     judge that wrote the run's labels, if any)."""
-    rows = read_jsonl(run / "labels.jsonl") if (run / "labels.jsonl").exists() else []
-    return default_judge(model, str(rows[0].get("judge", "")) if rows else None)
+    return resolve_judge_spec(AUTO, model, labelled_by(run))
 
 
 def probe_config(model: str, dataset: str | None, preset: dict[str, Any] | None = None,

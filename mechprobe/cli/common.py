@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mechprobe.errors import UsageError, UserError
+from mechprobe.judges.factory import judge_help
 
 EXIT_CODES = """exit codes:
   0  ok
@@ -194,10 +195,11 @@ def batch_size_arg(v: str) -> int | None:
 
 # ------------------------------------------------------------------ flags shared by several commands, defined once
 
-JUDGE_HELP = ("offline | offline-lexical | hybrid:MODEL | hybrid-voice:MODEL (alias hybrid2:MODEL) | local:MODEL | openai:MODEL | auto (default). "
+JUDGE_HELP = (f"{judge_help()} | auto (default). "
               "auto: openai:$MECHPROBE_JUDGE_MODEL when set; else the judge that already labelled the run; else "
               "offline for the embedded default model; else the best-validated judge this machine can run "
               "(hybrid-voice on the 1.5B Qwen when fetched, else offline)")
+"""``--judge``'s help: every registered judge kind (:mod:`mechprobe.judges.kinds`), then what ``auto`` means."""
 DTYPES = ("float32", "bfloat16", "float16")
 
 
