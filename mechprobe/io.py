@@ -435,7 +435,7 @@ def check_manifest(run_dir: str | Path, identity: dict[str, Any], name: str = MA
     diff = identity_diff(old["identity"], json.loads(json.dumps(redact(identity), default=str)))
     if diff:
         raise ManifestMismatch(f"{path} was written by a different configuration ({'; '.join(diff)}). "
-                               f"Use a new --out directory, or delete {run_dir} to start over.")
+                               f"Use a new run directory (out=), or delete {run_dir} to start over.")
     return old
 
 

@@ -57,7 +57,7 @@ def run_model(run_dir: Path, device: str | None = None) -> LoadedModel:
     ident = read_json(man).get("identity", {})
     cfg = ident.get("config", {})
     if "model" not in ident:
-        raise UsageError(f"{man} names no model: pass one (cache_run(run, model=load_model(...)) or --model)")
+        raise UsageError(f"{man} names no model: pass one (cache_run(run, model=load_model(...)) or model=)")
     return load_model(ident["model"], device=device, dtype=cfg.get("dtype"), chat_template=cfg.get("chat_template"))
 
 
@@ -128,12 +128,12 @@ def cache_run(
         raise UsageError(f"dtype must be one of float16, float32, bfloat16 (got {dtype!r})")
     dtype = _CANON.get(dtype, dtype)
     if batch_size < 1 or shard_rows < 1:
-        raise UsageError("--batch-size and shard_rows must be >= 1")
+        raise UsageError("batch_size= and shard_rows must be >= 1")
     if run_dir.exists() or run_dir.is_symlink():  # a file, a loop or a read-only run: refused before the model loads
         check_writable_dir(run_dir / CACHE_DIR if (run_dir / CACHE_DIR).is_dir() else run_dir, "RUN")
     turns = run_dir / "user_turns.jsonl"
     if not turns.exists():
-        raise MissingInput(f"{turns} not found: run `mechprobe probe --out {run_dir}` first")
+        raise MissingInput(f"{turns} not found: run `mechprobe probe {run_dir}` first")
     recs = [UserTurnRecord.from_dict(r) for r in read_jsonl(turns, key="record_id")]
     if not recs:
         raise UsageError(f"{turns} is empty: the probe has not produced any user turns yet")
@@ -266,7 +266,7 @@ def _check_storable(x: torch.Tensor, position: str, dtype: str) -> None:
                          "(float16 models overflow)")
     if dtype == "float16" and x.abs().max() > _FP16_MAX:
         raise UsageError(f"activations at {position} reach {x.abs().max().item():.0f}, beyond float16's range "
-                         "(65504): cache with --dtype bfloat16 or float32")
+                         "(65504): cache with dtype=bfloat16 or float32")
 
 
 def _prompt_key(r: UserTurnRecord) -> tuple[int, ...]:

@@ -97,10 +97,10 @@ def parse_layers(layers: str | Sequence[int] | None, n_layers: int) -> list[int]
     try:
         vals = [int(x) for x in toks]
     except ValueError:
-        raise UsageError(f"--layers must be 'all' or comma-separated integers, got {layers!r}") from None
+        raise UsageError(f"layers={layers!r}: must be 'all' or comma-separated integers") from None
     bad = [v for v in vals if not 0 <= v <= n_layers]
     if bad:
-        raise UsageError(f"--layers {bad} out of range: residual indices run 0..{n_layers} (0 = embeddings)")
+        raise UsageError(f"layers={bad} out of range: residual indices run 0..{n_layers} (0 = embeddings)")
     return sorted(set(vals))
 
 

@@ -204,11 +204,11 @@ def _one_labeller(path: Path, who: str, kind: str | None, file_kind: str, sample
         raise UsageError(f"{path}: labeller name {who!r} must be letters, digits, '_', '.', '-' (at most 64); "
                          f"type a plain name in the sheet or rename the file")
     if kind and file_kind and kind != file_kind:
-        raise UsageError(f"{path}: the file says labeller kind {file_kind!r} but --labeller-kind is {kind!r}; "
-                         f"drop --labeller-kind or fix the kind in the sheet")
+        raise UsageError(f"{path}: the file says labeller kind {file_kind!r} but labeller_kind= is {kind!r}; "
+                         f"drop labeller_kind= or fix the kind in the sheet")
     k = kind or file_kind
     if k not in LABELLER_KINDS:
-        raise UsageError(f"{path}: labeller kind {k or 'missing'!r}; pass --labeller-kind person or model")
+        raise UsageError(f"{path}: labeller kind {k or 'missing'!r}; pass labeller_kind=person or model")
     return LabellerLabels(who, k, sample_id,
                           tuple(RowLabel(r["row"], r["label"], r["borderline"], r["note"], r["strict"]) for r in rows))
 
@@ -275,7 +275,7 @@ def read_labels_file(path: str | Path, kind: str | None = None, name: str | None
     got = read_labellers_file(path, kind, name)
     if len(got) > 1:
         raise UsageError(f"{path} holds the labels of {len(got)} labellers ({', '.join(lab.name for lab in got)}); "
-                         f"read it with read_labellers_file, or import it with `mechprobe audit RUN --labels {path}`")
+                         f"read it with read_labellers_file, or import it with `mechprobe audit RUN labels={path}`")
     return got[0]
 
 

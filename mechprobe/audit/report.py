@@ -76,7 +76,7 @@ def check_sample_judged(sample: AuditSample, table: TurnTable, run: str | Path =
     if missing:
         raise UsageError(f"{len(missing)} sampled turn(s) have no judge label in the run now (first {missing[0]!r}: "
                          f"a judge_error or a removed turn); re-run `mechprobe judge {run}` (judge errors are "
-                         f"retried), or draw a new sample with --redraw; nothing was imported")
+                         f"retried), or draw a new sample with redraw=True; nothing was imported")
 
 
 @dataclass(frozen=True)

@@ -96,28 +96,40 @@ def command_parser(add_args: Callable[[argparse.ArgumentParser], None], doc: str
 # A config field named in a message below cli/ (``alpha=4``, ``max_heldout=``): the package names settings by their
 # config field, the command line by its flag.
 _FIELD = re.compile(r"(?<![\w.\-])([a-z][a-z0-9_]*)=")
+_SWITCH = re.compile(r"(?<![\w.\-])[a-z][a-z0-9_]*=(?:True|False)\b")
 
 
 def flag_names(p: argparse.ArgumentParser) -> dict[str, str]:
-    """Config field (argparse ``dest``) -> the flag that sets it (its first long option), for ``p``'s options."""
+    """Config field (argparse ``dest``) -> the flag that sets it (its first long option), for ``p``'s options;
+    switches also as ``field=True`` (and ``field=False`` for a ``--no-`` switch) -> the flag alone."""
     out: dict[str, str] = {}
     for action in p._actions:
         longs = [o for o in action.option_strings if o.startswith("--")]
-        if longs and action.dest not in out:
-            out[action.dest] = longs[0]
+        if not longs:
+            continue
+        out.setdefault(action.dest, longs[0])
+        if isinstance(action, argparse._StoreTrueAction):
+            out.setdefault(f"{action.dest}=True", longs[0])
+        elif isinstance(action, argparse.BooleanOptionalAction):
+            out.setdefault(f"{action.dest}=True", longs[0])
+            out.setdefault(f"{action.dest}=False", next((o for o in longs if o.startswith("--no-")), longs[0]))
     return out
 
 
 def as_flags(message: str, flags: dict[str, str]) -> str:
-    """``message`` with every ``field=`` of a known field written as its flag (``alpha=4`` -> ``--alpha 4``).
+    """``message`` with every ``field=`` of a known field written as its flag (``alpha=4`` -> ``--alpha 4``,
+    ``new=True`` -> ``--new``).
 
     Why: errors below :mod:`mechprobe.cli` name the config field a Python caller set; a command-line user set a
     flag, and should be told that flag. Other ``name=`` text (a field this command has no flag for) is kept.
 
     Example:
-        >>> as_flags("alpha=-1: must be > 0; or alpha_unit='raw'", {"alpha": "--alpha", "alpha_unit": "--alpha-unit"})
-        "--alpha -1: must be > 0; or --alpha-unit 'raw'"
+        >>> as_flags("alpha=-1: must be > 0; or alpha_unit='raw', new=True",
+        ...          {"alpha": "--alpha", "alpha_unit": "--alpha-unit", "new=True": "--new"})
+        "--alpha -1: must be > 0; or --alpha-unit 'raw', --new"
     """
+    message = _SWITCH.sub(lambda m: flags.get(m.group(0), m.group(0)), message)
+
     def sub(m: re.Match[str]) -> str:
         flag = flags.get(m.group(1))
         if flag is None:

@@ -249,7 +249,7 @@ def _check_labels_file(run_dir: str | Path, labels_file: str) -> None:
     run = Path(run_dir).resolve()
     target = (run / labels_file).resolve()
     if Path(labels_file).is_absolute() or target.parent != run and run not in target.parents:
-        raise UsageError(f"--labels {labels_file} points outside the run directory {run_dir}: pass a file name "
+        raise UsageError(f"labels={labels_file} points outside the run directory {run_dir}: pass a file name "
                          f"inside it (e.g. labels_other.jsonl)")
 
 
@@ -326,7 +326,7 @@ def _judge_run(run_dir: str | Path, judge: str | Judge | None = "offline", *, la
     if other:
         raise JudgeMismatch(
             f"{path} holds labels from {other}, not from {j.name!r}; one labels file holds one judge. "
-            f"Write this judge elsewhere (--labels labels_{re.split(r'[:@+-]', j.name)[0]}.jsonl) "
+            f"Write this judge elsewhere (labels=labels_{re.split(r'[:@+-]', j.name)[0]}.jsonl) "
             f"or delete {path} to relabel")
     if retry_errors and path.exists():
         _drop_error_rows(path)

@@ -449,7 +449,7 @@ def load_model(
     dt = dtype or default_dtype(dev)
     if dev.type == "cpu" and dt == torch.bfloat16 and not cpu_has_native_bf16():
         print("warning: bfloat16 on a CPU without AVX512-BF16/AMX is emulated, ~100x slower than float32 "
-              "(measured 0.5 vs 67 GFLOP/s per core on an AVX2 AMD EPYC); use --dtype float32 here",
+              "(measured 0.5 vs 67 GFLOP/s per core on an AVX2 AMD EPYC); use dtype=float32 here",
               file=sys.stderr)
     attn = attn_implementation or ("eager" if dev.type == "cpu" else "sdpa")
     if dev.type == "cpu":

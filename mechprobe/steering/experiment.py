@@ -220,10 +220,9 @@ def _train_rows(run: Path, cfg: Any, cache: ActivationCache, split: ItemSplit | 
     print(f"train rows: {int(pos_rows.sum())} genuine / {int(neg_rows.sum())} not (vectors are built from these)")
     if int(pos_rows.sum()) < 2:
         raise UserError(f"only {int(pos_rows.sum())} genuine follow-ups among train rows of {run}: a difference of "
-                        f"means needs at least 2. Add items to the run first, e.g. `python experiments/linear_probe.py "
-                        f"--run {run} --limit {2 * len(set(cache.item_ids))}` (more samples per item need a new run: "
-                        f"`python experiments/linear_probe.py --run NEW_DIR --new --samples {2 * cfg.samples}`), then re-run "
-                        f"this script with that --run")
+                        f"means needs at least 2. Add items to the run first (`mechprobe probes {run}` with "
+                        f"limit={2 * len(set(cache.item_ids))}; more samples per item need a new run, e.g. "
+                        f"samples={2 * cfg.samples}), then steer that run")
     return train_rows, pos_rows, neg_rows
 
 

@@ -183,8 +183,8 @@ def decoding_plan(temperatures: list[float], samples: int) -> list[tuple[str, fl
         else:
             plan.extend(("sample", float(t), k) for k in range(samples))
     if not plan:
-        raise UsageError("no decodings requested: pass --temperatures 0 (greedy) and/or values > 0 with "
-                        "--samples >= 1")
+        raise UsageError("no decodings requested: pass temperatures=0 (greedy) and/or values > 0 with "
+                        "samples= >= 1")
     return plan
 
 
@@ -222,7 +222,7 @@ def _check_items_match_run(out: Path, items: list[Item]) -> None:
         if r is not None and (r["prompt"] != it.prompt or (r.get("messages") or []) != (it.messages or [])):
             raise UserError(f"{out / ASSISTANT} has item {it.item_id!r} with a different prompt than the data "
                             f"now loaded ({r['prompt'][:60]!r} vs {it.prompt[:60]!r}): the run was made from "
-                            f"other data. Use a new --out directory, or the run's own --data-path")
+                            f"other data. Use a new run directory (out=), or the run's own data_path=")
 
 
 def _merged_limit(out: Path, limit: int | None) -> int | None:
@@ -369,7 +369,7 @@ def _rows(cfg: ProbeConfig, engine: Any, lm: LoadedModel | None = None, prompt_l
     if lm is None or lm.model is None:
         return 8
     n = auto_batch_size(lm.model, prompt_len, max_new)
-    log.info("--batch-size auto: %d rows per decode call (prompts up to %d tokens + %d new)", n, prompt_len, max_new)
+    log.info("batch_size=auto: %d rows per decode call (prompts up to %d tokens + %d new)", n, prompt_len, max_new)
     return n
 
 
@@ -584,7 +584,7 @@ def load_run(run_dir: str | Path) -> tuple[list[AssistantRecord], list[UserTurnR
     """
     run_dir = Path(run_dir)
     if not (run_dir / USER_TURNS).exists():
-        raise MissingInput(f"{run_dir} has no {USER_TURNS}: run `python experiments/probe.py --out {run_dir}`")
+        raise MissingInput(f"{run_dir} has no {USER_TURNS}: run `mechprobe probe {run_dir}`")
     a = [AssistantRecord.from_dict(r) for r in read_jsonl(run_dir / ASSISTANT, key="item_id")]
     u = [UserTurnRecord.from_dict(r) for r in read_jsonl(run_dir / USER_TURNS, key="record_id")]
     return a, u
