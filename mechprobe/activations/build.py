@@ -238,9 +238,9 @@ def _refuse_diff(old: dict[str, Any], new: dict[str, Any], run_dir: Path, out: P
     if not diff:
         return
     details = "; ".join(f"{k}: cache has {old.get(k)!r}, now {new[k]!r} (set by {_FLAGS.get(k, k)})" for k in diff)
-    flags = " ".join(f"{_FLAGS[k]} {_flag_value(old[k])}" for k in diff
+    flags = " ".join(f"{k}={_flag_value(old[k])}" for k in diff
                      if k in ("dtype", "positions", "layers", "backend") and k in old)
-    again = f" (`mechprobe cache {run_dir} {flags}`)" if flags else ""
+    again = f" ({flags} for {run_dir})" if flags else ""
     raise CacheMismatch(f"{out} was cached with a different configuration ({details}); pass the same "
                         f"options to extend it{again}, or delete {out} to re-cache")
 

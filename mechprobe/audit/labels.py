@@ -345,7 +345,7 @@ def _load_all(d: Path) -> list[LabellerLabels]:
     """Every stored labels file in ``d``, strictly parsed; a damaged one is refused naming the fix."""
     out = []
     for p in sorted(d.glob("*.json")) if d.is_dir() else []:
-        fix = (f"delete {p} and import that labeller's own file again (`mechprobe audit RUN --labels FILE`); "
+        fix = (f"delete {p} and import that labeller's own file again (labels=FILE, `mechprobe audit RUN`); "
                f"nothing was changed")
         try:
             d_ = json.loads(p.read_text(encoding="utf-8"))

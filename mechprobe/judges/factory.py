@@ -252,5 +252,5 @@ def check_judge_spec(spec: str | None, field: str = "judge") -> str:
         return AUTO
     parsed = JudgeSpec.parse(spec, field)
     if parsed.judge_kind.loads_model and parsed.model:
-        check_model_source(parsed.model, f"{field}={parsed.kind}:")
+        check_model_source(parsed.model, field)
     return spec

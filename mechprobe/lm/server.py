@@ -503,7 +503,7 @@ class ChatServer:
 
 def _port_message(port: int, e: OSError) -> str:
     return (f"cannot listen on 127.0.0.1:{port} ({e.strerror or e}): another server probably uses that port; stop it "
-            f"or pass another --port")
+            f"or pass another port=")
 
 
 def check_port_free(port: int) -> None:

@@ -340,7 +340,7 @@ def run_dpo(a: PostTrainConfig) -> PostTrainResult:
     out = Path(a.out) if a.out else Path("runs") / "post_train" / name
     if a.eval_only and not (out / DPO_DIR / pt.MERGED_DIR / "config.json").exists():
         raise MissingInput(f"eval_only=True needs a trained DPO model at {out / DPO_DIR / pt.MERGED_DIR}: train first")
-    with output_dir_lock(out, "post-training", "--out"):
+    with output_dir_lock(out, "post-training", "out"):
         return _run_dpo(a, cfg, out)
 
 

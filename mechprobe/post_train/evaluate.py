@@ -206,7 +206,7 @@ def run_post_train(a: PostTrainConfig) -> PostTrainResult:
     validate_args(a)
     if a.eval_only and not (out / pt.ADAPTER_DIR / "adapter_config.json").exists():
         raise MissingInput(f"eval_only=True needs a trained adapter at {out / pt.ADAPTER_DIR}: train first")
-    with output_dir_lock(out, "post-training", "--out"):
+    with output_dir_lock(out, "post-training", "out"):
         return _run_sft(a, cfg, out)
 
 

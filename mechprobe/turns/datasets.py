@@ -311,8 +311,8 @@ def _not_found(name: str, spec: DatasetSpec, path: str | Path | None, hub_failur
     else:
         hub = ", or install `datasets` (pip install 'mechprobe[hub]') to read it from the Hugging Face hub"
     return FileNotFoundError(
-        f"dataset {name!r}: {where}. Pass --data-path FILE_OR_DIR (path= in Python) or set {DATA_DIR_ENV} to a "
-        f"folder laid out like shared/data{hub}. Offline with no data files: use --dataset builtin."
+        f"dataset {name!r}: {where}. Pass data_path=FILE_OR_DIR (path= to load_dataset) or set {DATA_DIR_ENV} to a "
+        f"folder laid out like shared/data{hub}. Offline with no data files: use dataset=builtin."
     )
 
 

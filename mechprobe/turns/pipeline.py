@@ -139,7 +139,7 @@ class ProbeConfig:
         bad: list[str] = []
         temps = list(self.temperatures or [])
         if not temps:
-            bad.append("no temperatures: pass --temperatures 0 (greedy) and/or values > 0")
+            bad.append("no temperatures: pass temperatures=0 (greedy) and/or values > 0")
         for t in temps:
             if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
                 bad.append(f"temperature {t!r} must be a finite number >= 0 (0 = greedy)")
@@ -150,7 +150,7 @@ class ProbeConfig:
         if not isinstance(self.samples, int) or self.samples < 0:
             bad.append(f"samples must be an integer >= 0, got {self.samples!r}")
         elif self.samples == 0 and any(t > 0 for t in finite_t):
-            bad.append("samples is 0 but a temperature > 0 was given: pass --samples >= 1, or --temperatures 0 "
+            bad.append("samples is 0 but a temperature > 0 was given: pass samples= >= 1, or temperatures=0 "
                        "for greedy only")
         if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
             bad.append(f"limit must be >= 1 (or None for every row; 0 on the command line), got {self.limit!r}")
@@ -271,7 +271,7 @@ def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
     """
     out = Path(out)
     cfg.validate()
-    check_writable_dir(out, "--out")  # a file, a symlink loop or a read-only place: refused before the model loads
+    check_writable_dir(out, "out")  # a file, a symlink loop or a read-only place: refused before the model loads
     plan = decoding_plan(cfg.temperatures, cfg.samples)
     if items is None:
         items, data_info = load_items(cfg)

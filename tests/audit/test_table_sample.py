@@ -91,7 +91,7 @@ def test_sample_recorded_reused_and_refused(run):
     assert rec["judges"] == ["hand-D", "hybrid:test"] and rec["seed"] == 0 and rec["by"] == "condition"
     again, drawn = load_or_draw(run, t, 20, "condition", 0)
     assert not drawn and again == s
-    with pytest.raises(UsageError, match="--redraw"):
+    with pytest.raises(UsageError, match="redraw=True"):
         load_or_draw(run, t, 24, "condition", 0)
     new, drawn = load_or_draw(run, t, 24, "decoding", 0, redraw=True)
     assert drawn and new.by == "decoding" and new.sample_id != s.sample_id

@@ -25,7 +25,7 @@ CONVS = [("What is 7*8?", "7*8 = 56."), ("Name a fruit.", "An apple."),
 def test_hf_ids_and_dirs_are_refused_with_the_fix():
     from mechprobe.lm.llamacpp import resolve_gguf
 
-    with pytest.raises(UserError, match="--engine hf"):
+    with pytest.raises(UserError, match="engine=hf"):
         resolve_gguf("Qwen/Qwen2.5-0.5B-Instruct")
     with pytest.raises(UserError, match="does not exist"):
         resolve_gguf("/nonexistent/model.gguf")
