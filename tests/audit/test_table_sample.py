@@ -64,7 +64,7 @@ def test_sample_takes_at_most_one_turn_per_item_and_stratum_by_default(run):
     s2 = draw_sample(t, 20, "condition", seed=0, turns_per_item=2)
     probe = Counter(t.get(r).item_id for r in s2.record_ids if t.get(r).condition == "probe")
     assert s2.per_stratum["probe"] == 5 and sorted(probe.values()) == [1, 1, 1, 2]  # all 4 items before a repeat
-    with pytest.raises(UsageError, match="turns-per-item"):
+    with pytest.raises(UsageError, match="turns_per_item="):
         draw_sample(t, 10, "condition", turns_per_item=-1)
 
 

@@ -282,7 +282,7 @@ def test_cli_cache_list_flags_and_one_line_dtype_mismatch(tiny_model_run, capsys
                      "--no-progress"]) == 2  # default dtype float16 vs the cache's float32
     err = capsys.readouterr().err.strip()
     # one line, no traceback, naming the flag and the value that extends the cache
-    assert err.startswith("mechprobe: error:") and "\n" not in err and "--dtype float32" in err, err
+    assert err.startswith("mechprobe: error:") and "\n" not in err and "--store-dtype float32" in err, err  # the flag the cache command names it by
 
 
 @requires_smollm2
