@@ -108,13 +108,3 @@ def test_a_vector_without_its_yardstick_is_refused_with_the_raw_option_named(mod
     with steer(model, bare, ALPHA, unit="raw"):
         pass
 
-
-def test_every_steer_flag_default_is_the_configs():
-    """Defaults are written once, in SteerConfig: the parser takes them from it."""
-    import dataclasses
-
-    a = cli_steer.build_parser().parse_args([])
-    cfg = SteerConfig()
-    for f in dataclasses.fields(SteerConfig):
-        if hasattr(a, f.name):
-            assert getattr(a, f.name) == getattr(cfg, f.name), f.name
