@@ -17,9 +17,12 @@ from mechprobe.steering import kinds as _kinds  # noqa: F401  (registers every v
 from mechprobe.steering.kind_registry import default_kinds
 
 
-@dataclass
+@dataclass(frozen=True)
 class SteerConfig:
-    """Every setting of the command, typed (built from the command line by :mod:`mechprobe.cli`)."""
+    """Every setting of the command, typed (built from the command line by :mod:`mechprobe.cli`).
+
+    Frozen: the driver resolves its run-time choices into a new config (:func:`dataclasses.replace`), so the
+    object a caller passed in still says what was asked for."""
 
     model: str | None = None  # default: the run's model, else the embedded default model
     dataset: str | None = None  # default: the run's dataset, else the main job's

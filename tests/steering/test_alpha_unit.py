@@ -108,3 +108,13 @@ def test_a_vector_without_its_yardstick_is_refused_with_the_raw_option_named(mod
     with steer(model, bare, ALPHA, unit="raw"):
         pass
 
+
+
+def test_the_config_a_caller_passes_is_never_changed():
+    """Run-time choices go into a resolved copy (dataclasses.replace): SteerConfig is frozen."""
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        SteerConfig().judge = "offline"  # type: ignore[misc]
+    cfg = SteerConfig(alpha=[4])
+    assert dataclasses.replace(cfg, judge="offline").alpha == [4] and cfg.judge == "auto"
