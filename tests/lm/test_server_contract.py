@@ -157,7 +157,7 @@ def test_prompt_cap_is_the_models_context_at_most(tiny):
 def test_bad_prompt_cap_is_refused():
     from mechprobe.errors import UsageError
 
-    with pytest.raises(UsageError, match="max-prompt-tokens"):
+    with pytest.raises(UsageError, match="max_prompt_tokens=0"):
         HFResponder(None, None, max_prompt_tokens=0)
 
 
