@@ -275,7 +275,7 @@ class HFResponder:
         if n <= cap:
             return None
         why = (f"the model's context of {self.context} tokens" if self.context is not None
-               and cap == self.context - 1 else f"this server's --max-prompt-tokens {self.max_prompt_tokens}")
+               and cap == self.context - 1 else f"this server's cap max_prompt_tokens={self.max_prompt_tokens}")
         return Reply(400, error_body(f"prompt is {n} tokens, over {why}: shorten the messages",
                                      "invalid_request_error", "context_length_exceeded"))
 
