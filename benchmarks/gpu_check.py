@@ -165,13 +165,13 @@ def main() -> int:
         vec = torch.randn(cfg.hidden_size, generator=g).to(dev)
         base = generate(model, prompts[:4], stop_ids={}, max_new_tokens=16, pad_id=0)
         sv = steering.SteeringVector(vector=vec, layer=len(blocks) // 2, kind="random")
-        with steering.steer(model, sv, alpha=0.0, positions="boundary+generated"):
+        with steering.steer(model, sv, alpha=0.0, positions="boundary+generated", unit="raw"):
             zero = generate(model, prompts[:4], stop_ids={}, max_new_tokens=16, pad_id=0)
         res["steer_alpha0_equal"] = all(x.token_ids == y.token_ids for x, y in zip(base, zero))
         if not res["steer_alpha0_equal"]:
             failures.append("alpha 0 steering changed tokens")
         def steered():
-            with steering.steer(model, sv, alpha=4.0, positions="boundary+generated"):
+            with steering.steer(model, sv, alpha=4.0, positions="boundary+generated", unit="raw"):
                 generate(model, prompts[:8], stop_ids={}, max_new_tokens=new, pad_id=0)
         def plain():
             generate(model, prompts[:8], stop_ids={}, max_new_tokens=new, pad_id=0)

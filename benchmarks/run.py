@@ -104,7 +104,7 @@ def bench_generation(lm, prompts, reps, new_tokens=32, batch=8) -> dict:
         generate(model, ps, stop_ids={}, max_new_tokens=new_tokens, pad_id=tok.pad_token_id)
 
     def steered():
-        with steer(model, v, 4.0, "boundary+generated"):
+        with steer(model, v, 4.0, "boundary+generated", unit="raw"):
             generate(model, ps, stop_ids={}, max_new_tokens=new_tokens, pad_id=tok.pad_token_id)
 
     t_hf, t_ours, t_st = best_of(hf, reps), best_of(ours, reps), best_of(steered, reps)

@@ -163,11 +163,18 @@ def shell_arg(value: str | Path) -> str:
     return shlex.quote(str(value))
 
 
+def named(label: str, value: object) -> str:
+    """``label=value`` for a setting's field name (``out=runs/x``), ``label value`` for a positional (``RUN runs/x``).
+
+    Why: messages below :mod:`mechprobe.cli` name the config field; the CLI rewrites ``field=`` into its flag."""
+    return f"{label}={value}" if label.isidentifier() and label.islower() else f"{label} {value}"
+
+
 def check_writable_dir(path: str | Path, flag: str) -> Path:
     """Refuse, before anything runs, a directory a stage cannot write: one that is a file, a symlink loop, a
     dangling symlink (or a path under one), or read-only (tried with a real temporary file, so it holds for root
     and read-only mounts too). A directory that does not exist yet is checked at its nearest existing parent.
-    ``flag`` names the option in the error.
+    ``flag`` names the setting in the error (a field name such as ``out``, or ``RUN``).
 
     Why: each of these ended in a traceback (``FileExistsError``, ``RuntimeError: Symlink loop``,
     ``PermissionError``) after the model was loaded, or after the first stage had run.
@@ -176,21 +183,21 @@ def check_writable_dir(path: str | Path, flag: str) -> Path:
     try:
         p.resolve()
     except (RuntimeError, OSError) as e:
-        raise UsageError(f"{flag} {p}: cannot be resolved ({e}); point it at a real directory") from None
+        raise UsageError(f"{named(flag, p)}: cannot be resolved ({e}); point it at a real directory") from None
     if p.exists() and not p.is_dir():
-        raise UsageError(f"{flag} {p} is a file, not a directory: pass a directory (a new name is created)")
+        raise UsageError(f"{named(flag, p)} is a file, not a directory: pass a directory (a new name is created)")
     probe = p
     while not probe.exists():
         if probe.is_symlink():  # exists() follows the link: its target is gone, and mkdir would fail on it
-            raise UsageError(f"{flag} {p}: {probe} is a symlink to {os.readlink(probe)}, which does not exist; "
+            raise UsageError(f"{named(flag, p)}: {probe} is a symlink to {os.readlink(probe)}, which does not exist; "
                              f"create that directory or pass another path")
         probe = probe.parent
     if not probe.is_dir():
-        raise UsageError(f"{flag} {p}: {probe} is a file, not a directory: pass a path under a directory")
+        raise UsageError(f"{named(flag, p)}: {probe} is a file, not a directory: pass a path under a directory")
     try:
         fd, tmp = tempfile.mkstemp(dir=probe, prefix=".mechprobe-write-check-")
     except OSError as e:
-        raise UsageError(f"{flag} {p}: {probe} is not writable ({e.strerror or e}); copy the run somewhere "
+        raise UsageError(f"{named(flag, p)}: {probe} is not writable ({e.strerror or e}); copy the run somewhere "
                          f"writable (cp -r) or make it writable (chmod -R u+w)") from None
     os.close(fd)
     os.unlink(tmp)
@@ -338,15 +345,15 @@ def output_dir_lock(directory: str | Path, command: str, other: str) -> Iterator
     clean or not.
 
     Why: post-training and the study write many files (checkpoints, summaries, the report, the figures) into
-    one directory; a second run into the same directory would interleave them. ``other`` names the option that
-    points a run elsewhere (``--out``, ``--root``). Creates the directory.
+    one directory; a second run into the same directory would interleave them. ``other`` names the setting that
+    points a run elsewhere (``out``, ``root``). Creates the directory.
     """
     directory = Path(directory)
     check_writable_dir(directory, other)
     directory.mkdir(parents=True, exist_ok=True)
     with writer_lock(directory / OUTPUT_LOCK.removesuffix(".lock"), busy=lambda holder, lock: (
             f"{directory} is in use by another {command} run ({holder}; lock {lock}). Wait for it to finish, or "
-            f"stop it, or give this run another {other}")) as lock:
+            f"stop it, or give this run another {other}=")) as lock:
         yield lock
 
 
@@ -446,7 +453,7 @@ def check_manifest(run_dir: str | Path, identity: dict[str, Any], name: str = MA
     diff = identity_diff(old["identity"], json.loads(json.dumps(redact(identity), default=str)))
     if diff:
         raise ManifestMismatch(f"{path} was written by a different configuration ({'; '.join(diff)}). "
-                               f"Use a new --out directory; nothing was changed.")
+                               f"Use a new out= directory; nothing was changed.")
     return old
 
 
@@ -465,7 +472,7 @@ def read_run_manifest(run_dir: str | Path, name: str = MANIFEST) -> dict[str, An
         fmt = str(old.get("format", "")) if isinstance(old, dict) else ""
         what = "an activation cache" if "activations.cache" in fmt else f"a {fmt or 'non-run'} manifest"
         raise ManifestMismatch(f"{run_dir} is not a run directory: it holds {what} ({path}); pass a new or run "
-                               f"directory as --out; nothing was changed")
+                               f"directory as out=; nothing was changed")
     return old
 
 

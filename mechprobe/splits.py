@@ -113,29 +113,29 @@ def load_split(path: str | Path) -> ItemSplit:
     whose lists overlap (each a one-line :class:`UsageError`)."""
     p = Path(path)
     if not p.exists():
-        raise UsageError(f"--split-file {p} not found")
+        raise UsageError(f"split_file={p} not found")
     raw = p.read_bytes()
     try:
         d = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UsageError(f"--split-file {p} is not JSON ({e})") from None
+        raise UsageError(f"split_file={p} is not JSON ({e})") from None
     if not isinstance(d, dict) or d.get("format") != SPLIT_FORMAT:
-        raise UsageError(f"--split-file {p} is not a split file (format {SPLIT_FORMAT!r} expected)")
+        raise UsageError(f"split_file={p} is not a split file (format {SPLIT_FORMAT!r} expected)")
     fix = "regenerate it with scripts/make_steering_split.py"
     for key in ("name", "dataset"):
         if not isinstance(d.get(key), str) or not d[key]:
-            raise UsageError(f"--split-file {p}: '{key}' is missing or not a string; {fix}")
+            raise UsageError(f"split_file={p}: '{key}' is missing or not a string; {fix}")
     for key in ("heldout", "train"):
         ids = d.get(key)
         if not isinstance(ids, list) or not all(isinstance(i, str) and i for i in ids):
-            raise UsageError(f"--split-file {p}: '{key}' is missing or not a list of item ids; {fix}")
+            raise UsageError(f"split_file={p}: '{key}' is missing or not a list of item ids; {fix}")
         if not ids:  # an empty held-out list would run the final stage on no items and report nothing
-            raise UsageError(f"--split-file {p}: the '{key}' list is empty; {fix}")
+            raise UsageError(f"split_file={p}: the '{key}' list is empty; {fix}")
         dup = sorted(i for i, c in Counter(ids).items() if c > 1)
         if dup:
-            raise UsageError(f"--split-file {p}: {len(dup)} ids repeat in '{key}' (e.g. {dup[0]}); {fix}")
+            raise UsageError(f"split_file={p}: {len(dup)} ids repeat in '{key}' (e.g. {dup[0]}); {fix}")
     both = set(d["heldout"]) & set(d["train"])
     if both:
-        raise UsageError(f"--split-file {p}: {len(both)} ids are both held out and train (e.g. {sorted(both)[0]})")
+        raise UsageError(f"split_file={p}: {len(both)} ids are both held out and train (e.g. {sorted(both)[0]})")
     return ItemSplit(d["name"], d["dataset"], tuple(d["heldout"]), tuple(d["train"]), str(p),
                      hashlib.sha256(raw).hexdigest())

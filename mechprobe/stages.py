@@ -22,8 +22,15 @@ from mechprobe.activations.cache import cache_run
 from mechprobe.errors import MissingInput, UserError
 from mechprobe.io import read_json, read_jsonl
 from mechprobe.judges.base import JudgeMismatch
-from mechprobe.judges.factory import default_judge, judges_model, make_judge, shared_judge_model
+from mechprobe.judges.factory import (
+    judges_model,
+    labelled_by,
+    make_judge,
+    resolve_judge_spec,
+    shared_judge_model,
+)
 from mechprobe.judges.hybrid import HybridJudge
+from mechprobe.judges.registry import AUTO
 from mechprobe.judges.run import judge_run
 from mechprobe.lm.choice import ChoiceScorer
 from mechprobe.lm.generation import free_memory_bytes, kv_bytes_per_token
@@ -215,8 +222,7 @@ def finding_presets(preset: dict[str, Any], datasets: list[str], limit: int | No
 def auto_judge(run: Path, model: str) -> str:
     """The judge ``--judge auto`` means for ``run`` (:func:`mechprobe.judges.factory.default_judge`, given the
     judge that wrote the run's labels, if any)."""
-    rows = read_jsonl(run / "labels.jsonl") if (run / "labels.jsonl").exists() else []
-    return default_judge(model, str(rows[0].get("judge", "")) if rows else None)
+    return resolve_judge_spec(AUTO, model, labelled_by(run))
 
 
 def probe_config(model: str, dataset: str | None, preset: dict[str, Any] | None = None,
@@ -275,16 +281,16 @@ def resolve_run(run: str | Path | None, model: str | None = None, dataset: str |
     path = Path(run) if run else default_run_dir(cfg)
     own = run_config(path)
     if own is None and run is not None and not new:
-        raise MissingInput(f"{path} is not a run (no manifest.json there): check the path, or pass --new to build "
+        raise MissingInput(f"{path} is not a run (no manifest.json there): check the path, or pass new=True to build "
                            "a new run in it")
     if own is not None:
         if "limit" in over and (own.limit is None or over["limit"] < own.limit):
             raise UserError(f"{path} already holds {own.limit or 'every'} items and every stage uses all of them, so "
-                            f"--limit {over['limit']} would not apply: drop --limit, or build a smaller run with "
-                            "another --run and --new")
+                            f"limit={over['limit']} would not apply: drop limit=, or build a smaller run with "
+                            "another run= and new=True")
         if dataset is not None and dataset != own.dataset:
-            raise UserError(f"{path} is a run of dataset {own.dataset!r}, not {dataset!r}: drop --dataset, or "
-                            f"pass another --run")
+            raise UserError(f"{path} is a run of dataset {own.dataset!r}, not {dataset!r}: drop dataset=, or "
+                            f"pass another run=")
         kw = {f.name: getattr(own, f.name) for f in fields(ProbeConfig)}
         kw.update(over)
         if every_item:
@@ -352,7 +358,7 @@ def ensure_stages(run: Path, cfg: ProbeConfig, judge: str, backend: str = "hooks
     st = stages if stages is not None else Stages(run, cfg)
     if judge == "auto":
         judge = auto_judge(run, cfg.model)
-        print(f"judge: {judge} (--judge auto; pass --judge to choose)")
+        print(f"judge: {judge} (judge=auto; pass judge= to choose)")
     print(f"run: {run}  (model {cfg.model}, dataset {cfg.dataset}, {cfg.limit} items, temperatures "
           f"{cfg.temperatures}, {cfg.samples} samples)")
     if probe_complete(run, cfg):
@@ -365,7 +371,7 @@ def ensure_stages(run: Path, cfg: ProbeConfig, judge: str, backend: str = "hooks
     try:
         summary = st.labels(judge, include_truncated=include_truncated)
     except JudgeMismatch as e:
-        raise UserError(f"{e}. Or pass --relabel to move the old labels aside and relabel.") from e
+        raise UserError(f"{e}. Or pass relabel=True to move the old labels aside and relabel.") from e
     print(summary.table())
     if summary.n_records and not summary.n_labelled:
         raise UserError(f"every one of the {summary.n_records} user turns of {run} is a judge error or unlabelled "

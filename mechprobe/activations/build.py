@@ -57,7 +57,7 @@ def run_model(run_dir: Path, device: str | None = None) -> LoadedModel:
     ident = read_json(man).get("identity", {})
     cfg = ident.get("config", {})
     if "model" not in ident:
-        raise UsageError(f"{man} names no model: pass one (cache_run(run, model=load_model(...)) or --model)")
+        raise UsageError(f"{man} names no model: pass one (cache_run(run, model=load_model(...)) or model=)")
     return load_model(ident["model"], device=device, dtype=cfg.get("dtype"), chat_template=cfg.get("chat_template"))
 
 
@@ -128,12 +128,12 @@ def cache_run(
         raise UsageError(f"dtype must be one of float16, float32, bfloat16 (got {dtype!r})")
     dtype = _CANON.get(dtype, dtype)
     if batch_size < 1 or shard_rows < 1:
-        raise UsageError("--batch-size and shard_rows must be >= 1")
+        raise UsageError("batch_size= and shard_rows must be >= 1")
     if run_dir.exists() or run_dir.is_symlink():  # a file, a loop or a read-only run: refused before the model loads
         check_writable_dir(run_dir / CACHE_DIR if (run_dir / CACHE_DIR).is_dir() else run_dir, "RUN")
     turns = run_dir / "user_turns.jsonl"
     if not turns.exists():
-        raise MissingInput(f"{turns} not found: run `mechprobe probe --out {shell_arg(run_dir)}` first")
+        raise MissingInput(f"{turns} not found: run `mechprobe probe {shell_arg(run_dir)}` first")
     recs = [UserTurnRecord.from_dict(r) for r in read_jsonl(turns, key="record_id")]
     if not recs:
         raise UsageError(f"{turns} is empty: the probe has not produced any user turns yet")
@@ -238,9 +238,9 @@ def _refuse_diff(old: dict[str, Any], new: dict[str, Any], run_dir: Path, out: P
     if not diff:
         return
     details = "; ".join(f"{k}: cache has {old.get(k)!r}, now {new[k]!r} (set by {_FLAGS.get(k, k)})" for k in diff)
-    flags = " ".join(f"{_FLAGS[k]} {_flag_value(old[k])}" for k in diff
+    flags = " ".join(f"{k}={_flag_value(old[k])}" for k in diff
                      if k in ("dtype", "positions", "layers", "backend") and k in old)
-    again = f" (`mechprobe cache {shell_arg(run_dir)} {flags}`)" if flags else ""
+    again = f" (`mechprobe cache {shell_arg(run_dir)}` with {flags})" if flags else ""
     raise CacheMismatch(f"{out} was cached with a different configuration ({details}); pass the same "
                         f"options to extend it{again}, or delete {out} to re-cache")
 
@@ -266,7 +266,7 @@ def _check_storable(x: torch.Tensor, position: str, dtype: str) -> None:
                          "(float16 models overflow)")
     if dtype == "float16" and x.abs().max() > _FP16_MAX:
         raise UsageError(f"activations at {position} reach {x.abs().max().item():.0f}, beyond float16's range "
-                         "(65504): cache with --dtype bfloat16 or float32")
+                         "(65504): cache with dtype=bfloat16 or float32")
 
 
 def _prompt_key(r: UserTurnRecord) -> tuple[int, ...]:

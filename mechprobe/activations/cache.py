@@ -231,9 +231,9 @@ class ActivationCache:
 
     def _position(self, position: str) -> torch.Tensor:
         if position not in self._tensors:
-            raise KeyError(f"position {position!r} not cached (have {self.positions}); re-cache with "
-                           f"`mechprobe cache {shell_arg(self.path.parent)} --positions {','.join([*self.positions, position])}` "
-                           "into a fresh directory")
+            raise KeyError(f"position {position!r} not cached (have {self.positions}); re-cache "
+                           f"into a fresh directory with positions={','.join([*self.positions, position])} "
+                           f"(`mechprobe cache {shell_arg(self.path.parent)}`, cache_run)")
         return self._tensors[position]
 
     def resid(self, layer: int, position: str = "boundary", dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -310,7 +310,8 @@ class ActivationCache:
         """
         if layer not in self.meta["layers"]:
             raise UsageError(f"layer {layer} is not cached here (cached residual indices: {self.layers}); re-cache "
-                             f"with `mechprobe cache {shell_arg(self.path.parent)} --layers ...` into a fresh directory")
+                             f"into a fresh directory with layers= including {layer} "
+                             f"(`mechprobe cache {shell_arg(self.path.parent)}`, cache_run)")
         y = self.labels("genuine", labels_file) if labels is None else self._own_labels(labels)
         keep = ~torch.isnan(y)
         if not keep.any():

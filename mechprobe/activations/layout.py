@@ -43,10 +43,11 @@ class CacheCorrupt(CacheMismatch):
     """A shard file is missing, truncated or altered: ``mechprobe cache RUN`` rebuilds exactly its rows."""
 
 
-# Which flag of ``mechprobe cache`` sets each identity key, so a mismatch names the flag to change.
-_FLAGS = {"dtype": "--dtype", "positions": "--positions", "layers": "--layers", "backend": "--backend",
-          "model_dtype": "the run's model dtype (probe --dtype)", "weight_hash": "--model",
-          "model": "--model", "tokenizer_hash": "--model", "template_hash": "--model (its chat template)"}
+# Which setting of cache_run (``mechprobe cache``) sets each identity key, so a mismatch names the one to change
+# (as ``field=``; the command line shows its flag).
+_FLAGS = {"dtype": "dtype=", "positions": "positions=", "layers": "layers=", "backend": "backend=",
+          "model_dtype": "the run's model dtype (probe dtype=)", "weight_hash": "model=",
+          "model": "model=", "tokenizer_hash": "model=", "template_hash": "model= (its chat template)"}
 
 
 def shard_entry(path: Path, file: str, start: int, end: int) -> dict[str, Any]:
@@ -97,10 +98,10 @@ def parse_layers(layers: str | Sequence[int] | None, n_layers: int) -> list[int]
     try:
         vals = [int(x) for x in toks]
     except ValueError:
-        raise UsageError(f"--layers must be 'all' or comma-separated integers, got {layers!r}") from None
+        raise UsageError(f"layers={layers!r}: must be 'all' or comma-separated integers") from None
     bad = [v for v in vals if not 0 <= v <= n_layers]
     if bad:
-        raise UsageError(f"--layers {bad} out of range: residual indices run 0..{n_layers} (0 = embeddings)")
+        raise UsageError(f"layers={bad} out of range: residual indices run 0..{n_layers} (0 = embeddings)")
     return sorted(set(vals))
 
 

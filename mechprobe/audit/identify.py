@@ -358,11 +358,11 @@ def read_identify_file(path: str | Path, sample: AuditSample, pairs: list[Identi
                          f"type a plain name in identify.html and export again")
     file_kind = str(lab.get("kind") or "").strip()
     if kind and file_kind and kind != file_kind:
-        raise UsageError(f"{path}: the file says labeller kind {file_kind!r} but --labeller-kind is {kind!r}; "
-                         f"drop --labeller-kind or fix the kind in the page")
+        raise UsageError(f"{path}: the file says labeller kind {file_kind!r} but labeller_kind= is {kind!r}; "
+                         f"drop labeller_kind= or fix the kind in the page")
     k = kind or file_kind
     if k not in LABELLER_KINDS:
-        raise UsageError(f"{path}: labeller kind {k or 'missing'!r}; pass --labeller-kind person or model")
+        raise UsageError(f"{path}: labeller kind {k or 'missing'!r}; pass labeller_kind=person or model")
     if d.get("sample_id") != sample.sample_id:
         raise UsageError(f"{path}: answers for sample {d.get('sample_id')}, but the run's sample is "
                          f"{sample.sample_id}; answer the run's current identify.html (the sample was redrawn since)")
@@ -406,7 +406,7 @@ def import_identify(run: str | Path, paths: Sequence[str | Path], sample: AuditS
     pairs = load_pairs(run, sample)
     if pairs is None:
         raise UsageError(f"{audit_dir(run) / PAIRS_FILE} does not record the run's sample; write the pages first "
-                         f"(`mechprobe audit {shell_arg(run)} --n {sample.n} --by {sample.by} --seed {sample.seed}`)")
+                         f"(`mechprobe audit {shell_arg(run)} n={sample.n} by={sample.by} seed={sample.seed}`)")
     loaded = [read_identify_file(p, sample, pairs, kind) for p in paths]
     names = [d["labeller"]["name"] for d in loaded]
     dup = sorted({n for n in names if names.count(n) > 1})

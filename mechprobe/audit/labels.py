@@ -205,11 +205,11 @@ def _one_labeller(path: Path, who: str, kind: str | None, file_kind: str, sample
         raise UsageError(f"{path}: labeller name {who!r} must be letters, digits, '_', '.', '-' (at most 64); "
                          f"type a plain name in the sheet or rename the file")
     if kind and file_kind and kind != file_kind:
-        raise UsageError(f"{path}: the file says labeller kind {file_kind!r} but --labeller-kind is {kind!r}; "
-                         f"drop --labeller-kind or fix the kind in the sheet")
+        raise UsageError(f"{path}: the file says labeller kind {file_kind!r} but labeller_kind= is {kind!r}; "
+                         f"drop labeller_kind= or fix the kind in the sheet")
     k = kind or file_kind
     if k not in LABELLER_KINDS:
-        raise UsageError(f"{path}: labeller kind {k or 'missing'!r}; pass --labeller-kind person or model")
+        raise UsageError(f"{path}: labeller kind {k or 'missing'!r}; pass labeller_kind=person or model")
     return LabellerLabels(who, k, sample_id,
                           tuple(RowLabel(r["row"], r["label"], r["borderline"], r["note"], r["strict"]) for r in rows))
 
@@ -276,7 +276,7 @@ def read_labels_file(path: str | Path, kind: str | None = None, name: str | None
     got = read_labellers_file(path, kind, name)
     if len(got) > 1:
         raise UsageError(f"{path} holds the labels of {len(got)} labellers ({', '.join(lab.name for lab in got)}); "
-                         f"read it with read_labellers_file, or import it with `mechprobe audit RUN --labels {shell_arg(path)}`")
+                         f"read it with read_labellers_file, or import it with `mechprobe audit RUN labels={shell_arg(path)}`")
     return got[0]
 
 
@@ -346,7 +346,7 @@ def _load_all(d: Path) -> list[LabellerLabels]:
     """Every stored labels file in ``d``, strictly parsed; a damaged one is refused naming the fix."""
     out = []
     for p in sorted(d.glob("*.json")) if d.is_dir() else []:
-        fix = (f"delete {p} and import that labeller's own file again (`mechprobe audit RUN --labels FILE`); "
+        fix = (f"delete {p} and import that labeller's own file again (labels=FILE, `mechprobe audit RUN`); "
                f"nothing was changed")
         try:
             d_ = json.loads(p.read_text(encoding="utf-8"))

@@ -60,11 +60,11 @@ def check_report_args(alpha: float, n_boot: int) -> None:
     quantiles without any error, so every caller of :func:`build_report` needs the check.
     """
     if not (isinstance(alpha, int | float) and math.isfinite(alpha) and 0 < alpha < 1):
-        raise UsageError(f"--alpha {alpha}: must be a number strictly between 0 and 1 (1 - confidence level); "
-                         f"pass --alpha 0.05 for 95% intervals")
+        raise UsageError(f"alpha={alpha}: must be a number strictly between 0 and 1 (1 - confidence level); "
+                         f"pass alpha=0.05 for 95% intervals")
     if not isinstance(n_boot, int) or n_boot < MIN_N_BOOT:
-        raise UsageError(f"--n-boot {n_boot}: the kappa intervals need at least {MIN_N_BOOT} bootstrap draws; pass "
-                         f"--n-boot 500 (the default)")
+        raise UsageError(f"n_boot={n_boot}: the kappa intervals need at least {MIN_N_BOOT} bootstrap draws; pass "
+                         f"n_boot=500 (the default)")
 
 
 def check_sample_judged(sample: AuditSample, table: TurnTable, run: str | Path = "RUN") -> None:
@@ -77,7 +77,7 @@ def check_sample_judged(sample: AuditSample, table: TurnTable, run: str | Path =
     if missing:
         raise UsageError(f"{len(missing)} sampled turn(s) have no judge label in the run now (first {missing[0]!r}: "
                          f"a judge_error or a removed turn); re-run `mechprobe judge {shell_arg(run)}` (judge errors are "
-                         f"retried), or draw a new sample with --redraw; nothing was imported")
+                         f"retried), or draw a new sample with redraw=True; nothing was imported")
 
 
 @dataclass(frozen=True)

@@ -150,11 +150,11 @@ def draw_sample(table: TurnTable, n: int, by: str = "condition", seed: int = 0,
         {'diff_means|L14|a0.8': 40, 'none': 40}
     """
     if by not in STRATA:
-        raise UsageError(f"--by {by!r} is not a stratum; use one of {', '.join(STRATA)}")
+        raise UsageError(f"by={by!r} is not a stratum; use one of {', '.join(STRATA)}")
     if n < 1:
-        raise UsageError(f"--n {n}: the audit needs at least one turn; pass --n 80 or so")
+        raise UsageError(f"n={n}: the audit needs at least one turn; pass n=80 or so")
     if turns_per_item < 0:
-        raise UsageError(f"--turns-per-item {turns_per_item}: pass 1 (the default), a larger limit, or 0 for no limit")
+        raise UsageError(f"turns_per_item={turns_per_item}: pass 1 (the default), a larger limit, or 0 for no limit")
     rng = random.Random(seed)
     items = sorted({r.item_id for r in table.rows})
     rng.shuffle(items)
@@ -179,7 +179,7 @@ def load_sample(run: str | Path) -> AuditSample:
     """The run's recorded sample, or :class:`UsageError` saying how to draw one."""
     p = audit_dir(run) / SAMPLE_FILE
     if not p.exists():
-        raise UsageError(f"{p} not found: draw the audit sample first (`mechprobe audit {shell_arg(run)} --n 80 --by condition`)")
+        raise UsageError(f"{p} not found: draw the audit sample first (`mechprobe audit {shell_arg(run)} n=80 by=condition`)")
     return AuditSample.from_dict(read_json(p))
 
 
@@ -208,11 +208,11 @@ def load_or_draw(run: str | Path, table: TurnTable, n: int, by: str = "condition
             missing = [r for r in old.record_ids if not table.has(r)]
             if missing:
                 raise UsageError(f"{p} names {len(missing)} turns the run no longer has (first {missing[0]!r}); "
-                                 f"pass --redraw to draw a new sample from the run as it is now")
+                                 f"pass redraw=True to draw a new sample from the run as it is now")
             return old, False
-        raise UsageError(f"{p} was drawn with --n {old.n} --by {old.by} --seed {old.seed} --turns-per-item "
-                         f"{old.turns_per_item}, not --n {n} --by {by} --seed {seed} --turns-per-item {turns_per_item}; "
-                         f"repeat those arguments to reuse it, or pass --redraw to replace it")
+        raise UsageError(f"{p} was drawn with n={old.n} by={old.by} seed={old.seed} turns_per_item="
+                         f"{old.turns_per_item}, not n={n} by={by} seed={seed} turns_per_item={turns_per_item}; "
+                         f"repeat those arguments to reuse it, or pass redraw=True to replace it")
     sample = draw_sample(table, n, by, seed, turns_per_item)
     write_json_atomic(p, sample.to_dict())
     return sample, True

@@ -174,7 +174,7 @@ def refuse_filled_sheet(run: str | Path) -> None:
     filled = _filled_rows(csv_p) if csv_p.is_file() else None
     if filled:
         raise UsageError(f"{csv_p} holds labels ({filled}) and is never overwritten; import them with "
-                         f"`mechprobe audit {shell_arg(run)} --labels {shell_arg(csv_p)}`, then move the file away (e.g. to <labeller>.csv) "
+                         f"`mechprobe audit {shell_arg(run)} labels={shell_arg(csv_p)}`, then move the file away (e.g. to <labeller>.csv) "
                          f"if you need a blank sheet.csv")
 
 

@@ -10,13 +10,11 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
 
 from mechprobe.cli import common
 from mechprobe.errors import UsageError
 from mechprobe.judges import human_reference
 from mechprobe.judges.agreement import compare, is_judge_spec, judge_source, load_labels, report_markdown
-from mechprobe.judges.factory import is_hybrid_spec
 
 HELP = "agreement between two label sources (kappa, confusion)"
 
@@ -51,15 +49,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def run(a: argparse.Namespace) -> int:
     """Compare the two sources of parsed arguments ``a`` and print (and optionally write) the report."""
-    local_opts = {"dtype": a.dtype, "few_shot": a.few_shot}
-    hybrid_opts = {"dtype": a.dtype, "threshold": a.threshold}
-
-    def opts_for(spec: str) -> dict[str, Any]:
-        return local_opts if spec.startswith("local:") else hybrid_opts if is_hybrid_spec(spec) else {}
+    # Every judge option goes to the factory, which keeps those the judge's kind takes (the judge registry).
+    opts = {"dtype": a.dtype, "few_shot": a.few_shot, "threshold": a.threshold}
 
     if a.human_reference:
         text, _ = human_reference.run(a.human_reference, n=a.n, save=a.save_labels, max_chars=a.max_chars,
-                      **opts_for(a.human_reference))
+                      **opts)
         if a.out:
             Path(a.out).parent.mkdir(parents=True, exist_ok=True)
             Path(a.out).write_text(text, encoding="utf-8")
@@ -72,13 +67,8 @@ def run(a: argparse.Namespace) -> int:
         if not src_a.rows or "raw_text" not in src_a.rows[0]:
             raise UsageError(f"B={a.b!r} is a judge, so A must hold self-contained rows (prompt, response, "
                              "raw_text): pass the model-written label fixture as A")
-        opts: dict[str, Any] = {}
-        if a.b.startswith("openai:"):
-            opts = {"base_url": a.base_url, "api_key": os.environ.get(a.api_key_env) or None,
-                    "concurrency": a.concurrency}
-        else:
-            opts = opts_for(a.b)
-        src_b = judge_source(a.b, src_a.rows, save=a.save_labels, **opts)
+        src_b = judge_source(a.b, src_a.rows, save=a.save_labels, base_url=a.base_url,
+                             api_key=os.environ.get(a.api_key_env) or None, concurrency=a.concurrency, **opts)
         if a.name_b:
             src_b.name = a.name_b
     else:

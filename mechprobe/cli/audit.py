@@ -12,6 +12,8 @@ input (flags, the sample against the run's judge labels, a filled sheet.csv) bef
 from __future__ import annotations
 
 import argparse
+import math
+import sys
 from pathlib import Path
 
 from mechprobe.audit.identify import (
@@ -34,6 +36,7 @@ from mechprobe.audit.sheet import FORMULA_START, refuse_filled_sheet, sheet_rows
 from mechprobe.audit.store import audit_lock
 from mechprobe.audit.table import STRATA, TurnTable, load_run_table
 from mechprobe.cli import common
+from mechprobe.errors import UsageError
 from mechprobe.io import shell_arg
 
 __all__ = ["HELP", "add_args", "run"]
@@ -57,7 +60,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "the report")
     p.add_argument("--labeller-kind", choices=LABELLER_KINDS, default=None,
                    help="person or model, for files that do not say which (CSV)")
-    p.add_argument("--alpha", type=float, default=0.05, help="1 - confidence level, strictly between 0 and 1 (default 0.05)")
+    p.add_argument("--confidence", type=float, default=0.95,
+                   help="confidence level of every interval, strictly between 0 and 1 (default 0.95)")
+    # Deprecated spelling of 1 - confidence: read as --confidence 1-A with a note (alpha is a steering strength
+    # everywhere else in the package).
+    p.add_argument("--alpha", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--n-boot", type=int, default=500, help="bootstrap draws for kappa intervals (default 500, at least 20)")
 
 
@@ -73,12 +80,30 @@ def run(a: argparse.Namespace) -> int:
     """
     run_dir = Path(a.run)
     if a.labels:
-        check_report_args(a.alpha, a.n_boot)
+        check_report_args(significance(a), a.n_boot)
     table = load_run_table(run_dir)
     if a.labels:
         load_sample(run_dir)  # no sample: say how to draw one before making audit/
     with audit_lock(audit_dir(run_dir)):
         return _labels(a, run_dir, table) if a.labels else _sheet(a, run_dir, table)
+
+
+def significance(a: argparse.Namespace) -> float:
+    """1 - ``--confidence`` (the statistics' significance level), or the deprecated ``--alpha`` read as such.
+
+    Rounded to 12 digits, so ``--confidence 0.95`` gives exactly the 0.05 the report always used."""
+    c = a.confidence
+    if a.alpha is not None:
+        if c != 0.95 and not math.isclose(c, 1 - a.alpha):
+            raise UsageError(f"--alpha {a.alpha:g} (1 - confidence, deprecated) and --confidence {c:g} disagree; pass "
+                             "--confidence alone")
+        c = 1 - a.alpha
+        print(f"note: --alpha {a.alpha:g} is deprecated on audit (it meant 1 - confidence); read as --confidence "
+              f"{c:g}", file=sys.stderr)
+    if not (math.isfinite(c) and 0 < c < 1):
+        raise UsageError(f"--confidence {c:g}: must be strictly between 0 and 1; pass --confidence 0.95 for 95% "
+                         "intervals")
+    return round(1 - c, 12)
 
 
 def _labels(a: argparse.Namespace, run_dir: Path, table: TurnTable) -> int:
@@ -91,9 +116,9 @@ def _labels(a: argparse.Namespace, run_dir: Path, table: TurnTable) -> int:
     stored = import_labels(run_dir, coded, sample, kind=a.labeller_kind) if coded else []
     for p in stored + store_identify(checked):
         print(f"imported {p}")
-    rep = build_report(table, sample, load_labellers(run_dir, sample), alpha=a.alpha, n_boot=a.n_boot,
-                       seed=a.seed)
-    rep["identification"] = identification_report(run_dir, table, sample, alpha=a.alpha, n_boot=a.n_boot, seed=a.seed)
+    level = significance(a)
+    rep = build_report(table, sample, load_labellers(run_dir, sample), alpha=level, n_boot=a.n_boot, seed=a.seed)
+    rep["identification"] = identification_report(run_dir, table, sample, alpha=level, n_boot=a.n_boot, seed=a.seed)
     md, js = write_report(run_dir, rep)
     print(report_markdown(rep))
     print(f"report: {md}\nreport data: {js}")

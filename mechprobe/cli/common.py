@@ -8,6 +8,7 @@ parser (the ``mechprobe`` subcommand's, or a parser of its own for ``experiments
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.metadata
 import re
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mechprobe.errors import UsageError, UserError
+from mechprobe.judges.factory import judge_help
 
 EXIT_CODES = """exit codes:
   0  ok
@@ -91,13 +93,78 @@ def command_parser(add_args: Callable[[argparse.ArgumentParser], None], doc: str
     return accept_negative_numbers(p)
 
 
-def friendly(fn: Callable[[], int | None]) -> int:
-    """Run ``fn``; a UserError becomes one line on stderr and exit code 2, anything else propagates."""
+# A config field named in a message below cli/ (``alpha=4``, ``max_heldout=``): the package names settings by their
+# config field, the command line by its flag.
+_FIELD = re.compile(r"(?<![\w.\-])([a-z][a-z0-9_]*)=")
+_SWITCH = re.compile(r"(?<![\w.\-])[a-z][a-z0-9_]*=(?:True|False)\b")
+
+
+def flag_names(p: argparse.ArgumentParser) -> dict[str, str]:
+    """Config field (argparse ``dest``) -> the flag that sets it (its first long option), for ``p``'s options;
+    switches also as ``field=True`` (and ``field=False`` for a ``--no-`` switch) -> the flag alone."""
+    out: dict[str, str] = {}
+    for action in p._actions:
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if not longs:
+            continue
+        out.setdefault(action.dest, longs[0])
+        if isinstance(action, argparse._StoreTrueAction):
+            out.setdefault(f"{action.dest}=True", longs[0])
+        elif isinstance(action, argparse.BooleanOptionalAction):
+            out.setdefault(f"{action.dest}=True", longs[0])
+            out.setdefault(f"{action.dest}=False", next((o for o in longs if o.startswith("--no-")), longs[0]))
+    return out
+
+
+def as_flags(message: str, flags: dict[str, str]) -> str:
+    """``message`` with every ``field=`` of a known field written as its flag (``alpha=4`` -> ``--alpha 4``,
+    ``new=True`` -> ``--new``).
+
+    Why: errors below :mod:`mechprobe.cli` name the config field a Python caller set; a command-line user set a
+    flag, and should be told that flag. Other ``name=`` text (a field this command has no flag for) is kept.
+
+    Example:
+        >>> as_flags("alpha=-1: must be > 0; or alpha_unit='raw', new=True",
+        ...          {"alpha": "--alpha", "alpha_unit": "--alpha-unit", "new=True": "--new"})
+        "--alpha -1: must be > 0; or --alpha-unit 'raw', --new"
+    """
+    message = _SWITCH.sub(lambda m: flags.get(m.group(0), m.group(0)), message)
+
+    def sub(m: re.Match[str]) -> str:
+        flag = flags.get(m.group(1))
+        if flag is None:
+            return m.group(0)
+        nxt = message[m.end():m.end() + 1]
+        return flag + (" " if nxt and not nxt.isspace() and nxt not in ",;:)" else "")
+    return _FIELD.sub(sub, message)
+
+
+def friendly(fn: Callable[[], int | None], parser: argparse.ArgumentParser | None = None) -> int:
+    """Run ``fn``; a UserError becomes one line on stderr and exit code 2, anything else propagates.
+
+    With ``parser`` (the command's), config fields named in the message are shown as that command's flags
+    (:func:`as_flags`)."""
     try:
         return int(fn() or 0)
     except UserError as e:
-        print(f"mechprobe: error: {e}", file=sys.stderr)
+        msg = as_flags(str(e), flag_names(parser)) if parser is not None else str(e)
+        print(f"mechprobe: error: {msg}", file=sys.stderr)
         return 2
+
+
+def command_of(p: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The subcommand parser ``name`` of ``p`` (``p`` itself when it has none of that name)."""
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            return action.choices[name]
+    return p
+
+
+def config_defaults(config: type) -> dict[str, Any]:
+    """Every field of the config dataclass ``config`` -> its default, so a flag's default is written once (in the
+    config) and the command line cannot drift from a Python caller's."""
+    made = config()
+    return {f.name: getattr(made, f.name) for f in dataclasses.fields(config)}
 
 
 def add_run(p: argparse.ArgumentParser, help: str, flag: str | None = None, optional: bool = False) -> None:
@@ -140,10 +207,11 @@ def batch_size_arg(v: str) -> int | None:
 
 # ------------------------------------------------------------------ flags shared by several commands, defined once
 
-JUDGE_HELP = ("offline | offline-lexical | hybrid:MODEL | hybrid-voice:MODEL (alias hybrid2:MODEL) | local:MODEL | openai:MODEL | auto (default). "
+JUDGE_HELP = (f"{judge_help()} | auto (default). "
               "auto: openai:$MECHPROBE_JUDGE_MODEL when set; else the judge that already labelled the run; else "
               "offline for the embedded default model; else the best-validated judge this machine can run "
               "(hybrid-voice on the 1.5B Qwen when fetched, else offline)")
+"""``--judge``'s help: every registered judge kind (:mod:`mechprobe.judges.kinds`), then what ``auto`` means."""
 DTYPES = ("float32", "bfloat16", "float16")
 
 

@@ -9,14 +9,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from mechprobe.cli import common
-from mechprobe.io import read_json
-from mechprobe.judges.factory import is_hybrid_spec
 from mechprobe.judges.run import LABELS_FILE, judge_run
-from mechprobe.stages import auto_judge
 
 HELP = "label every user turn of a run (labels.jsonl)"
 
@@ -44,19 +40,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def run(a: argparse.Namespace) -> int:
     """Label the run and print the summary table; exit 2 when every judged turn is a judge error."""
-    spec = a.judge
-    if spec in (None, "auto"):
-        run_dir = Path(a.run)
-        man = read_json(run_dir / "manifest.json") if (run_dir / "manifest.json").is_file() else {}
-        spec = auto_judge(run_dir, str((man.get("config") or {}).get("model") or ""))
-    opts: dict[str, Any] = {}
-    if spec.startswith("openai:"):
-        opts = {"base_url": a.base_url, "concurrency": a.concurrency, "timeout": a.timeout,
-                "max_retries": a.max_retries, "api_key": os.environ.get(a.api_key_env) or None}
-        opts["cache_dir"] = False if a.no_cache else a.cache_dir
-    elif spec.startswith("local:") or is_hybrid_spec(spec):
-        opts = {"cache_dir": False if a.no_cache else a.cache_dir}
-    s = judge_run(a.run, spec, labels_file=a.labels, retry_errors=not a.keep_errors, limit=a.limit or None,
+    # Every judge option goes to the factory, which keeps those the judge's kind takes (the judge registry).
+    opts: dict[str, Any] = {"base_url": a.base_url, "concurrency": a.concurrency, "timeout": a.timeout,
+                            "max_retries": a.max_retries, "api_key": os.environ.get(a.api_key_env) or None,
+                            "cache_dir": False if a.no_cache else a.cache_dir}
+    s = judge_run(a.run, a.judge, labels_file=a.labels, retry_errors=not a.keep_errors, limit=a.limit or None,
                   progress=not a.no_progress, **opts)
     print(s.table())
     if s.n_errors and not s.n_labelled:
@@ -69,4 +57,5 @@ def run(a: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``mechprobe judge`` with a parser of its own (``argv`` without the command name); returns the exit code."""
-    return common.friendly(lambda: run(common.command_parser(add_args, __doc__, "mechprobe judge").parse_args(argv)))
+    p = common.command_parser(add_args, __doc__, "mechprobe judge")
+    return common.friendly(lambda: run(p.parse_args(argv)), p)

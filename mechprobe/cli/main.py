@@ -72,8 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """The ``mechprobe`` script: parse ``argv``, run the command, return its exit code (see the help's epilog)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    a = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
-    return common.friendly(lambda: a.func(a))
+    p = build_parser()
+    a = p.parse_args(sys.argv[1:] if argv is None else list(argv))
+    return common.friendly(lambda: a.func(a), common.command_of(p, a.cmd))
 
 
 if __name__ == "__main__":

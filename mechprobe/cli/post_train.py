@@ -93,7 +93,8 @@ def run(a: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python experiments/post_train.py ...``: the same flags and code as ``mechprobe post-train``; the exit code."""
-    return common.friendly(lambda: run(common.command_parser(add_args, __doc__).parse_args(argv)))
+    p = common.command_parser(add_args, __doc__)
+    return common.friendly(lambda: run(p.parse_args(argv)), p)
 
 
 def show(res: PostTrainResult) -> None:

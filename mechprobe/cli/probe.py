@@ -62,4 +62,5 @@ def run(a: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python experiments/probe.py ...``: the same flags and code as ``mechprobe probe``; returns the exit code."""
-    return common.friendly(lambda: run(common.command_parser(add_args, __doc__).parse_args(argv)))
+    p = common.command_parser(add_args, __doc__)
+    return common.friendly(lambda: run(p.parse_args(argv)), p)

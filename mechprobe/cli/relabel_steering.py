@@ -93,4 +93,5 @@ def run(a: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python experiments/relabel_steering.py ...``: the same flags and code as ``mechprobe relabel-steering``."""
-    return common.friendly(lambda: run(common.command_parser(add_args, __doc__).parse_args(argv)))
+    p = common.command_parser(add_args, __doc__)
+    return common.friendly(lambda: run(p.parse_args(argv)), p)

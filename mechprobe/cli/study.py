@@ -89,7 +89,8 @@ def run(a: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python experiments/study.py ...``: the same flags and code as ``mechprobe study``; returns the exit code."""
-    return common.friendly(lambda: run(build_parser().parse_args(argv)))
+    p = build_parser()
+    return common.friendly(lambda: run(p.parse_args(argv)), p)
 
 
 def show(res: StudyResult) -> None:

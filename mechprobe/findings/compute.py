@@ -629,7 +629,7 @@ def compute_findings(root: str | Path = ".") -> Findings:
     """
     root = Path(root)
     if not (root / "reports").is_dir():
-        raise UsageError(f"{root}/reports not found; run the command from the repository root or pass --root")
+        raise UsageError(f"{root}/reports not found; run the command from the repository root or pass root=")
     out = Findings()
     for name, rel in AUDITS.items():
         _audit(out, root, name, rel)

@@ -25,7 +25,8 @@ from tqdm.auto import tqdm
 from mechprobe.errors import MissingInput, UsageError
 from mechprobe.io import JsonlStore, read_jsonl
 from mechprobe.judges.base import inputs_from_rows
-from mechprobe.judges.factory import is_hybrid_spec, make_judge
+from mechprobe.judges.factory import make_judge
+from mechprobe.judges.registry import JudgeSpec
 from mechprobe.stats import cohen_kappa
 from mechprobe.taxonomy import GENUINE, JUDGE_ERROR, LABELS
 
@@ -90,8 +91,11 @@ def is_judge_spec(spec: str) -> bool:
 
     Public because the agreement command decides with it whether its second source is labelled on the spot.
     """
-    return (spec in ("offline", "offline-lexical", "offline-embed") or spec.startswith(("openai:", "local:"))
-            or is_hybrid_spec(spec))
+    try:
+        JudgeSpec.parse(spec)
+    except UsageError:
+        return False
+    return True
 
 
 def load_labels(path: str | Path, split: str | None = None, name: str | None = None) -> LabelSource:

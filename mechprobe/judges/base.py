@@ -134,7 +134,7 @@ def inputs_from_run(run_dir: str | Path) -> list[JudgeInput]:
     if not (run_dir / USER_TURNS).exists():
         raise MissingInput(
             f"{run_dir} has no {USER_TURNS}: run the probe stage first "
-            f"(`mechprobe probe --out {shell_arg(run_dir)}`), or pass the directory that holds it")
+            f"(`mechprobe probe {shell_arg(run_dir)}`), or pass the directory that holds it")
     assistants = {r["item_id"]: AssistantRecord.from_dict(r) for r in read_jsonl(run_dir / ASSISTANT, key="item_id")}
     out: list[JudgeInput] = []
     missing: list[str] = []

@@ -10,12 +10,11 @@ from typing import Any
 import torch
 
 from mechprobe.errors import UsageError
+from mechprobe.io import read_json, read_jsonl
+from mechprobe.judges import kinds as _kinds  # noqa: F401  (imports, and so registers, every judge kind)
 from mechprobe.judges.base import Judge, judge_dtype
-from mechprobe.judges.hybrid import DEFAULT_VOICE, HybridJudge
-from mechprobe.judges.llm import LLMJudge
-from mechprobe.judges.local import LocalJudge
-from mechprobe.judges.offline import OfflineJudge
-from mechprobe.judges.trained import TrainedJudge
+from mechprobe.judges.kinds.hybrid import HYBRID_VOICE
+from mechprobe.judges.registry import AUTO, JudgeSpec, judge_help, judge_kind, judge_kinds
 from mechprobe.lm.models import (
     DEFAULT_MODEL,
     EMBEDDED,
@@ -24,34 +23,44 @@ from mechprobe.lm.models import (
     embedded_gguf_path,
 )
 
-HYBRID_VOICE = "hybrid-voice"
-"""Spec kind of the hybrid judge with the voice check (``hybrid-voice:MODEL``); plain ``hybrid:`` has none."""
 SPEC_ALIASES = {"hybrid2": HYBRID_VOICE}
-"""Other spec kinds accepted wherever a judge spec is: ``hybrid2:MODEL`` is ``hybrid-voice:MODEL``, so commands,
-scripts and recorded specs written with the older kind keep working."""
-MODEL_JUDGE_KINDS = ("local", "hybrid", HYBRID_VOICE, "trained")
-"""Spec kinds whose judge loads a language model (the part after ``:`` names it)."""
+"""Other spec kinds accepted wherever a judge spec is (registered with the kind, :mod:`mechprobe.judges.kinds`):
+``hybrid2:MODEL`` is ``hybrid-voice:MODEL``, so commands, scripts and recorded specs written with the older kind
+keep working."""
 
 BEST_JUDGE = f"{HYBRID_VOICE}:qwen2.5-coder-1.5b-instruct"
+
+__all__ = ["BEST_JUDGE", "SPEC_ALIASES", "JudgeSpec", "best_judge", "canonical_spec", "check_judge_spec",
+           "default_judge", "is_hybrid_spec", "judge_help", "judges_model", "labelled_by", "make_judge",
+           "model_unavailable", "resolve_judge_spec", "run_model", "shared_judge_model", "spec_of_judge_name"]
 
 
 def canonical_spec(spec: str) -> str:
     """``spec`` with an alias kind replaced by its name (``hybrid2:M`` -> ``hybrid-voice:M``); others unchanged.
 
     Why: every check of a spec's kind goes through one name, so an alias cannot be accepted in one place and
-    refused in another.
+    refused in another. A string that is not a valid spec is returned as it is.
 
     Example:
         >>> canonical_spec("hybrid2:qwen2.5-coder-1.5b-instruct"), canonical_spec("offline")
         ('hybrid-voice:qwen2.5-coder-1.5b-instruct', 'offline')
     """
-    kind, sep, rest = spec.partition(":")
-    return f"{SPEC_ALIASES[kind]}:{rest}" if sep and kind in SPEC_ALIASES else spec
+    try:
+        return str(JudgeSpec.parse(spec))
+    except UsageError:
+        return spec
 
 
 def is_hybrid_spec(spec: str) -> bool:
     """Whether ``spec`` builds a :class:`HybridJudge` (``hybrid:``, ``hybrid-voice:`` or its alias ``hybrid2:``)."""
-    return canonical_spec(spec).startswith(("hybrid:", f"{HYBRID_VOICE}:"))
+    return _kind_or_none(spec) in ("hybrid", HYBRID_VOICE)
+
+
+def _kind_or_none(spec: str | None) -> str | None:
+    try:
+        return JudgeSpec.parse(spec or "").kind
+    except UsageError:
+        return None
 
 
 def best_judge() -> str:
@@ -80,14 +89,13 @@ def model_unavailable(model: str) -> str | None:
 
 
 def spec_of_judge_name(name: str) -> str | None:
-    """The ``--judge`` spec that reproduces a judge recorded in ``labels.jsonl`` by its name, or None."""
-    if name.startswith("offline"):
-        return "offline-lexical" if "lexical" in name else "offline"
-    if name.startswith("trained:") and "@" in name:
-        return "trained:" + name.split(":", 1)[1].split("@", 1)[0]
-    if name.startswith("hybrid:") and "@" in name:
-        judge_model = name.split(":", 1)[1].split("@", 1)[0]
-        return f"{HYBRID_VOICE if '+voice' in name else 'hybrid'}:{judge_model}"
+    """The ``--judge`` spec that reproduces a judge recorded in ``labels.jsonl`` by its name, or None (each kind
+    says how its names read, :class:`~mechprobe.judges.registry.JudgeKind`)."""
+    for kind in judge_kinds():
+        again = judge_kind(kind).spec_of_name
+        spec = again(name) if again is not None else None
+        if spec:
+            return spec
     return None
 
 
@@ -126,8 +134,11 @@ def judges_model(spec: str | None) -> str | None:
         >>> judges_model("hybrid-voice:qwen2.5-coder-1.5b-instruct"), judges_model("offline")
         ('qwen2.5-coder-1.5b-instruct', None)
     """
-    kind, sep, model = canonical_spec(spec or "").partition(":")
-    return model if sep and kind in MODEL_JUDGE_KINDS and model else None
+    try:
+        parsed = JudgeSpec.parse(spec or "")
+    except UsageError:
+        return None
+    return parsed.model if parsed.judge_kind.loads_model else None
 
 
 def shared_judge_model(spec: str | None, lm: Any) -> Any:
@@ -147,7 +158,7 @@ def shared_judge_model(spec: str | None, lm: Any) -> Any:
         >>> shared_judge_model("offline", None) is None
         True
     """
-    if lm is None or not spec or spec == "auto":
+    if lm is None or not spec or spec == AUTO:
         return None
     model = judges_model(spec)
     if model is None:
@@ -157,30 +168,64 @@ def shared_judge_model(spec: str | None, lm: Any) -> Any:
     return lm if same_model and lm.dtype == judge_dtype(torch.device(lm.device)) else None
 
 
-def resolve_judge_spec(spec: str | None) -> str:
-    """``None`` means: ``openai:$MECHPROBE_JUDGE_MODEL`` when that is set, else ``offline``."""
-    if spec:
-        return spec
-    model = os.environ.get("MECHPROBE_JUDGE_MODEL")
-    return f"openai:{model}" if model else "offline"
+def labelled_by(run: str | Path, labels_file: str = "labels.jsonl") -> str | None:
+    """The judge name recorded in ``run/labels_file`` (its first row), or None when the run has no labels."""
+    p = Path(run) / labels_file
+    rows = read_jsonl(p) if p.exists() else []
+    return str(rows[0].get("judge", "")) if rows else None
 
 
-def make_judge(spec: str | None = "offline", **opts: Any) -> Judge:
-    """Build a judge from ``offline``, ``offline-lexical`` (no embedding model), ``openai:MODEL`` or ``local:MODEL``.
+def run_model(run: str | Path) -> str:
+    """The subject model named in ``run/manifest.json`` ("" when the run has no manifest yet)."""
+    p = Path(run) / "manifest.json"
+    return str((read_json(p).get("config") or {}).get("model") or "") if p.is_file() else ""
 
-    ``opts`` go to the judge's constructor (``base_url``, ``api_key``, ``concurrency``, ``timeout``,
-    ``max_retries``, ``cache_dir`` for the LLM judge; ``embed`` for the offline one). Unused ``None``
-    options are ignored, so CLI arguments can be passed through unconditionally.
+
+def resolve_judge_spec(spec: str | JudgeSpec | None, model: str | None = None, labelled: str | None = None) -> str:
+    """The concrete, canonical spec ``spec`` stands for: the one place ``auto`` and None are resolved.
+
+    ``auto`` and None mean the same: the default-judge rule (:func:`default_judge`) given what is known, the run's
+    subject ``model`` and the judge that already ``labelled`` it; any other spec is parsed and returned canonical
+    (``hybrid2:M`` -> ``hybrid-voice:M``).
 
     Args:
-        spec: ``"offline"`` (default; rules, embedding variant when installed), ``"offline-lexical"``,
-            ``"offline-embed"``, ``"openai:MODEL"`` (:class:`LLMJudge`), ``"local:MODEL"``
-            (:class:`LocalJudge`), ``"hybrid:MODEL"`` or ``"hybrid-voice:MODEL"`` (:class:`HybridJudge`, the
-            latter with the voice check; ``"hybrid2:MODEL"`` is accepted for it). None = ``openai:$MECHPROBE_JUDGE_MODEL`` when set, else ``offline``.
+        spec: a judge spec, ``"auto"`` or None.
+        model: the subject model of the run (None: not known, e.g. a study over several models).
+        labelled: the judge name recorded in the run's ``labels.jsonl``.
+
+    Returns:
+        A spec :func:`make_judge` builds.
+
+    Raises:
+        UsageError: an unknown kind or a malformed spec.
+
+    Example:
+        >>> resolve_judge_spec("hybrid2:qwen2.5-coder-1.5b-instruct")
+        'hybrid-voice:qwen2.5-coder-1.5b-instruct'
+    """
+    if spec is None or spec == AUTO:
+        return default_judge(model, labelled)
+    return str(JudgeSpec.parse(spec))
+
+
+def make_judge(spec: str | JudgeSpec | None = "offline", **opts: Any) -> Judge:
+    """Build the judge a spec names, through the judge registry (:mod:`mechprobe.judges.kinds`).
+
+    ``opts`` go to the judge's constructor (``base_url``, ``api_key``, ``concurrency``, ``timeout``,
+    ``max_retries``, ``cache_dir`` for the LLM judge; ``embed`` for the offline one...). Options the kind does not
+    take, and ``None`` values, are dropped, so a command passes all its judge options whatever the judge.
+
+    Args:
+        spec: one of the registered forms: ``"offline"`` (default; rules, embedding variant when installed),
+            ``"offline-lexical"``, ``"offline-embed"``, ``"hybrid:MODEL"``, ``"hybrid-voice:MODEL"`` (alias
+            ``"hybrid2:MODEL"``), ``"trained:MODEL"``, ``"local:MODEL"``, ``"openai:MODEL"``; or a parsed
+            :class:`~mechprobe.judges.registry.JudgeSpec`. ``"auto"`` and None: the default-judge rule
+            (:func:`resolve_judge_spec`; with no run known, ``openai:$MECHPROBE_JUDGE_MODEL`` when set, else
+            :func:`best_judge`).
         **opts: constructor options; options the chosen judge does not take, and None values, are dropped.
 
     Returns:
-        A :class:`~mechprobe.judges.base.Judge` (one of the four judge classes).
+        A :class:`~mechprobe.judges.base.Judge`.
 
     Raises:
         UsageError: an unknown spec or a spec without its model name.
@@ -192,69 +237,20 @@ def make_judge(spec: str | None = "offline", **opts: Any) -> Judge:
         ('OfflineJudge', 'offline-v3+lexical')
         >>> make_judge("openai:gpt-4o-mini")        # needs OPENAI_API_KEY or base_url=  # doctest: +SKIP
     """
-    spec = canonical_spec(resolve_judge_spec(spec))
-    opts = {k: v for k, v in opts.items() if v is not None}
-    if spec in ("offline", "offline-lexical", "offline-embed"):
-        allowed = {"embed", "batch_size"}
-        if spec == "offline-lexical":
-            opts["embed"] = False
-        elif spec == "offline-embed":
-            opts["embed"] = True
-        return OfflineJudge(**{k: v for k, v in opts.items() if k in allowed})
-    if spec.startswith("openai:"):
-        model = spec.split(":", 1)[1]
-        if not model:
-            raise UsageError("--judge openai:MODEL needs a model name, e.g. openai:gpt-4o-mini")
-
-        allowed = {"base_url", "api_key", "concurrency", "timeout", "max_retries", "cache_dir",
-                   "backoff", "max_backoff", "structured", "max_tokens"}
-        return LLMJudge(model, **{k: v for k, v in opts.items() if k in allowed})
-    if spec.startswith("local:"):
-        model = spec.split(":", 1)[1]
-        if not model:
-            raise UsageError("--judge local:MODEL needs a model: an embedded name (e.g. "
-                             "local:qwen2.5-coder-1.5b-instruct), a HF model directory or a .gguf file")
-
-        allowed = {"dtype", "device", "few_shot", "bias", "cache_dir", "loaded"}
-        return LocalJudge(model, **{k: v for k, v in opts.items() if k in allowed})
-    if is_hybrid_spec(spec):
-        model = spec.split(":", 1)[1]
-        if not model:
-            raise UsageError("--judge hybrid:MODEL needs a model: an embedded name (e.g. "
-                             "hybrid:qwen2.5-coder-1.5b-instruct), a HF model directory or a .gguf file")
-
-        allowed = {"dtype", "device", "threshold", "veto", "cache_dir", "loaded", "embed", "voice"}
-        kw = {k: v for k, v in opts.items() if k in allowed}
-        if spec.startswith(f"{HYBRID_VOICE}:"):  # + the voice check at the margin chosen on the dev splits
-
-            kw.setdefault("voice", DEFAULT_VOICE)
-        return HybridJudge(model, **kw)
-    if spec.startswith("trained:"):
-        model = spec.split(":", 1)[1]
-        if not model:
-            raise UsageError("--judge trained:MODEL needs the scoring model its weights were fit with, e.g. "
-                             "trained:qwen2.5-coder-0.5b-instruct")
-        allowed = {"dtype", "device", "cache_dir", "loaded", "embed", "weights"}
-        return TrainedJudge(model, **{k: v for k, v in opts.items() if k in allowed})
-    raise UsageError(f"unknown judge {spec!r}: use 'offline', 'offline-lexical', 'openai:MODEL', 'local:MODEL', "
-                     "'hybrid:MODEL', 'hybrid-voice:MODEL' or 'trained:MODEL'")
+    parsed = JudgeSpec.parse(resolve_judge_spec(spec))
+    kind = parsed.judge_kind
+    return kind.build(parsed, **{k: v for k, v in opts.items() if v is not None and k in kind.options})
 
 
-def check_judge_spec(spec: str | None, flag: str = "--judge") -> str:
-    """Parse a judge spec without building the judge (nothing is loaded): the resolved spec, or a
-    :class:`UsageError`. The model of ``local:``/``hybrid:``/``hybrid-voice:`` (alias ``hybrid2:``) must be a known model source
-    (:func:`mechprobe.lm.models.check_model_source`). Lets a long command refuse a typo before its first model loads.
-    ``auto`` (or None) passes: it is resolved to a concrete judge later, from the run."""
-    if spec in (None, "auto"):
-        return "auto"
-    if spec in ("offline", "offline-lexical", "offline-embed"):
-        return spec
-    kind, sep, model = spec.partition(":")
-    if canonical_spec(spec).partition(":")[0] not in ("openai", *MODEL_JUDGE_KINDS) or not sep:
-        raise UsageError(f"unknown judge {spec!r} ({flag}): use 'offline', 'offline-lexical', 'openai:MODEL', "
-                         "'local:MODEL', 'hybrid:MODEL', 'hybrid-voice:MODEL' or 'trained:MODEL'")
-    if not model:
-        raise UsageError(f"{flag} {kind}:MODEL needs a model name, e.g. {kind}:qwen2.5-coder-1.5b-instruct")
-    if kind != "openai":
-        check_model_source(model, f"{flag} {kind}:")
+def check_judge_spec(spec: str | None, field: str = "judge") -> str:
+    """Parse a judge spec without building the judge (nothing is loaded): the canonical spec, or a
+    :class:`UsageError` naming ``field``. The model of a kind that loads one (``local:``, ``hybrid:``,
+    ``hybrid-voice:``, ``trained:``) must be a known model source (:func:`mechprobe.lm.models.check_model_source`).
+    Lets a long command refuse a typo before its first model loads. ``auto`` (or None) passes: it is resolved to a
+    concrete judge later, from the run."""
+    if spec in (None, AUTO):
+        return AUTO
+    parsed = JudgeSpec.parse(spec, field)
+    if parsed.judge_kind.loads_model and parsed.model:
+        check_model_source(parsed.model, field)
     return spec

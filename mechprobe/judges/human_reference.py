@@ -65,7 +65,7 @@ def reference_inputs(datasets: Sequence[str] = DATASETS, n: int = 100, *, seed: 
             if len(rows) == n:
                 break
         if len(rows) < 2:
-            raise ValueError(f"{name}: fewer than 2 usable conversations; raise --max-chars or check the data")
+            raise ValueError(f"{name}: fewer than 2 usable conversations; raise max_chars= or check the data")
         order = list(range(len(rows)))
         random.Random(seed).shuffle(order)
         for k, i in enumerate(order):
@@ -182,7 +182,7 @@ def run(judge_spec: str, *, n: int = 100, datasets: Sequence[str] = DATASETS, sa
     if store is not None:
         other = sorted({r.get("judge") for r in read_jsonl(save)} - {judge.name})
         if other:
-            raise ValueError(f"{save} holds labels from {other}, not {judge.name!r}: pass another --save-labels")
+            raise ValueError(f"{save} holds labels from {other}, not {judge.name!r}: pass another save_labels=")
     todo = [i for i in inputs if store is None or not store.has(i.record_id)]
     got: list[dict[str, Any]] = []
     t0 = time.time()

@@ -322,8 +322,8 @@ class LLMJudge:
         key = api_key or os.environ.get("OPENAI_API_KEY") or os.environ.get("MECHPROBE_JUDGE_API_KEY")
         if not key:
             if not self.base_url:
-                raise JudgeFatal("the LLM judge needs an API key: set OPENAI_API_KEY (or pass --base-url for a "
-                                 "local endpoint that needs none), or use --judge offline")
+                raise JudgeFatal("the LLM judge needs an API key: set OPENAI_API_KEY (or pass base_url= for a "
+                                 "local endpoint that needs none), or use judge=offline")
             key = "no-key"  # local servers (vLLM, ollama, llama.cpp) ignore it; the client insists on one
         # Every string from the endpoint (errors *and* verdict rationales) passes through this before it
         # is stored or shown: a server may echo the Authorization header (key, or Basic user:password).
@@ -414,11 +414,11 @@ class LLMJudge:
                 return _Outcome(JUDGE_ERROR, "", self._scrub(f"http_{e.status_code}: {e.message}"))
             except (openai.AuthenticationError, openai.PermissionDeniedError) as e:
                 raise JudgeFatal(self._scrub(f"the endpoint refused the API key ({e.status_code}): check "
-                                             f"OPENAI_API_KEY / --api-key-env for {self._shown_url}")) from None
+                                             f"OPENAI_API_KEY / api_key_env= for {self._shown_url}")) from None
             except openai.NotFoundError as e:
                 raise JudgeFatal(self._scrub(f"model {self.model!r} or the chat endpoint was not found at "
                                              f"{self._shown_url} (404: {e.message}); "
-                                             "check --judge openai:MODEL and --base-url")) from None
+                                             "check judge=openai:MODEL and base_url=")) from None
             except openai.APIStatusError as e:
                 last = self._scrub(f"http_{e.status_code}: {e.message}")
                 if not (e.status_code in (408, 409, 429) or e.status_code >= 500):

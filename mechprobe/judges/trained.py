@@ -229,7 +229,7 @@ class TrainedJudge:
         given = loaded.name if loaded is not None else Path(str(model)).name.removesuffix(".gguf")
         if given != fit_model:
             raise UsageError(f"trained:{model}: these weights were fit with scoring model {fit_model}; use "
-                             f"--judge trained:{fit_model} or refit with scripts/fit_trained_judge.py")
+                             f"judge=trained:{fit_model} or refit with scripts/fit_trained_judge.py")
         self.hybrid = HybridJudge(model, dtype=dtype, device=device, cache_dir=cache_dir, loaded=loaded, embed=embed)
         self.lm = self.hybrid.lm
         self.model_name = self.hybrid.model_name

@@ -48,7 +48,7 @@ def load_labelled_activations(run: Path, layers_arg: str) -> LabelledActivations
     missing = [la for la in layers if la not in cache.layers]
     if missing:
         raise UsageError(f"layers {missing} are not in {run}/activations (cached: {cache.layers}); "
-                         "re-cache with --layers all")
+                         "re-cache with layers=all")
     mask = cache.labeled_mask().numpy()
     turns = {r["record_id"]: r for r in read_jsonl(run / "user_turns.jsonl", key="record_id")}
     assistants = {r["item_id"]: r for r in read_jsonl(run / "assistant.jsonl", key="item_id")}

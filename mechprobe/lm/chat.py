@@ -82,7 +82,7 @@ def render(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt
         raise ChatTemplateError(
             f"{name} has no chat template (a base model?). The user-turn probe needs the model's own "
             "role headers: use an instruct/chat model, or pass a template explicitly "
-            "(--chat-template FILE.jinja / load_model(..., chat_template=...))."
+            "(chat_template=FILE.jinja / load_model(..., chat_template=...))."
         )
     try:
         return tokenizer.apply_chat_template(messages, tokenize=False,

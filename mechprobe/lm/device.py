@@ -59,7 +59,7 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def check_device(device: str | torch.device | None, flag: str = "--device") -> torch.device:
+def check_device(device: str | torch.device | None, field: str = "device") -> torch.device:
     """The device to use, refusing one this machine cannot run on before any weights load.
 
     Why: ``torch.device("nope")`` raises a RuntimeError listing every backend, and ``cuda`` on a machine
@@ -73,17 +73,17 @@ def check_device(device: str | torch.device | None, flag: str = "--device") -> t
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError, TypeError):
-        raise UsageError(f"{flag} {device!r} is not a device: pass cpu, cuda or cuda:N") from None
+        raise UsageError(f"{field}={device!r} is not a device: pass cpu, cuda or cuda:N") from None
     if dev.type == "cuda":
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n == 0:
-            raise UsageError(f"{flag} {device}: no CUDA GPU is visible here; pass --device cpu")
+            raise UsageError(f"{field}={device}: no CUDA GPU is visible here; pass device=cpu")
         if dev.index is not None and dev.index >= n:
-            raise UsageError(f"{flag} {device}: only {n} CUDA GPU(s) visible (cuda:0..cuda:{n - 1})")
+            raise UsageError(f"{field}={device}: only {n} CUDA GPU(s) visible (cuda:0..cuda:{n - 1})")
     elif dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
-        raise UsageError(f"{flag} {device}: MPS is not available here; pass --device cpu")
+        raise UsageError(f"{field}={device}: MPS is not available here; pass device=cpu")
     elif dev.type not in ("cpu", "cuda", "mps"):
-        raise UsageError(f"{flag} {device}: mechprobe runs on cpu, cuda or mps")
+        raise UsageError(f"{field}={device}: mechprobe runs on cpu, cuda or mps")
     return dev
 
 

@@ -105,7 +105,7 @@ def smoke_check(gguf: str | Path, token_id: int = 1, timeout: float = 300.0) -> 
         how = f"killed by signal {-r.returncode}" if r.returncode < 0 else f"exit {r.returncode}"
         raise LlamaCppBroken(f"llama-cpp-python crashes when decoding on this machine ({how}); a build with AMX "
                              f"enabled does this on VMs that do not grant AMX tiles. Rebuild without AMX: {REBUILD} "
-                             "(or use --engine hf)")
+                             "(or use engine=hf)")
     mark.parent.mkdir(parents=True, exist_ok=True)
     mark.write_text("ok\n")
 
@@ -124,8 +124,8 @@ def resolve_gguf(model: str) -> tuple[Path, str, str]:
         if not p.exists():
             raise UserError(f"GGUF file {p} does not exist: pass an existing .gguf path or an embedded model name")
         return p, str(p), sha256_file(p)
-    raise UserError(f"--engine llamacpp needs a GGUF model (an embedded name or a .gguf file), got {model!r}: "
-                    "use --engine hf for Hugging Face ids and directories")
+    raise UserError(f"engine=llamacpp needs a GGUF model (an embedded name or a .gguf file), got {model!r}: "
+                    "use engine=hf for Hugging Face ids and directories")
 
 
 def load_tokenizer(gguf: Path, weight_hash: str, snapshot_name: str) -> tuple[Any, Any]:
@@ -157,7 +157,7 @@ def load_llamacpp(gguf: str | Path, *, n_ctx: int = 4096, n_threads: int | None 
         import llama_cpp  # type: ignore[import-not-found]  # lazy: extra [llamacpp]
     except ImportError as e:
         raise UserError(f"the llamacpp engine needs llama-cpp-python: run `{INSTALL}` (a source build, several "
-                        "minutes), or use --engine hf") from e
+                        "minutes), or use engine=hf") from e
     smoke_check(gguf)
     threads = n_threads or cpu_threads()
     llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
@@ -400,7 +400,7 @@ class _MultiSeq:
         il = resid_index - 1
         if not 1 <= il <= self.n_layer - 1:
             raise UserError(f"the llama.cpp engine can steer residual indices 2..{self.n_layer}, not {resid_index}: "
-                            "choose another layer or steer with --engine hf")
+                            "choose another layer or steer with engine=hf")
         v = np.asarray(vec, dtype=np.float32).reshape(-1)
         if v.size != self.n_embd:
             raise UserError(f"steering vector has {v.size} dims, the model {self.n_embd}: built for another model?")

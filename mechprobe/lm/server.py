@@ -275,7 +275,7 @@ class HFResponder:
         if n <= cap:
             return None
         why = (f"the model's context of {self.context} tokens" if self.context is not None
-               and cap == self.context - 1 else f"this server's --max-prompt-tokens {self.max_prompt_tokens}")
+               and cap == self.context - 1 else f"this server's cap max_prompt_tokens={self.max_prompt_tokens}")
         return Reply(400, error_body(f"prompt is {n} tokens, over {why}: shorten the messages",
                                      "invalid_request_error", "context_length_exceeded"))
 
@@ -308,15 +308,15 @@ class HFResponder:
 def check_max_new_tokens(n: Any) -> int:
     """Refuse a reply-length cap that is not a positive integer (``--max-new-tokens``), before the model loads."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise UsageError(f"--max-new-tokens must be a positive integer, got {n!r}: pass e.g. --max-new-tokens 256")
+        raise UsageError(f"max_new_tokens={n!r}: must be a positive integer, e.g. max_new_tokens=256")
     return n
 
 
 def check_max_prompt_tokens(n: Any) -> int:
     """Refuse a prompt cap that is not a positive integer (``--max-prompt-tokens``), before the model loads."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise UsageError(f"--max-prompt-tokens must be a positive integer, got {n!r}: pass e.g. "
-                         f"--max-prompt-tokens {MAX_PROMPT_TOKENS}")
+        raise UsageError(f"max_prompt_tokens={n!r}: must be a positive integer, e.g. "
+                         f"max_prompt_tokens={MAX_PROMPT_TOKENS}")
     return n
 
 
@@ -629,13 +629,13 @@ class ChatServer:
 
 def _port_message(port: int, e: OSError) -> str:
     return (f"cannot listen on 127.0.0.1:{port} ({e.strerror or e}): another server probably uses that port; stop it "
-            f"or pass another --port")
+            f"or pass another port=")
 
 
 def check_port_free(port: int) -> None:
     """Refuse a port that cannot be bound, before the model loads (:class:`UsageError`, one line)."""
     if not 0 <= port <= 65535:
-        raise UsageError(f"--port must be in 0..65535, got {port}")
+        raise UsageError(f"port={port}: must be in 0..65535")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server itself binds
         try:

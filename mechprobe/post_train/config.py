@@ -77,38 +77,38 @@ class PostTrainConfig:
 
 def validate_args(a: PostTrainConfig) -> None:
     """Every option checked before the first model loads: a bad judge or dataset must not surface only after
-    training. (``--target-modules`` is checked against the model's modules right after it loads.)"""
-    check_model_source(a.model, "--model")
+    training. (``target_modules`` is checked against the model's modules right after it loads.)"""
+    check_model_source(a.model, "model")
     if a.judge is not None and not a.no_eval:
         check_judge_spec(a.judge)
     bad = []
     unknown = [s for s in a.sources if s not in pt.SOURCES]
     if unknown:
-        bad.append(f"--sources {unknown} unknown; choose from {', '.join(pt.SOURCES)}")
+        bad.append(f"sources={unknown} unknown; choose from {', '.join(pt.SOURCES)}")
     unknown = [d for d in a.eval_datasets if d not in NAMES]
     if unknown:
-        bad.append(f"--eval-datasets {unknown} unknown; choose from {', '.join(NAMES)}")
+        bad.append(f"eval_datasets={unknown} unknown; choose from {', '.join(NAMES)}")
     if a.data_path is not None and not Path(a.data_path).exists():
-        bad.append(f"--data-path {a.data_path} does not exist")
+        bad.append(f"data_path={a.data_path} does not exist")
     if a.steer_run is not None and not Path(a.steer_run).exists():
-        bad.append(f"--steer-run {a.steer_run} does not exist")
+        bad.append(f"steer_run={a.steer_run} does not exist")
     if a.data_limit is not None and a.data_limit < 1:
-        bad.append(f"--data-limit must be >= 1, got {a.data_limit}")
+        bad.append(f"data_limit={a.data_limit}: must be >= 1")
     if not 0.0 <= a.held_out_fraction < 1.0:
-        bad.append(f"--held-out-fraction must be in [0, 1), got {a.held_out_fraction}")
+        bad.append(f"held_out_fraction={a.held_out_fraction}: must be in [0, 1)")
     if a.method not in METHODS:
-        bad.append(f"--method {a.method!r} unknown; choose from {', '.join(METHODS)}")
+        bad.append(f"method={a.method!r} unknown; choose from {', '.join(METHODS)}")
     if a.max_pairs is not None and a.max_pairs < 1:
-        bad.append(f"--max-pairs must be >= 1, got {a.max_pairs}")
+        bad.append(f"max_pairs={a.max_pairs}: must be >= 1")
     for flag in ("batch_size", "max_len", "eval_limit", "samples", "max_assistant_tokens", "max_user_tokens", "pair_items",
                  "pair_samples"):
         if getattr(a, flag) is not None and getattr(a, flag) < 1:
-            bad.append(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(a, flag)}")
+            bad.append(f"{flag}={getattr(a, flag)}: must be >= 1")
     if not (math.isfinite(a.temperature) and a.temperature > 0):
-        bad.append(f"--temperature must be a finite number > 0 (the sampled turns), got {a.temperature}")
+        bad.append(f"temperature={a.temperature}: must be a finite number > 0 (the sampled turns)")
     try:
         torch.device(a.device)
     except RuntimeError:
-        bad.append(f"--device {a.device!r} is not a torch device (cpu, cuda, cuda:0, mps)")
+        bad.append(f"device={a.device!r} is not a torch device (cpu, cuda, cuda:0, mps)")
     if bad:
         raise UsageError("; ".join(bad))

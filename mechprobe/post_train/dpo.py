@@ -201,7 +201,7 @@ def train_dpo(model: torch.nn.Module, tokenizer: Any, pairs: Sequence[Pair], cfg
         diff = sorted(k for k in set(have) | set(want) if have.get(k) != want.get(k) and k != "steps")
         if diff:
             raise UserError(f"{out} holds a DPO run with another config ({', '.join(diff)} differ): pass the same "
-                            "options to resume, or another --out")
+                            "options to resume, or another out=")
     write_json(cfg_path, want)
     log_path = out / TRAIN_LOG
     resumed = None
@@ -341,8 +341,8 @@ def run_dpo(a: PostTrainConfig) -> PostTrainResult:
     name = Path(a.model).name.replace(".gguf", "")
     out = Path(a.out) if a.out else Path("runs") / "post_train" / name
     if a.eval_only and not (out / DPO_DIR / pt.MERGED_DIR / "config.json").exists():
-        raise MissingInput(f"--eval-only needs a trained DPO model at {out / DPO_DIR / pt.MERGED_DIR}: train first")
-    with output_dir_lock(out, "post-training", "--out"):
+        raise MissingInput(f"eval_only=True needs a trained DPO model at {out / DPO_DIR / pt.MERGED_DIR}: train first")
+    with output_dir_lock(out, "post-training", "out"):
         return _run_dpo(a, cfg, out)
 
 

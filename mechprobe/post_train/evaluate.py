@@ -157,7 +157,7 @@ def _bake_arm(a: Any, out: Path, base_weight_hash: str, notes: list[str], judge:
     if not (dest / "config.json").exists():
         lm = load_model(a.model, device="cpu", dtype=torch.float32)
         try:
-            bake(lm.model, vec, float(best["alpha"]))
+            bake(lm.model, vec, float(best["alpha"]), unit="raw")  # the pinned vector is already in alpha units
         except NotImplementedError as e:
             notes.append(f"baked steering arm skipped: {e}")
             return None
@@ -207,8 +207,8 @@ def run_post_train(a: PostTrainConfig) -> PostTrainResult:
     cfg = train_config(a)
     validate_args(a)
     if a.eval_only and not (out / pt.ADAPTER_DIR / "adapter_config.json").exists():
-        raise MissingInput(f"--eval-only needs a trained adapter at {out / pt.ADAPTER_DIR}: train first")
-    with output_dir_lock(out, "post-training", "--out"):
+        raise MissingInput(f"eval_only=True needs a trained adapter at {out / pt.ADAPTER_DIR}: train first")
+    with output_dir_lock(out, "post-training", "out"):
         return _run_sft(a, cfg, out)
 
 

@@ -111,7 +111,7 @@ def training_item_ids(all_ids: Sequence[str], n: int, excluded: Iterable[str]) -
         ['gsm8k-0500', 'gsm8k-0502', 'gsm8k-0503']
     """
     if n < 1:
-        raise PairError(f"--pair-items must be >= 1, got {n}")
+        raise PairError(f"pair_items={n}: must be >= 1")
     skip = set(excluded)
     return [i for i in all_ids[RESERVED_ROWS:] if i not in skip][:n]
 
@@ -245,10 +245,10 @@ def require_pairs(ps: PairSet) -> None:
         return
     n, both = ps.counts.get("items", 0), ps.counts.get("items_with_both", 0)
     if both and ps.counts.get("pairs_too_long"):
-        raise PairError(f"no pairs: all {ps.counts['pairs_available']} pairs are longer than --max-len tokens; raise "
-                        "--max-len or cap the answers (--max-assistant-tokens)")
+        raise PairError(f"no pairs: all {ps.counts['pairs_available']} pairs are longer than max_len= tokens; raise "
+                        "max_len= or cap the answers (max_assistant_tokens=)")
     raise PairError(f"no pairs: {both} of {n} training items had both a genuine and a failure turn; sample more "
-                    "(--pair-samples) or use more items (--pair-items)")
+                    "(pair_samples=) or use more items (pair_items=)")
 
 
 def judge_error_on_pairs(pairs: Sequence[Pair], audit: AuditTruth | None) -> dict[str, Any]:

@@ -336,7 +336,7 @@ def check_target_modules(model: torch.nn.Module, cfg: TrainConfig) -> None:
     leaves = sorted({n.rsplit(".", 1)[-1] for n in have})
     missing = [t for t in names if not any(n == t or n.endswith("." + t) for n in have)]
     if missing:
-        raise UsageError(f"--target-modules {missing} are not linear modules of this model; its linear modules are "
+        raise UsageError(f"target_modules={missing} are not linear modules of this model; its linear modules are "
                          f"{', '.join(leaves)} (or pass all-linear)")
 
 
@@ -527,7 +527,7 @@ def train_lora(model: torch.nn.Module, examples: Sequence[TrainExample], cfg: Tr
         diff = sorted(k for k in set(have) | set(want) if have.get(k) != want.get(k) and k != "steps")
         if diff and ck is not None:
             raise UserError(f"{out} holds a training run with another config ({', '.join(diff)} differ): pass "
-                            "the same options to resume, or another --out")
+                            "the same options to resume, or another out=")
     write_json(cfg_path, want)
     pm = lora_model(model, cfg)
     params = [p for p in pm.parameters() if p.requires_grad]

@@ -1,17 +1,28 @@
-"""The steering command's typed settings and its alpha ladders (built from the command line by :mod:`mechprobe.cli`)."""
+"""The steering command's typed settings and its alpha ladders (built from the command line by :mod:`mechprobe.cli`).
+
+One :class:`SteerConfig` means the same from Python and from the command line: the ladder that one resid-unit
+``alpha`` stands for is expanded here (:attr:`SteerConfig.alphas`), not by the CLI, and the run-time choices
+(``auto`` judge and engine, split file, item counts, token cap) are resolved once into a new config
+(:func:`dataclasses.replace`), never written into the caller's object.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mechprobe.errors import UserError
+from mechprobe.steering import kinds as _kinds  # noqa: F401  (registers every vector kind before a default is read)
+from mechprobe.steering.kind_registry import default_kinds
 
 
-@dataclass
+@dataclass(frozen=True)
 class SteerConfig:
-    """Every setting of the command, typed (built from the command line by :mod:`mechprobe.cli`)."""
+    """Every setting of the command, typed (built from the command line by :mod:`mechprobe.cli`).
+
+    Frozen: the driver resolves its run-time choices into a new config (:func:`dataclasses.replace`), so the
+    object a caller passed in still says what was asked for."""
 
     model: str | None = None  # default: the run's model, else the embedded default model
     dataset: str | None = None  # default: the run's dataset, else the main job's
@@ -23,14 +34,14 @@ class SteerConfig:
     dtype: str | None = None  # HF weights dtype when the run must be built (default: the run's own)
     layer: int | None = None  # residual index; default: chosen on train items
     candidate_layers: list[int] | None = None  # layers swept on train items (default: top probe layers, else L/3, L/2, 2L/3)
-    alpha: list[float] | None = None  # alphas in --alpha-unit (default: resid 0 0.05 0.1 0.2 0.4 0.8; raw 4). In resid units one …
+    alpha: list[float] | None = None  # alphas in alpha_unit as given; what runs is :attr:`alphas` (one resid value = a ladder's end)
     alpha_unit: str = 'resid'  # resid: alpha x mean residual norm at the layer, equal for every kind (default); raw: alpha…
     select_on_train: bool = True  # choose (layer, alpha) on --select-items train items, then run only alpha 0 and the chosen …
     select_items: int | None = None  # train items judged per swept setting (default: 32 for models other than the embedded defau…
     sweep_past_break: bool = False  # run every swept alpha; by default a layer's larger alphas are skipped once its train degen…
     max_degenerate: float = 0.2  # selection ignores settings whose train degeneration rate exceeds this
     positions: str = 'boundary+generated'
-    kinds: str = 'diff_means,random,negative,probe'
+    kinds: str = field(default_factory=lambda: ",".join(default_kinds()))  # vector kinds run (the registry's defaults)
     acc_kinds: str = 'diff_means,probe'  # kinds whose task accuracy with the vector on is measured at each alpha
     acc_items: int = 24  # held-out items scored for task accuracy
     max_user_tokens: int | None = None  # cap of the steered user turns (default: the run's own, so alpha 0 reproduces it)
@@ -48,6 +59,33 @@ class SteerConfig:
         """Keep only this config's fields of an argparse namespace (the CLI adds its own keys)."""
         return cls(**{f.name: getattr(a, f.name) for f in dataclasses.fields(cls) if hasattr(a, f.name)})
 
+    @property
+    def alphas(self) -> list[float]:
+        """The alphas that run: the unit's default ladder (``alpha`` None), the resid ladder ending at one resid-unit
+        value (:func:`resid_ladder`), or exactly the two or more values given.
+
+        Why here and not in the CLI: ``SteerConfig(alpha=[4])`` from Python and ``mechprobe steer --alpha 4`` must
+        run the same alphas.
+        """
+        if self.alpha is None:
+            return list(DEFAULT_ALPHAS[self.alpha_unit])
+        if self.alpha_unit == "resid" and len(self.alpha) == 1:
+            return resid_ladder(self.alpha[0])
+        return [float(x) for x in self.alpha]
+
+    def alpha_notes(self) -> list[str]:
+        """What a reader of the log needs to know about :attr:`alphas` (a ladder from one value; a huge push)."""
+        notes = []
+        alphas = self.alphas
+        if self.alpha is not None and self.alpha_unit == "resid" and len(self.alpha) == 1:
+            notes.append(f"alpha={self.alpha[0]:g} in resid units is the end of the sweep: alphas "
+                         f"{' '.join(f'{x:g}' for x in alphas)} (x mean residual norm); give two or more values to run "
+                         "exactly those, or alpha_unit='raw' for the CAA convention")
+        if self.alpha_unit == "resid" and any(abs(x) >= 2 for x in alphas):
+            notes.append(f"alpha {max(alphas, key=abs):g} x resid norm adds a vector that many times as long as the "
+                         "residual itself, which usually breaks the text (a sweep's end, not a working setting)")
+        return notes
+
 
 # Default alphas per unit. In resid units a ladder from a gentle 5% of the residual norm up to 80% (where
 # small models' text usually breaks), so one run shows the rate rise or the text break; in raw units the
@@ -58,12 +96,13 @@ DEFAULT_ALPHAS = {"resid": [0.0, 0.05, 0.1, 0.2, 0.4, 0.8], "raw": [4.0]}
 def resid_ladder(end: float) -> list[float]:
     """The default resid ladder cut at ``end``, extended by doublings up to it, ending exactly at ``end``.
 
-    Why: in raw units ``--alpha 4`` means 4 class gaps (CAA); in resid units it is a push four times the size of
+    Why: in raw units ``alpha=[4]`` means 4 class gaps (CAA); in resid units it is a push four times the size of
     the residual itself, which breaks the text. Run alone it would say only "broken"; as the end of a
     ladder it shows where the follow-up rate rises (if it does) and where the text breaks.
     """
     if end <= 0:
-        raise UserError(f"a single --alpha in resid units is the end of the sweep and must be > 0, got {end:g}")
+        raise UserError(f"alpha={end:g}: a single alpha in resid units is the end of the sweep and must be > 0 (give "
+                        "two or more values to run exactly those)")
     ladder = [x for x in DEFAULT_ALPHAS["resid"] if x < end]
     while ladder[-1] * 2 < end and ladder[-1] > 0:
         ladder.append(round(ladder[-1] * 2, 6))

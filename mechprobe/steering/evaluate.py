@@ -15,7 +15,12 @@ The protocol (what ``experiments/steer.py`` runs):
    model (:func:`steered_nll`), and a paired exact McNemar test of each condition against alpha 0 on
    the same held-out items (:func:`paired_vs_base`).
 
-With ``--select-on-train`` the (layer, alpha) is chosen by :func:`select_on_train` on train items only.
+With ``select_on_train`` (the config field) the (layer, alpha) is chosen by :func:`select_on_train` on train items
+only.
+
+Every function here takes its vector already in alpha units (:func:`~mechprobe.steering.vector.in_alpha_units`,
+as the experiment builds it), so ``alpha * vector`` is what is added (``steer(..., unit="raw")``): the same
+added norm as ``steer(model, raw_vector, alpha)`` in the config's unit.
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ from typing import Any
 
 import torch
 
-from mechprobe.linear.turn import directions
 from mechprobe.lm import chat
 from mechprobe.lm.generation import decode, generate, input_device, left_pad
 from mechprobe.lm.models import LoadedModel, kv_kw, logits_kept
@@ -53,6 +57,15 @@ class SteeredTurn:
     nll: float | None
     token_ids: list[int] | None = field(default=None)  # the generated tokens (None in rows of older versions)
     nll_base_text: float | None = None  # NLL of the alpha-0 turn of this item under this condition's model
+
+
+def steered(model: Any, vector: SteeringVector, alpha: float, positions: str
+            ) -> contextlib.AbstractContextManager[None]:
+    """:func:`~mechprobe.steering.intervene.steer` for a vector already in alpha units (:func:`in_alpha_units`, as
+    the experiment builds every kind): ``alpha * vector`` is added, so the added norm is the one
+    ``steer(model, raw_vector, alpha, unit=...)`` adds in the config's unit. Every steered forward here goes
+    through this one call."""
+    return steer(model, vector, alpha, positions, unit="raw")
 
 
 def _engine_generate(engine: Any, prompts: list[list[int]], vector: SteeringVector | None, alpha: float,
@@ -89,7 +102,7 @@ def steered_user_turns(lm: LoadedModel, assistants: Sequence[AssistantRecord], v
             gens = _engine_generate(engine, prompts, vector, alpha, positions, stop_ids=stops,
                                     max_new_tokens=max_new_tokens)
         elif vector is not None and alpha != 0:
-            with steer(lm.model, vector, alpha, positions):
+            with steered(lm.model, vector, alpha, positions):
                 gens = generate(lm.model, prompts, stop_ids=stops, max_new_tokens=max_new_tokens,
                                 pad_id=tok.pad_token_id)
         else:
@@ -220,7 +233,7 @@ def steered_nll(lm: LoadedModel, prompts: Sequence[Sequence[int]], continuations
     out: list[float | None] = []
     for s in range(0, len(prompts), batch_size):
         ps, cs = prompts[s:s + batch_size], [list(c) for c in continuations[s:s + batch_size]]
-        ctx = steer(model, vector, alpha, positions) if vector is not None and alpha != 0 else contextlib.nullcontext()
+        ctx = steered(model, vector, alpha, positions) if vector is not None and alpha != 0 else contextlib.nullcontext()
         with ctx:
             ids, mask, pos = left_pad(ps, pad, dev)
             kv = DynamicCache()
@@ -348,7 +361,7 @@ class NllScorer:
             ids[i, :len(feed)] = torch.tensor(feed, device=dev)
             mask[i, width_p - n:width_p + len(feed)] = 1
         pos = torch.tensor(lens, device=dev)[:, None] + torch.arange(width_c, device=dev)[None]
-        ctx = steer(model, vector, alpha, positions) if vector is not None else contextlib.nullcontext()
+        ctx = steered(model, vector, alpha, positions) if vector is not None else contextlib.nullcontext()
         with ctx:
             logits = _last_logits(model, width_c, input_ids=ids, attention_mask=mask, position_ids=pos,
                                   **kv_kw(model, kv), use_cache=True)
@@ -443,7 +456,7 @@ def assistant_accuracy(lm: LoadedModel, items: Sequence[AssistantRecord], vector
             gens = _engine_generate(engine, prompts, vector, alpha, "all", stop_ids=stops,
                                     max_new_tokens=max_new_tokens)
         elif vector is not None and alpha != 0:
-            with steer(lm.model, vector, alpha, "all"):
+            with steered(lm.model, vector, alpha, "all"):
                 gens = generate(lm.model, prompts, stop_ids=stops, max_new_tokens=max_new_tokens,
                                 pad_id=tok.pad_token_id)
         else:
@@ -452,21 +465,6 @@ def assistant_accuracy(lm: LoadedModel, items: Sequence[AssistantRecord], vector
             meta = {"scorer": "gsm8k"} if a.dataset == "builtin" else {}
             correct += score(a.dataset, decode(tok, g)[1], a.gold, meta)[0] or 0.0
     return correct / len(scored)
-
-
-def train_probe_direction(cache: Any, layer: int, train_rows: torch.Tensor, seed: int) -> torch.Tensor:
-    """The logistic probe's direction at ``layer``, fitted on train rows only.
-
-    Why not ``probes/directions.safetensors``: the probes stage fits those on *all* rows (held-out items
-    included), so a vector read from there would have seen the held-out labels it is evaluated on.
-    """
-
-    rows = train_rows.nonzero().flatten()
-    x = cache.resid(layer)[rows].float().numpy()
-    yy = cache.labels("genuine")[rows].numpy()
-    groups = [cache.item_ids[i] for i in rows.tolist()]
-    tensors, _ = directions(x[:, None, :], [layer], yy, groups, seed=seed)
-    return torch.from_numpy(tensors[f"probe_{layer}"])
 
 
 def hand_label_table(rows: Sequence[dict[str, Any]], label_keys: Sequence[str], base: str = "none"

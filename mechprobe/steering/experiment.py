@@ -31,7 +31,7 @@ directory freezes), :mod:`~mechprobe.steering.items`, :mod:`~mechprobe.steering.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +59,6 @@ from mechprobe.steering.evaluate import (
     split_of,
     steered_user_turns,
     summarize,
-    train_probe_direction,
 )
 from mechprobe.steering.items import SteerItems, steer_items
 from mechprobe.steering.report import results_header, results_md, select_md
@@ -72,10 +71,17 @@ from mechprobe.steering.setting import (
     requested_setting,
 )
 from mechprobe.steering.statistics import heldout_row
-from mechprobe.steering.vector import SteeringVector, diff_of_means, from_direction, in_alpha_units
+from mechprobe.steering.vector import (
+    SteeringVector,
+    VectorContext,
+    build_vector,
+    check_kinds,
+    diff_of_means,
+    in_alpha_units,
+)
 
-__all__ = ["DEFAULT_ALPHAS", "SteerConfig", "SteerResult", "candidate_layers", "resid_ladder", "run_steer",
-           "steer_experiment"]
+__all__ = ["DEFAULT_ALPHAS", "SteerConfig", "SteerResult", "candidate_layers", "kind_vectors", "resid_ladder",
+           "run_steer", "steer_experiment"]
 
 
 @dataclass
@@ -151,31 +157,41 @@ def candidate_layers(a: SteerConfig, run: Path, n_layers: int) -> list[int]:
     return list(cands or [n_layers // 3, n_layers // 2, 2 * n_layers // 3])
 
 
-def _resolve(a: SteerConfig) -> tuple[Path, Any, Path, ItemSplit | None]:
-    """The run, its config, the steering directory and the item split; fills ``a``'s ``auto`` choices."""
+def _resolve(a: SteerConfig) -> tuple[SteerConfig, Path, Any, Path, ItemSplit | None]:
+    """The run, its config, the steering directory and the item split, and ``a`` with every run-time choice made
+    (``auto`` judge and steer engine, split file, train items per setting, user-turn cap): a new config, so the
+    caller's object keeps what was asked for."""
     run, cfg = resolve_run(a.run, a.model, a.dataset, preset=finding_preset(a.model), new=a.new or a.run is None,
                            engine=a.engine, dtype=a.dtype)
+    chosen: dict[str, Any] = {}
     if a.judge == "auto":  # resolved here, not in ensure_stages: the steered turns need the same judge
-        a.judge = auto_judge(run, cfg.model)
-        print(f"judge: {a.judge} (--judge auto; pass --judge to choose)")
+        chosen["judge"] = auto_judge(run, cfg.model)
+        print(f"judge: {chosen['judge']} (judge auto; set judge to choose)")
     if a.steer_engine == "auto":
-        a.steer_engine = "llamacpp" if cfg.engine == "llamacpp" else "hf"
-        print(f"steer engine: {a.steer_engine} (the run's probe engine is {cfg.engine}; --steer-engine to choose)")
-    # Turns steered on llama.cpp are kept apart from HF-steered ones (other arithmetic, other tokens).
-    out_dir = Path(a.steer_dir) if a.steer_dir else run / ("steering_llamacpp" if a.steer_engine == "llamacpp"
-                                                           else "steering")
+        chosen["steer_engine"] = "llamacpp" if cfg.engine == "llamacpp" else "hf"
+        print(f"steer engine: {chosen['steer_engine']} (the run's probe engine is {cfg.engine}; set steer_engine "
+              "to choose)")
     if a.split_file is None:
-        a.split_file = finding_split(cfg.model, cfg.dataset)
-        if a.split_file:
-            print(f"held-out items: {a.split_file} (the committed split for models other than the embedded default; "
-                  "--split-file to choose another)")
-    split = load_split(a.split_file) if a.split_file else None
-    if split is not None and split.dataset != cfg.dataset:
-        raise UserError(f"--split-file {split.path} lists {split.dataset} items but the run's dataset is "
-                        f"{cfg.dataset}; pass a split of {cfg.dataset} items or --run a {split.dataset} run")
+        chosen["split_file"] = finding_split(cfg.model, cfg.dataset)
+        if chosen["split_file"]:
+            print(f"held-out items: {chosen['split_file']} (the committed split for models other than the embedded "
+                  "default; set split_file to choose another)")
     if a.select_items is None:
-        a.select_items = 16 if finding_preset(cfg.model) is None else 32
-    return run, cfg, out_dir, split
+        chosen["select_items"] = 16 if finding_preset(cfg.model) is None else 32
+    if a.max_user_tokens is None:
+        chosen["max_user_tokens"] = cfg.max_user_tokens
+    elif a.max_user_tokens != cfg.max_user_tokens:
+        print(f"note: max_user_tokens={a.max_user_tokens} differs from the run's {cfg.max_user_tokens}: alpha 0 "
+              "will not reproduce the run's own turns")
+    r = replace(a, **chosen)
+    # Turns steered on llama.cpp are kept apart from HF-steered ones (other arithmetic, other tokens).
+    out_dir = Path(r.steer_dir) if r.steer_dir else run / ("steering_llamacpp" if r.steer_engine == "llamacpp"
+                                                           else "steering")
+    split = load_split(r.split_file) if r.split_file else None
+    if split is not None and split.dataset != cfg.dataset:
+        raise UserError(f"split_file={split.path} lists {split.dataset} items but the run's dataset is "
+                        f"{cfg.dataset}; pass a split of {cfg.dataset} items or a {split.dataset} run")
+    return r, run, cfg, out_dir, split
 
 
 def _models(a: SteerConfig, st: Stages, cfg: Any, out_dir: Path) -> tuple[Any, NllScorer, Any, object | None]:
@@ -210,10 +226,9 @@ def _train_rows(run: Path, cfg: Any, cache: ActivationCache, split: ItemSplit | 
     print(f"train rows: {int(pos_rows.sum())} genuine / {int(neg_rows.sum())} not (vectors are built from these)")
     if int(pos_rows.sum()) < 2:
         raise UserError(f"only {int(pos_rows.sum())} genuine follow-ups among train rows of {run}: a difference of "
-                        f"means needs at least 2. Add items to the run first, e.g. `python experiments/linear_probe.py "
-                        f"--run {run} --limit {2 * len(set(cache.item_ids))}` (more samples per item need a new run: "
-                        f"`python experiments/linear_probe.py --run NEW_DIR --new --samples {2 * cfg.samples}`), then re-run "
-                        f"this script with that --run")
+                        f"means needs at least 2. Add items to the run first (`mechprobe probes {run}` with "
+                        f"limit={2 * len(set(cache.item_ids))}; more samples per item need a new run, e.g. "
+                        f"samples={2 * cfg.samples}), then steer that run")
     return train_rows, pos_rows, neg_rows
 
 
@@ -271,20 +286,17 @@ def _layer_sweep(s: _Steer, alphas: list[float], n_layers: int) -> tuple[int, li
 
 
 def _vectors(s: _Steer, raw: SteeringVector, layer: int) -> list[SteeringVector]:
-    """Every asked-for kind at ``layer``, in alpha units: the vector and its controls."""
-    a, unit = s.a, s.unit
-    kinds = a.kinds.split(",")
-    vectors: list[SteeringVector] = []
-    if "diff_means" in kinds:
-        vectors.append(in_alpha_units(raw, unit))
-    if "random" in kinds:
-        vectors.append(in_alpha_units(raw.random_like(a.seed), unit))
-    if "negative" in kinds:
-        vectors.append(in_alpha_units(raw.negated(), unit))
-    if "probe" in kinds:
-        vectors.append(in_alpha_units(from_direction(train_probe_direction(s.cache, layer, s.train_rows, a.seed),
-                                                     raw, kind="probe"), unit))
-    return vectors
+    """Every asked-for kind at ``layer`` (the registry, :mod:`mechprobe.steering.kinds`), in alpha units: the vector
+    and its controls, in table order."""
+    ctx = VectorContext(cache=s.cache, layer=layer, train_rows=s.train_rows, pos_rows=s.pos_rows,
+                        neg_rows=s.neg_rows, reference=raw, seed=s.a.seed, model=s.lm, run=s.run)
+    return kind_vectors(s.a, ctx)
+
+
+def kind_vectors(a: SteerConfig, ctx: VectorContext) -> list[SteeringVector]:
+    """Every kind of ``a.kinds`` built by its registered builder at ``ctx.layer``, put in ``a.alpha_unit``
+    (:func:`in_alpha_units`), in table order: what the held-out stage steers with."""
+    return [in_alpha_units(build_vector(kind, ctx), a.alpha_unit) for kind in check_kinds(a.kinds)]
 
 
 def _heldout(s: _Steer, vectors: list[SteeringVector], raw: SteeringVector, layer: int, alphas: list[float],
@@ -360,7 +372,8 @@ def _steer(a: SteerConfig, run: Path, cfg: Any, out_dir: Path, split: ItemSplit 
     n_layers = cache.meta["n_layers_model"]
     too_deep = [la for la in [a.layer, *(a.candidate_layers or [])] if la is not None and la > n_layers]
     if too_deep:
-        raise UserError(f"layers {too_deep} exceed the model's {n_layers} blocks (residual indices 0..{n_layers})")
+        raise UserError(f"layer/candidate_layers {too_deep} exceed the model's {n_layers} blocks (residual indices "
+                        f"0..{n_layers})")
     sweep: list[dict[str, Any]] = []
     selection = None
     if a.select_on_train:
@@ -389,8 +402,8 @@ def steer_experiment(a: SteerConfig) -> SteerResult:
     """Build or reuse the run's stages, choose (layer, alpha) on train items, steer held-out items, write results.
 
     Args:
-        a: the experiment's settings; ``a.alpha`` is the resolved list of alphas (the command line expands a
-            single resid-unit value into a ladder, :func:`mechprobe.cli.steer.resolve_alphas`).
+        a: the experiment's settings; the alphas run are ``a.alphas`` (one resid-unit ``alpha`` is the end of a
+            ladder, :attr:`SteerConfig.alphas`). ``a`` is not changed: run-time choices go into a resolved copy.
 
     Returns:
         The held-out rows, the table and the files written (the command prints :meth:`SteerResult.summary`).
@@ -399,17 +412,16 @@ def steer_experiment(a: SteerConfig) -> SteerResult:
         UserError: among others when another process is steering into the same directory (its writer lock).
     """
     t0 = time.time()
-    alphas = list(a.alpha or [])
-    run, cfg, out_dir, split = _resolve(a)
+    check_kinds(a.kinds)
+    check_kinds(a.acc_kinds, "acc_kinds")
+    alphas = a.alphas
+    for note in a.alpha_notes():
+        print(f"note: {note}")
+    a, run, cfg, out_dir, split = _resolve(a)
     request = requested_setting(a, alphas, split)
     check_setting(out_dir, request)  # refuse another setting in this steering directory before anything is generated
     st = Stages(run, cfg)
     ensure_stages(run, cfg, a.judge, stages=st, include_truncated=a.include_truncated)
-    if a.max_user_tokens is None:
-        a.max_user_tokens = cfg.max_user_tokens
-    elif a.max_user_tokens != cfg.max_user_tokens:
-        print(f"note: --max-user-tokens {a.max_user_tokens} differs from the run's {cfg.max_user_tokens}: alpha 0 "
-              "will not reproduce the run's own turns")
     out_dir.mkdir(parents=True, exist_ok=True)
     # Two steer commands on one directory would each skip the rows *they* saw at start and both append.
     with writer_lock(out_dir, remove=True):

@@ -29,9 +29,9 @@ def split_answers(split: ItemSplit, run: Path, cfg: Any, lm: Any, have: set[str]
     items = {it.item_id: it for it in load_dataset(cfg.dataset, path=cfg.data_path).items}
     missing = [i for i in need if i not in items]
     if missing:
-        raise UserError(f"--split-file {split.path} names {len(missing)} items the {cfg.dataset} data lacks (e.g. "
+        raise UserError(f"split_file={split.path} names {len(missing)} items the {cfg.dataset} data lacks (e.g. "
                         f"{missing[0]}): the data file differs from the split's source; pass the data the split "
-                        f"was drawn from (--data-path) or another split")
+                        f"was drawn from (data_path=) or another split")
     print(f"{len(need)} items of split {split.name} are not in {run}: greedy assistant answers go to "
           f"{out_dir / 'split_answers'}")
     recs = assistant_answers(cfg, lm, [items[i] for i in need], out_dir / "split_answers")

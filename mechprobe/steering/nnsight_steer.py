@@ -43,9 +43,10 @@ def _nnsight_wrap(model: nn.Module, tokenizer: Any) -> Any:
 
 def generate_nnsight(model: Any, prompts: Sequence[Sequence[int]], vector: SteeringVector, alpha: float,
                      positions: str = "boundary+generated", *, max_new_tokens: int = 32, pad_id: int = 0,
-                     stop_ids: Sequence[int] | dict[int, str] | None = None, tokenizer: Any = None
-                     ) -> list[list[int]]:
-    """Greedy steered generation through nnsight, with the semantics of :func:`steer`.
+                     stop_ids: Sequence[int] | dict[int, str] | None = None, tokenizer: Any = None,
+                     unit: str = "resid") -> list[list[int]]:
+    """Greedy steered generation through nnsight, with the semantics of :func:`steer` (``alpha`` in ``unit``:
+    ``"resid"``, default, x the layer's mean residual norm; ``"raw"``, CAA, x the vector as stored).
 
     The path for models served remotely by NDIF (same intervention code, ``remote=True``). nnsight
     0.8 specifics: every generate step needs ``for step in tracer.all()``; ``step == 0`` is the
@@ -56,7 +57,7 @@ def generate_nnsight(model: Any, prompts: Sequence[Sequence[int]], vector: Steer
     directly); the caller's tokenizer is left as it was (nnsight sets left padding and a pad token).
     """
 
-    mod, blocks = _check(model, vector, alpha, positions)
+    mod, blocks, vector = _check(model, vector, alpha, positions, unit)
     stops = sorted(stop_ids) if stop_ids else []
     tok = tokenizer if tokenizer is not None else placeholder_tokenizer(int(mod.config.vocab_size), pad_id)
     saved = {k: getattr(tok, k, None) for k in ("padding_side", "pad_token")}

@@ -44,16 +44,16 @@ def check_setting(out_dir: Path, setting: dict[str, Any]) -> None:
     d = read_json(p)
     if not isinstance(d, dict) or not isinstance(d.get("setting"), dict):
         raise UserError(f"{p} is not a frozen setting (a JSON object with a 'setting' object); restore it, or pass "
-                        f"--steer-dir NEW_DIR for a fresh steering directory")
+                        f"steer_dir=NEW_DIR for a fresh steering directory")
     old = d["setting"]
     if d.get("sha256") != _setting_sha(old):
         raise UserError(f"{p} was edited by hand (its sha256 no longer matches its setting); restore it, or pass "
-                        f"--steer-dir NEW_DIR for a fresh steering directory")
+                        f"steer_dir=NEW_DIR for a fresh steering directory")
     for k, v in setting.items():
         if k in old and old[k] != v:
             raise UserError(f"{out_dir} is frozen at {k}={json.dumps(old[k])} ({p}), this run asks for {k}="
                             f"{json.dumps(v)}: held-out items are steered at one setting per directory; pass "
-                            f"--steer-dir NEW_DIR to run another setting")
+                            f"steer_dir=NEW_DIR to run another setting")
 
 
 def freeze_setting(out_dir: Path, setting: dict[str, Any]) -> str:
@@ -69,7 +69,7 @@ def freeze_setting(out_dir: Path, setting: dict[str, Any]) -> str:
         old = read_json(p)["setting"]
         missing = sorted(set(setting) - set(old))
         if missing:
-            raise UserError(f"{p} lacks {missing[0]} (written by an older version); pass --steer-dir NEW_DIR")
+            raise UserError(f"{p} lacks {missing[0]} (written by an older version); pass steer_dir=NEW_DIR")
         return _setting_sha(old)
     write_json(p, {"setting": setting, "sha256": _setting_sha(setting)})
     return _setting_sha(setting)
@@ -90,14 +90,14 @@ def pin_vector(base: Path, vec: SteeringVector, turns_dir: Path | None = None) -
         if old.shape != new.shape or float((old - new).norm()) > 1e-4 * max(float(new.norm()), 1e-12):
             raise UserError(f"{st} holds another steering vector than the one built now (the run's labels or cache "
                             f"changed since, e.g. a relabel with another judge), so the turns stored beside it are "
-                            f"not this vector's. Pass --steer-dir NEW_DIR for a fresh steering directory, or move "
+                            f"not this vector's. Pass steer_dir=NEW_DIR for a fresh steering directory, or move "
                             f"{base.parent} aside")
         return
     made = sorted(turns_dir.glob("alpha_*.jsonl")) if turns_dir is not None and turns_dir.is_dir() else []
     if made:
         raise UserError(f"{turns_dir} holds steered turns ({made[0].name}, ...) but no record of the vector that made "
                         f"them (a steering directory from an older version), so they cannot be checked against the "
-                        f"vector built now. Pass --steer-dir NEW_DIR, or move {turns_dir} aside")
+                        f"vector built now. Pass steer_dir=NEW_DIR, or move {turns_dir} aside")
     vec.save(base)
 
 

@@ -1,15 +1,19 @@
 """The :class:`SteeringVector` and the rescalings that put every vector kind on one alpha scale.
 
+**What ``alpha`` means** (one unit everywhere in the package). ``alpha`` is the added vector's norm as a
+multiple of the layer's mean boundary residual norm (``metadata["resid_norm"]``, the yardstick): ``alpha = 0.2``
+adds a vector a fifth as long as the residual itself, in any model and at any layer, and every vector kind
+(difference of means, probe, random, negative) gets the same added norm at the same alpha. This holds for
+:func:`~mechprobe.steering.intervene.steer`, :func:`~mechprobe.steering.intervene.bake`,
+:meth:`SteeringVector.apply` and ``mechprobe steer`` alike (``unit="resid"``, the default of each).
 
-**What ``alpha`` multiplies** (CAA convention). The steered residual is ``h + alpha * v`` where ``v``
-is the *raw* difference of means ``mean(h | genuine) - mean(h | not genuine)`` of the boundary residual
-at the chosen residual index. ``alpha = 1`` moves the average non-follow-up boundary state onto the
-average follow-up state; the number is in units of "one class gap", not of the residual norm. Other
-vector kinds are put on the same scale so one alpha means the same push for all of them: a probe
-direction is the unit direction times the diff-of-means norm of the same layer (:func:`from_direction`),
-the random control has the diff-of-means norm (:func:`random_like`), the negative control is ``-v``.
-:meth:`SteeringVector.describe` states ``|v|`` and ``alpha * |v|`` relative to the layer's mean
-boundary residual norm, the number that says whether an alpha is gentle (~0.1) or destructive (~1).
+``unit="raw"`` is the explicit CAA option on every one of them: the residual becomes ``h + alpha * v`` with ``v``
+as stored; for the raw difference of means ``mean(h | genuine) - mean(h | not genuine)``, ``alpha = 1`` moves the
+average non-follow-up boundary state onto the average follow-up state ("one class gap"). In raw units the other
+kinds are put on the diff-of-means scale (a probe direction gets the diff-of-means norm, :func:`from_direction`;
+the random control too, :func:`random_like`; the negative control is ``-v``). :func:`in_alpha_units` converts a
+vector to either unit; :meth:`SteeringVector.describe` states ``|v|`` and the added norm relative to the layer's
+mean residual norm, the number that says whether an alpha is gentle (~0.1) or destructive (~1).
 
 Applying a vector to a model lives in :mod:`mechprobe.steering.hooks` (the positions and hooks) and
 :mod:`mechprobe.steering.intervene` (:func:`~mechprobe.steering.intervene.steer`,
@@ -33,9 +37,9 @@ from safetensors.torch import load_file, save_file
 from mechprobe.errors import MissingInput, UsageError
 from mechprobe.linear.linear_probe import LinearProbe
 from mechprobe.steering.hooks import _steered
+from mechprobe.steering.kind_registry import vector_kind
 
 ALPHA_UNITS = ("raw", "resid")
-KINDS = ("diff_means", "probe", "random", "negative")
 FORMAT = "mechprobe.steering_vector/1"
 MAX_ABS_ALPHA = 1000.0  # any |alpha| past this is a typo: 1 already pushes by the residual norm or class gap
 
@@ -51,10 +55,12 @@ class SteeringVector:
 
     Args:
         vector: the direction, a finite 1-D tensor ``[d_model]`` (any float dtype; :meth:`scaled` returns
-            float32). Its norm is the raw size that ``alpha`` multiplies in :func:`steer` and :func:`bake`.
+            float32). Only its direction matters at the default unit (alpha x ``resid_norm``); with
+            ``unit="raw"`` its norm is what ``alpha`` multiplies.
         layer: residual index where the vector is added (TransformerLens ``resid_pre`` convention: ``r`` =
             input of block ``r``; 0 = embeddings, ``r >= 1`` = output of block ``r - 1``); must be >= 0.
-        kind: one of ``"diff_means"`` (default), ``"probe"``, ``"random"``, ``"negative"``.
+        kind: a registered vector kind (:func:`~mechprobe.steering.kind_registry.vector_kinds`): ``"diff_means"``
+            (default), ``"probe"``, ``"random"``, ``"negative"`` or one added under :mod:`mechprobe.steering.kinds`.
         metadata: provenance (see above); empty by default. :attr:`meta` is an alias.
 
     Raises:
@@ -64,11 +70,13 @@ class SteeringVector:
     Example:
         >>> import torch
         >>> from mechprobe import SteeringVector
-        >>> v = SteeringVector(torch.ones(4), layer=2)
+        >>> v = SteeringVector(torch.ones(4), layer=2, metadata={"resid_norm": 10.0})
         >>> v.d_model, v.norm
         (4, 2.0)
         >>> v.describe(alpha=0.5)
-        'diff_means vector at residual index 2 (output of block 1): |v| = 2; alpha 0.5 adds |alpha v| = 1'
+        'diff_means vector at residual index 2 (output of block 1): |v| = 2 = 0.200 x mean boundary residual norm (10); alpha 0.5 adds a vector of norm 5 (0.500 x residual norm)'
+        >>> v.describe(alpha=0.5, unit="raw")
+        'diff_means vector at residual index 2 (output of block 1): |v| = 2 = 0.200 x mean boundary residual norm (10); alpha 0.5 (raw) adds |alpha v| = 1 (0.100 x residual norm)'
         >>> v.negated().kind, v.negated().vector.tolist()
         ('negative', [-1.0, -1.0, -1.0, -1.0])
         >>> v.save("runs/smol-gsm8k/vectors/layer2")                        # doctest: +SKIP
@@ -108,8 +116,7 @@ class SteeringVector:
         if int(layer) < 0:
             raise UsageError(f"layer is a residual index 0..n_layers, got {self.layer}")
         self.layer = int(layer)
-        if self.kind not in KINDS:
-            raise ValueError(f"kind {self.kind!r} unknown; use one of {', '.join(KINDS)}")
+        vector_kind(self.kind)  # a UsageError (a ValueError) naming the registered kinds
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -129,12 +136,15 @@ class SteeringVector:
         r = self.metadata.get("resid_norm")
         return float(r) if r else None
 
-    def describe(self, alpha: float | None = None) -> str:
+    def describe(self, alpha: float | None = None, unit: str = "resid") -> str:
         """One line: kind, where it is added, ``|v|`` relative to the layer's mean residual norm.
 
-        Print it next to every steering result: an alpha is only interpretable together with
-        ``alpha * |v| / |h|``.
+        Print it next to every steering result: an alpha is only interpretable together with the added norm
+        relative to ``|h|``. ``unit`` is the unit of ``alpha``, as in :func:`steer` (``"resid"``, default, or
+        ``"raw"``).
         """
+        if unit not in ALPHA_UNITS:
+            raise UsageError(f"unit={unit!r}: use one of {', '.join(ALPHA_UNITS)}")
         where = "input of block 0" if self.layer == 0 else f"output of block {self.layer - 1}"
         s = f"{self.kind} vector at residual index {self.layer} ({where}): |v| = {self.norm:.4g}"
         ref = self.resid_norm
@@ -143,14 +153,19 @@ class SteeringVector:
             s += f" = {self.norm / ref:.3f} x mean {pos} residual norm ({ref:.4g})"
         if "n_pos" in self.metadata and "n_neg" in self.metadata:
             s += f"; from {self.metadata['n_pos']} genuine / {self.metadata['n_neg']} not"
-        if alpha is not None:
-            s += f"; alpha {alpha:g} adds |alpha v| = {abs(alpha) * self.norm:.4g}"
+        if alpha is not None and unit == "raw":
+            s += f"; alpha {alpha:g} (raw) adds |alpha v| = {abs(alpha) * self.norm:.4g}"
             if ref:
                 s += f" ({abs(alpha) * self.norm / ref:.3f} x residual norm)"
+        elif alpha is not None and ref:
+            s += f"; alpha {alpha:g} adds a vector of norm {abs(alpha) * ref:.4g} ({abs(alpha):.3f} x residual norm)"
+        elif alpha is not None:
+            s += f"; alpha {alpha:g} needs resid_norm (or unit='raw') to be applied"
         return s
 
     def scaled(self, alpha: float) -> torch.Tensor:
-        """``alpha * v`` in float32 (what :func:`steer` adds and :func:`bake` folds in)."""
+        """``alpha * v`` in float32, ``v`` as stored (what :func:`steer` and :func:`bake` add with ``unit="raw"``,
+        or after :func:`in_alpha_units` has rescaled the vector)."""
         return float(alpha) * self.vector.detach().float()
 
     def negated(self) -> SteeringVector:
@@ -188,7 +203,8 @@ class SteeringVector:
               ) -> contextlib.AbstractContextManager[None]:
         """Steer ``model`` by ``alpha`` along this vector inside a ``with`` block; hooks always come off.
 
-        ``unit="resid"`` (default, the package's unit, as in ``mechprobe steer``): the added vector's norm is
+        The same as :func:`~mechprobe.steering.intervene.steer` ``(model, self, alpha, positions, unit=unit)``.
+        ``unit="resid"`` (default, the package's unit, as in ``steer`` and ``mechprobe steer``): the added vector's norm is
         ``alpha`` x the layer's mean residual norm at the boundary (``metadata["resid_norm"]``), so ``alpha = 0.2``
         is a push of a fifth of the residual's size in any model and layer, and every kind gets the same norm
         at the same alpha. ``unit="raw"``: the residual becomes ``h + alpha * vector`` (CAA; ``alpha = 1`` = one
@@ -378,7 +394,7 @@ def random_like(vec: SteeringVector, seed: int = 0, orthogonal: bool = True) -> 
 
 
 def in_alpha_units(vec: SteeringVector, unit: str, resid_norm: float | None = None) -> SteeringVector:
-    """``vec`` rescaled so that ``steer(model, result, alpha)`` adds ``alpha`` in ``unit``.
+    """``vec`` rescaled so that ``steer(model, result, alpha, unit="raw")`` adds ``alpha`` in ``unit``.
 
     * ``raw``: unchanged (CAA: ``alpha`` multiplies the raw vector, ``alpha = 1`` is one class gap).
     * ``resid``: ``v / |v| * resid_norm``, so ``alpha`` is the added vector's norm as a multiple of the
@@ -388,7 +404,8 @@ def in_alpha_units(vec: SteeringVector, unit: str, resid_norm: float | None = No
       exactly the same norm at the same alpha, whatever its raw norm was.
 
     The unit and the yardstick are recorded in the metadata (``alpha_unit``, ``resid_norm``).
-    :meth:`SteeringVector.apply` calls this for you (``unit="resid"`` by default).
+    :func:`~mechprobe.steering.intervene.steer`, :func:`~mechprobe.steering.intervene.bake` and
+    :meth:`SteeringVector.apply` call this for you (``unit="resid"`` by default).
 
     Args:
         vec: the :class:`SteeringVector` to rescale.
@@ -417,7 +434,10 @@ def in_alpha_units(vec: SteeringVector, unit: str, resid_norm: float | None = No
         return SteeringVector(vec.vector, vec.layer, vec.kind, meta)
     if not ref or not math.isfinite(ref) or ref <= 0:
         raise UsageError(f"alpha unit 'resid' needs the layer's mean residual norm, but this {vec.kind} vector has "
-                         f"none (resid_norm={ref}); build it with diff_of_means or pass resid_norm=")
+                         f"none (resid_norm={ref}); build it with diff_of_means (which records it), pass "
+                         "resid_norm=, or steer with unit='raw' (alpha multiplies the vector as stored)")
+    if vec.metadata.get("alpha_unit") == "resid" and math.isclose(vec.norm, ref, rel_tol=1e-6):
+        return vec  # already in resid units: converting twice must not change a bit
     if vec.norm == 0.0:
         raise UsageError(f"{vec.kind} vector at layer {vec.layer} is zero: it has no direction to rescale")
     v = vec.vector.detach().float()

@@ -1,14 +1,10 @@
 """Steering vectors: build them from boundary activations, add them to the residual stream, bake them in.
 
-**What ``alpha`` multiplies** (CAA convention). The steered residual is ``h + alpha * v`` where ``v``
-is the *raw* difference of means ``mean(h | genuine) - mean(h | not genuine)`` of the boundary residual
-at the chosen residual index. ``alpha = 1`` moves the average non-follow-up boundary state onto the
-average follow-up state; the number is in units of "one class gap", not of the residual norm. Other
-vector kinds are put on the same scale so one alpha means the same push for all of them: a probe
-direction is the unit direction times the diff-of-means norm of the same layer (:func:`from_direction`),
-the random control has the diff-of-means norm (:func:`random_like`), the negative control is ``-v``.
-:meth:`SteeringVector.describe` states ``|v|`` and ``alpha * |v|`` relative to the layer's mean
-boundary residual norm, the number that says whether an alpha is gentle (~0.1) or destructive (~1).
+**What ``alpha`` means**: one unit everywhere, the added vector's norm as a multiple of the layer's mean boundary
+residual norm (``unit="resid"``, the default of :func:`steer`, :func:`bake`, ``SteeringVector.apply`` and
+``mechprobe steer``); ``unit="raw"`` is the explicit CAA option, ``h + alpha * v`` with ``v`` as stored
+(``alpha = 1`` = one class gap for a raw difference of means). :mod:`mechprobe.steering.steering_vector` explains
+both.
 
 **Where it is added** (residual index ``r``, the convention of :mod:`mechprobe.activations.cache`: ``r = 0``
 is the embedding output = the input of block 0, ``r = i`` is the output of block ``i - 1``). Steering
@@ -35,7 +31,8 @@ a step, and the boundary and generated positions are then found inside the full 
 same result as the cached run.
 
 Where each part lives: :mod:`mechprobe.steering.steering_vector` (the class, :func:`from_direction`,
-:func:`random_like`, :func:`in_alpha_units`), :mod:`mechprobe.steering.diff_means` (:func:`diff_of_means`),
+:func:`random_like`, :func:`in_alpha_units`), :mod:`mechprobe.steering.kind_registry` and
+:mod:`mechprobe.steering.kinds` (the vector kinds, one module each), :mod:`mechprobe.steering.diff_means` (:func:`diff_of_means`),
 :mod:`mechprobe.steering.hooks` (positions and the hooks), :mod:`mechprobe.steering.intervene` (:func:`steer`,
 :func:`bake`), :mod:`mechprobe.steering.nnsight_steer` (:func:`generate_nnsight`). Every name is importable from
 here.
@@ -43,21 +40,33 @@ here.
 
 from __future__ import annotations
 
+from mechprobe.steering import kinds as _kinds  # noqa: F401  (imports, and so registers, every vector kind)
 from mechprobe.steering.diff_means import diff_of_means
 from mechprobe.steering.hooks import STEER_POSITIONS
 from mechprobe.steering.intervene import bake, steer
+from mechprobe.steering.kind_registry import (
+    VectorContext,
+    build_vector,
+    check_kinds,
+    default_kinds,
+    register_vector_kind,
+    vector_kinds,
+)
 from mechprobe.steering.nnsight_steer import generate_nnsight, placeholder_tokenizer
 from mechprobe.steering.steering_vector import (
     ALPHA_UNITS,
     FORMAT,
-    KINDS,
     SteeringVector,
     from_direction,
     in_alpha_units,
     random_like,
 )
 
+KINDS = vector_kinds()
+"""Every registered steering-vector kind (:mod:`mechprobe.steering.kinds`), in table order."""
+
 __all__ = [
-    "ALPHA_UNITS", "FORMAT", "KINDS", "STEER_POSITIONS", "SteeringVector", "bake", "diff_of_means", "from_direction",
-    "generate_nnsight", "in_alpha_units", "placeholder_tokenizer", "random_like", "steer",
+    "ALPHA_UNITS", "FORMAT", "KINDS", "STEER_POSITIONS", "SteeringVector", "VectorContext", "bake", "build_vector",
+    "check_kinds", "default_kinds", "diff_of_means", "from_direction", "generate_nnsight", "in_alpha_units",
+    "placeholder_tokenizer", "random_like", "register_vector_kind", "steer", "vector_kinds",
 ]

@@ -300,7 +300,7 @@ def write_report(root: str | Path, labels_file: str, report_dir: str | Path, fig
     report_dir, figures_dir = Path(report_dir), Path(figures_dir)
     if not data.full and (report_dir / "README.md").exists():
         raise UsageError(f"no runs with labels {labels_file} under {root}, so the report would be empty; refusing "
-                         f"to overwrite {report_dir / 'README.md'}. Check --root (and --quick/--judge), or run the "
+                         f"to overwrite {report_dir / 'README.md'}. Check root= (and quick=, judge=), or run the "
                          "study first")
     paths = {k: figures_dir / f"study_{k}.png" for k in FIGURES} if data.full else {}
     rel = {k: os.path.relpath(p, report_dir) for k, p in paths.items()} or {k: "" for k in FIGURES}

@@ -162,16 +162,16 @@ class StudyConfig:
             raise UsageError(f"unknown dataset(s) {bad}: use any of {', '.join(NAMES)}")
         self.variants = check_variants(self.variants)
         if not self.models or not self.datasets:
-            raise UsageError("nothing to do: pass at least one --models and one --datasets")
+            raise UsageError("nothing to do: pass at least one models= and one datasets=")
         if self.limit is not None and self.limit < 0:
-            raise UsageError(f"--limit must be >= 0 (items per dataset; 0 = every item), got {self.limit}")
+            raise UsageError(f"limit={self.limit}: must be >= 0 (items per dataset; 0 = every item)")
         if self.variant_samples is not None and self.variant_samples < 0:
-            raise UsageError(f"--variant-samples must be >= 0 (samples at T=1.0 per variant), got {self.variant_samples}")
+            raise UsageError(f"variant_samples={self.variant_samples}: must be >= 0 (samples at T=1.0 per variant)")
         if self.data_path is not None and not Path(self.data_path).exists():
-            raise UsageError(f"--data-path {self.data_path} does not exist: pass a folder laid out like shared/data")
+            raise UsageError(f"data_path={self.data_path} does not exist: pass a folder laid out like shared/data")
         check_judge_spec(self.judge)
         for m in self.models:
-            check_model_source(m, "--models")
+            check_model_source(m, "models")
         for m in self.models:
             self.probe_config(m, self.datasets[0]).validate()
 
@@ -327,9 +327,9 @@ def run_study(sc: StudyConfig) -> StudyResult:
     sc.validate()
     root = sc.root_dir()
     with contextlib.ExitStack() as locks:
-        locks.enter_context(output_dir_lock(root, "study", "--root"))
+        locks.enter_context(output_dir_lock(root, "study", "root"))
         if Path(sc.report_dir).resolve() != root.resolve():
-            locks.enter_context(output_dir_lock(sc.report_dir, "study report", "--report-dir"))
+            locks.enter_context(output_dir_lock(sc.report_dir, "study report", "report_dir"))
         return _run_study(sc, root)
 
 
@@ -377,7 +377,7 @@ class StudyFailed(UserError):
 def report(sc: StudyConfig) -> StudyResult:
     """Rewrite the README and figures from the runs under the study root (``--report-only``), holding the report
     directory's writer lock (the runs are only read)."""
-    with output_dir_lock(sc.report_dir, "study report", "--report-dir"):
+    with output_dir_lock(sc.report_dir, "study report", "report_dir"):
         return StudyResult(_write(sc))
 
 

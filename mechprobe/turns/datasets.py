@@ -311,8 +311,8 @@ def _not_found(name: str, spec: DatasetSpec, path: str | Path | None, hub_failur
     else:
         hub = ", or install `datasets` (pip install 'mechprobe[hub]') to read it from the Hugging Face hub"
     return FileNotFoundError(
-        f"dataset {name!r}: {where}. Pass --data-path FILE_OR_DIR (path= in Python) or set {DATA_DIR_ENV} to a "
-        f"folder laid out like shared/data{hub}. Offline with no data files: use --dataset builtin."
+        f"dataset {name!r}: {where}. Pass data_path=FILE_OR_DIR (path= to load_dataset) or set {DATA_DIR_ENV} to a "
+        f"folder laid out like shared/data{hub}. Offline with no data files: use dataset=builtin."
     )
 
 
@@ -437,12 +437,12 @@ def _load_hub(name: str, split: str, limit: int | None) -> DatasetLoad:
     if spec.hub_id is None:
         raise UsageError(
             f"dataset {name!r} has no canonical Hugging Face hub copy; download test_freq.json from the "
-            f"alexa/Topical-Chat GitHub repository (conversations/) and pass it with --data-path")
+            f"alexa/Topical-Chat GitHub repository (conversations/) and pass it with data_path=")
     try:
         import datasets as hf  # lazy: extra [hub]
     except ImportError as e:
         raise ImportError(f"reading {name!r} from the Hugging Face hub needs `datasets`: pip install "
-                          f"'mechprobe[hub]' (or pass a local file with --data-path)") from e
+                          f"'mechprobe[hub]' (or pass a local file with data_path=)") from e
     kwargs: dict[str, Any] = dict(spec.hub_kwargs)
     kwargs["split"] = spec.hub_only_split or split
     args = (spec.hub_id, spec.hub_config) if spec.hub_config else (spec.hub_id,)
@@ -514,7 +514,7 @@ def load_dataset(name: str, *, path: str | Path | None = None, split: str = "tes
         if p.is_dir():
             p = p / BUILTIN_FILE
         if not p.is_file():
-            raise MissingInput(f"builtin prompts: no file at {p}; omit --data-path for the bundled set")
+            raise MissingInput(f"builtin prompts: no file at {p}; omit data_path= for the bundled set")
         return _load_file(name, p, limit)
 
     spec = SPECS[name]
@@ -522,7 +522,7 @@ def load_dataset(name: str, *, path: str | Path | None = None, split: str = "tes
         try:
             return _load_hub(name, split, limit)
         except HubLoadError as e:
-            raise HubLoadError(f"{e}. Offline, pass a local file with --data-path instead.") from e.__cause__
+            raise HubLoadError(f"{e}. Offline, pass a local file with data_path= instead.") from e.__cause__
     local = _local_file(spec, path)
     if local is not None:
         return _load_file(name, local, limit)

@@ -142,7 +142,7 @@ class ProbeConfig:
         bad: list[str] = []
         temps = list(self.temperatures or [])
         if not temps:
-            bad.append("no temperatures: pass --temperatures 0 (greedy) and/or values > 0")
+            bad.append("no temperatures: pass temperatures=0 (greedy) and/or values > 0")
         for t in temps:
             if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
                 bad.append(f"temperature {t!r} must be a finite number >= 0 (0 = greedy)")
@@ -153,7 +153,7 @@ class ProbeConfig:
         if not isinstance(self.samples, int) or self.samples < 0:
             bad.append(f"samples must be an integer >= 0, got {self.samples!r}")
         elif self.samples == 0 and any(t > 0 for t in finite_t):
-            bad.append("samples is 0 but a temperature > 0 was given: pass --samples >= 1, or --temperatures 0 "
+            bad.append("samples is 0 but a temperature > 0 was given: pass samples= >= 1, or temperatures=0 "
                        "for greedy only")
         if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
             bad.append(f"limit must be >= 1 (or None for every row; 0 on the command line), got {self.limit!r}")
@@ -186,8 +186,8 @@ def decoding_plan(temperatures: list[float], samples: int) -> list[tuple[str, fl
         else:
             plan.extend(("sample", float(t), k) for k in range(samples))
     if not plan:
-        raise UsageError("no decodings requested: pass --temperatures 0 (greedy) and/or values > 0 with "
-                        "--samples >= 1")
+        raise UsageError("no decodings requested: pass temperatures=0 (greedy) and/or values > 0 with "
+                        "samples= >= 1")
     return plan
 
 
@@ -225,7 +225,7 @@ def _check_items_match_run(out: Path, items: list[Item]) -> None:
         if r is not None and (r["prompt"] != it.prompt or (r.get("messages") or []) != (it.messages or [])):
             raise UserError(f"{out / ASSISTANT} has item {it.item_id!r} with a different prompt than the data "
                             f"now loaded ({r['prompt'][:60]!r} vs {it.prompt[:60]!r}): the run was made from "
-                            f"other data. Use a new --out directory, or the run's own --data-path")
+                            f"other data. Use a new run directory (out=), or the run's own data_path=")
 
 
 def _merged_limit(out: Path, limit: int | None) -> int | None:
@@ -282,7 +282,7 @@ def run_probe(cfg: ProbeConfig, out: str | Path, lm: LoadedModel | None = None,
     """
     out = Path(out)
     cfg.validate()
-    check_writable_dir(out, "--out")  # a file, a symlink loop or a read-only place: refused before the model loads
+    check_writable_dir(out, "out")  # a file, a symlink loop or a read-only place: refused before the model loads
     plan = decoding_plan(cfg.temperatures, cfg.samples)
     if items is None:
         items, data_info = load_items(cfg)
@@ -413,7 +413,7 @@ def _rows(cfg: ProbeConfig, engine: Any, lm: LoadedModel | None = None, prompt_l
     if lm is None or lm.model is None:
         return 8
     n = auto_batch_size(lm.model, prompt_len, max_new)
-    log.info("--batch-size auto: %d rows per decode call (prompts up to %d tokens + %d new)", n, prompt_len, max_new)
+    log.info("batch_size=auto: %d rows per decode call (prompts up to %d tokens + %d new)", n, prompt_len, max_new)
     return n
 
 
@@ -640,7 +640,7 @@ def load_run(run_dir: str | Path) -> tuple[list[AssistantRecord], list[UserTurnR
     """
     run_dir = Path(run_dir)
     if not (run_dir / USER_TURNS).exists():
-        raise MissingInput(f"{run_dir} has no {USER_TURNS}: run `python experiments/probe.py --out {run_dir}`")
+        raise MissingInput(f"{run_dir} has no {USER_TURNS}: run `mechprobe probe {run_dir}`")
     a = [AssistantRecord.from_dict(r) for r in read_jsonl(run_dir / ASSISTANT, key="item_id")]
     u = [UserTurnRecord.from_dict(r) for r in read_jsonl(run_dir / USER_TURNS, key="record_id")]
     return a, u

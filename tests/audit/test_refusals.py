@@ -73,10 +73,10 @@ def test_other_sample_duplicate_names_and_kinds(setup):
     assert "already holds different labels by 'ann'" in _one_line(e)
     with pytest.raises(UsageError, match="same labeller 'ann'"):
         import_labels(tmp / "run", [first, other], sample)
-    with pytest.raises(UsageError, match="--labeller-kind"):
+    with pytest.raises(UsageError, match="labeller_kind="):
         read_labels_file(first, kind="model")
     nokind = _export(tmp, sample, [(keys[0], "new_query")], name="bo", kind="")
-    with pytest.raises(UsageError, match="pass --labeller-kind person or model"):
+    with pytest.raises(UsageError, match="pass labeller_kind=person or model"):
         read_labels_file(nokind)
     assert read_labels_file(nokind, kind="model").kind == "model"
     dup = _export(tmp, sample, [(keys[0], "new_query"), (keys[0], "new_query")], name="cy")

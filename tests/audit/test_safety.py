@@ -491,8 +491,9 @@ def test_disk_full_during_draw_leaves_no_empty_files(tmp_path, capsys, disk_full
 # --------------------------------------------------------------------------------------- interval flags
 
 
-@pytest.mark.parametrize("flags", [["--alpha", "nan"], ["--alpha", "2"], ["--alpha", "-1"], ["--alpha", "0"],
-                                   ["--alpha", "1"], ["--alpha", "inf"], ["--n-boot", "0"], ["--n-boot", "-5"]])
+@pytest.mark.parametrize("flags", [["--confidence", "nan"], ["--confidence", "2"], ["--confidence", "-1"],
+                                   ["--confidence", "0"], ["--confidence", "1"], ["--confidence", "inf"],
+                                   ["--n-boot", "0"], ["--n-boot", "-5"]])
 def test_bad_alpha_or_n_boot_is_refused_before_anything(drawn, tmp_path, capsys, flags):
     run = drawn
     alice = _labels_json(run, tmp_path / "alice.json")
@@ -506,5 +507,20 @@ def test_bad_alpha_or_n_boot_is_refused_before_anything(drawn, tmp_path, capsys,
 def test_build_report_refuses_bad_alpha(drawn):
     from mechprobe.audit import build_report
 
-    with pytest.raises(UserError, match="--alpha"):
+    with pytest.raises(UserError, match="alpha="):  # below the CLI the message names the parameter
         build_report(load_run_table(drawn), load_sample(drawn), [], alpha=float("nan"))
+
+
+def test_confidence_is_the_audit_flag_and_alpha_a_deprecated_spelling_of_one_minus_it(capsys):
+    import argparse
+
+    from mechprobe.cli import audit as cli_audit
+
+    p = argparse.ArgumentParser()
+    cli_audit.add_args(p)
+    assert cli_audit.significance(p.parse_args(["runs/x"])) == 0.05  # exactly what the report always used
+    assert cli_audit.significance(p.parse_args(["runs/x", "--confidence", "0.9"])) == 0.1
+    assert cli_audit.significance(p.parse_args(["runs/x", "--alpha", "0.1"])) == 0.1
+    assert "deprecated" in capsys.readouterr().err
+    with pytest.raises(UserError, match="disagree"):
+        cli_audit.significance(p.parse_args(["runs/x", "--alpha", "0.1", "--confidence", "0.8"]))

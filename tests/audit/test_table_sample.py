@@ -64,7 +64,7 @@ def test_sample_takes_at_most_one_turn_per_item_and_stratum_by_default(run):
     s2 = draw_sample(t, 20, "condition", seed=0, turns_per_item=2)
     probe = Counter(t.get(r).item_id for r in s2.record_ids if t.get(r).condition == "probe")
     assert s2.per_stratum["probe"] == 5 and sorted(probe.values()) == [1, 1, 1, 2]  # all 4 items before a repeat
-    with pytest.raises(UsageError, match="turns-per-item"):
+    with pytest.raises(UsageError, match="turns_per_item="):
         draw_sample(t, 10, "condition", turns_per_item=-1)
 
 
@@ -91,7 +91,7 @@ def test_sample_recorded_reused_and_refused(run):
     assert rec["judges"] == ["hand-D", "hybrid:test"] and rec["seed"] == 0 and rec["by"] == "condition"
     again, drawn = load_or_draw(run, t, 20, "condition", 0)
     assert not drawn and again == s
-    with pytest.raises(UsageError, match="--redraw"):
+    with pytest.raises(UsageError, match="redraw=True"):
         load_or_draw(run, t, 24, "condition", 0)
     new, drawn = load_or_draw(run, t, 24, "decoding", 0, redraw=True)
     assert drawn and new.by == "decoding" and new.sample_id != s.sample_id

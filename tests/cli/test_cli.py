@@ -107,7 +107,7 @@ def test_cli_run_is_positional_everywhere():
             return ""
 
     orig = cli_steer.steer_experiment
-    cli_steer.steer_experiment = lambda cfg: seen.append((cfg.run, cfg.alpha)) or _Done()
+    cli_steer.steer_experiment = lambda cfg: seen.append((cfg.run, cfg.alphas)) or _Done()
     try:
         assert cli.main(["steer", "runs/x", "--alpha", "4", "4.5"]) == 0
         assert cli.main(["steer", "--run", "runs/x", "--alpha-unit", "raw"]) == 0
@@ -161,7 +161,7 @@ COMMAND_PATHS = [path for path, _ in _subparsers(cli.build_parser())]
 def test_every_command_is_registered_with_both_entry_points():
     assert {"post-train", "study", "relabel-steering", "steer"} <= set(COMMANDS)
     required = {"judge": ["r"], "cache": ["r"], "audit": ["r"], "relabel-steering": ["r", "--judge", "offline"],
-                "models": ["list"]}
+                "models": ["list"], "interventions": ["status"]}
     p = cli.build_parser()
     for name, mod in COMMANDS.items():
         assert callable(mod.add_args) and callable(mod.run) and mod.HELP, name
@@ -282,7 +282,7 @@ def test_cli_cache_list_flags_and_one_line_dtype_mismatch(tiny_model_run, capsys
                      "--no-progress"]) == 2  # default dtype float16 vs the cache's float32
     err = capsys.readouterr().err.strip()
     # one line, no traceback, naming the flag and the value that extends the cache
-    assert err.startswith("mechprobe: error:") and "\n" not in err and "--dtype float32" in err, err
+    assert err.startswith("mechprobe: error:") and "\n" not in err and "--store-dtype float32" in err, err  # the flag the cache command names it by
 
 
 @requires_smollm2

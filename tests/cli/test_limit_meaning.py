@@ -35,7 +35,7 @@ def test_study_limit_0_is_every_item():
     sc = StudyConfig(models=["smollm2-135m-instruct"], datasets=["gsm8k"], limit=0, judge="offline")
     sc.validate()
     assert sc.probe_config("smollm2-135m-instruct", "gsm8k").limit is None
-    with pytest.raises(Exception, match="--limit must be >= 0"):
+    with pytest.raises(Exception, match="limit=-1: must be >= 0"):
         StudyConfig(models=["smollm2-135m-instruct"], datasets=["gsm8k"], limit=-1, judge="offline").validate()
 
 

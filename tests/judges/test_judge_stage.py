@@ -172,10 +172,15 @@ def test_cli_reports_configuration_errors_in_one_line(tmp_path, capsys, monkeypa
 
 
 def test_default_judge_follows_the_environment(monkeypatch):
-    from mechprobe.judges.factory import resolve_judge_spec
+    from mechprobe.judges.factory import default_judge, resolve_judge_spec
+    from mechprobe.lm.models import DEFAULT_MODEL
 
     monkeypatch.delenv("MECHPROBE_JUDGE_MODEL", raising=False)
-    assert resolve_judge_spec(None) == "offline"
+    # None and "auto" are one rule, resolved in one function (make_judge("auto") used to raise)
+    assert resolve_judge_spec(None, DEFAULT_MODEL) == resolve_judge_spec("auto", DEFAULT_MODEL) == "offline"
+    assert resolve_judge_spec(None) == resolve_judge_spec("auto") == default_judge()
+    assert resolve_judge_spec("auto", "some/model", "offline-v3+lexical") == "offline-lexical"  # resume the run's judge
     monkeypatch.setenv("MECHPROBE_JUDGE_MODEL", "qwen-judge")
-    assert resolve_judge_spec(None) == "openai:qwen-judge"
+    assert resolve_judge_spec(None) == resolve_judge_spec("auto") == "openai:qwen-judge"
     assert resolve_judge_spec("offline") == "offline"
+    assert resolve_judge_spec("hybrid2:m") == "hybrid-voice:m"

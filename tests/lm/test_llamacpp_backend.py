@@ -25,7 +25,7 @@ CONVS = [("What is 7*8?", "7*8 = 56."), ("Name a fruit.", "An apple."),
 def test_hf_ids_and_dirs_are_refused_with_the_fix():
     from mechprobe.lm.llamacpp import resolve_gguf
 
-    with pytest.raises(UserError, match="--engine hf"):
+    with pytest.raises(UserError, match="engine=hf"):
         resolve_gguf("Qwen/Qwen2.5-0.5B-Instruct")
     with pytest.raises(UserError, match="does not exist"):
         resolve_gguf("/nonexistent/model.gguf")
@@ -286,7 +286,7 @@ def test_steering_adds_the_vector_where_the_hf_hook_does(smol, lc, probe_prompts
         ms.clear()
         corr = {}
         for hl in (layer - 1, layer, layer + 1):
-            with steer(smol.model, SteeringVector(vector=vec, layer=hl, kind="random"), 1.0, "all"), torch.no_grad():
+            with steer(smol.model, SteeringVector(vector=vec, layer=hl, kind="random"), 1.0, "all", unit="raw"), torch.no_grad():
                 theirs = smol.model(torch.tensor([p])).logits[0, -1].float().numpy()
             corr[hl] = float(np.corrcoef(ours, theirs)[0, 1])
         assert corr[layer] > 0.995 and corr[layer] > max(corr[layer - 1], corr[layer + 1]), corr

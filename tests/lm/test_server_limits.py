@@ -127,5 +127,5 @@ def test_serve_refuses_bad_flags_before_loading(argv, needle, capsys, monkeypatc
 def test_hf_responder_refuses_a_zero_cap():
     from mechprobe.errors import UsageError
 
-    with pytest.raises(UsageError, match="max-new-tokens"):
+    with pytest.raises(UsageError, match="max_new_tokens=0"):
         HFResponder(None, None, max_new_tokens=0)

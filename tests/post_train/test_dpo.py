@@ -104,7 +104,7 @@ def test_pair_counts_and_the_no_pairs_error():
     # long for 4 tokens (3 prompt + 2 completion).
     assert (c["genuine"], c["genuine_unfinished"], c["unjudged_or_judge_error"]) == (2, 1, 1)
     assert (c["items_with_both"], c["pairs_available"], c["pairs_too_long"], c["pairs_used"]) == (1, 1, 1, 0)
-    with pytest.raises(pp.PairError, match="longer than --max-len"):
+    with pytest.raises(pp.PairError, match="longer than max_len="):
         pp.require_pairs(ps)
     none = pp.build_pairs(*_run({"gsm8k-0600": [N, N]}), ["gsm8k-0600"], [])
     with pytest.raises(pp.PairError, match=r"^no pairs: 0 of 1 training items had both a genuine and a failure turn"):

@@ -54,7 +54,7 @@ def test_setting_json_that_is_not_an_object(tmp_path, text):
     (tmp_path / SETTING_FILE).write_text(text)
     with pytest.raises(UserError, match="not a frozen setting") as e:
         freeze_setting(tmp_path, {"kinds": ["diff_of_means"]})
-    assert "--steer-dir" in str(e.value) and "\n" not in str(e.value)
+    assert "steer_dir=" in str(e.value) and "\n" not in str(e.value)
     assert (tmp_path / SETTING_FILE).read_text() == text  # left as it was
 
 

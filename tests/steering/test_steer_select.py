@@ -82,7 +82,7 @@ def test_resid_units_give_every_kind_exactly_alpha_times_resid_norm(model):
         assert u.norm == pytest.approx(r, rel=1e-6)
         # What steering actually adds at the boundary, read back from the residual stream.
         base = _hidden(model, PROMPTS, LAYER)
-        with steer(model, u, alpha, "boundary"):
+        with steer(model, u, alpha, "boundary", unit="raw"):
             moved = _hidden(model, PROMPTS, LAYER)
         delta = (moved - base)[:, -1]
         # Tolerance: h + d - h in float32 loses ~1e-7 x |h| per entry; |h| ~ r here.
@@ -107,7 +107,7 @@ def _replay_nll(model, prompt, cont, vec, alpha, positions):
     from transformers import DynamicCache
 
     lps = []
-    with steer(model, vec, alpha, positions), torch.no_grad():
+    with steer(model, vec, alpha, positions, unit="raw"), torch.no_grad():
         cache = DynamicCache()
         out = model(input_ids=torch.tensor([prompt]), **kv_kw(model, cache), use_cache=True)
         for t in cont:
@@ -288,7 +288,7 @@ def test_plot_draws_rates_and_degeneration_with_cis(tmp_path, alphas):
 def test_probe_direction_for_steering_sees_train_rows_only():
     """The steering 'probe' vector is fitted on train rows: held-out labels cannot change it (no leakage),
     and a direction planted in the train rows is recovered (cosine with the plant well above chance)."""
-    from mechprobe.steering.evaluate import train_probe_direction
+    from mechprobe.steering.kinds.probe import train_probe_direction
 
     g = torch.Generator().manual_seed(0)
     n, d, layer = 240, 16, 3

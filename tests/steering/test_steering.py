@@ -112,9 +112,9 @@ def test_alpha_zero_and_zero_vector_are_token_identical(model, driver):
     base = _run(model, PROMPTS, driver)
     zero_vec = SteeringVector(torch.zeros(model.config.hidden_size), 2, "random")
     for pos in STEER_POSITIONS:
-        with steer(model, _vec(model, scale=40.0), 0.0, pos):
+        with steer(model, _vec(model, scale=40.0), 0.0, pos, unit="raw"):
             assert _run(model, PROMPTS, driver) == base
-        with steer(model, zero_vec, 3.0, pos):  # goes through the add path, adds exact zeros
+        with steer(model, zero_vec, 3.0, pos, unit="raw"):  # goes through the add path, adds exact zeros
             assert _run(model, PROMPTS, driver) == base
 
 
@@ -122,7 +122,7 @@ def test_alpha_zero_and_zero_vector_are_token_identical(model, driver):
 def test_batch_equals_one_by_one_and_all_drivers_agree(model, positions):
     v = _vec(model, scale=40.0)
     base = _run(model, PROMPTS, "own")
-    with steer(model, v, 1.0, positions):
+    with steer(model, v, 1.0, positions, unit="raw"):
         batched = _run(model, PROMPTS, "own")
         single = [_run(model, [p], "own")[0] for p in PROMPTS]
         hf = _run(model, PROMPTS, "hf")
@@ -138,7 +138,7 @@ def test_batch_equals_one_by_one_and_all_drivers_agree(model, positions):
 def test_each_call_is_steered_exactly_at_the_named_positions(model, driver, positions, prompts):
     alpha, v = 2.0, _vec(model, layer=2)
     prompt_len = max(len(p) for p in prompts)
-    with steer(model, v, alpha, positions), CallRecorder(model, 2) as rec:
+    with steer(model, v, alpha, positions, unit="raw"), CallRecorder(model, 2) as rec:
         _run(model, prompts, driver, n=4)
     diffs = rec.diffs()
     assert len(diffs) == 4  # one prefill + three decode calls (no-cache: four full forwards)
@@ -153,7 +153,7 @@ def test_each_call_is_steered_exactly_at_the_named_positions(model, driver, posi
 def test_generated_only_cannot_change_the_first_token(model):
     v = _vec(model, scale=40.0)
     base = _run(model, PROMPTS, "own", n=8)
-    with steer(model, v, 1.0, "generated"):
+    with steer(model, v, 1.0, "generated", unit="raw"):
         steered = _run(model, PROMPTS, "own", n=8)
     assert all(s[0] == b[0] for s, b in zip(steered, base))  # token 1 comes from the unsteered prefill
     assert steered != base
@@ -192,10 +192,10 @@ def test_output_hidden_states_show_exactly_alpha_v_at_the_steered_layer(layer, p
             hs = model(input_ids=ids, attention_mask=mask, position_ids=pos, output_hidden_states=True).hidden_states
         return [h.detach() for h in hs]
 
-    with steer(model, v, alpha, positions):
+    with steer(model, v, alpha, positions, unit="raw"):
         steered = hidden()
     base = hidden()
-    with steer(model, v, alpha, positions):  # now HF's hooks were installed before ours: same result
+    with steer(model, v, alpha, positions, unit="raw"):  # now HF's hooks were installed before ours: same result
         again = hidden()
     for hs in (steered, again):
         for r in range(layer):
@@ -211,12 +211,12 @@ def test_output_hidden_states_show_exactly_alpha_v_at_the_steered_layer(layer, p
 def test_hooks_removed_after_exceptions(model):
     n0 = _n_hooks(model)
     with pytest.raises(RuntimeError, match="inside"):
-        with steer(model, _vec(model), 5.0, "all"):
+        with steer(model, _vec(model), 5.0, "all", unit="raw"):
             assert _n_hooks(model) > n0
             raise RuntimeError("inside")
     assert _n_hooks(model) == n0
     with pytest.raises(IndexError):  # the forward itself fails (token id beyond the vocabulary)
-        with steer(model, _vec(model), 5.0, "boundary"):
+        with steer(model, _vec(model), 5.0, "boundary", unit="raw"):
             model(torch.tensor([[5000]]))
     assert _n_hooks(model) == n0
     base = _run(model, PROMPTS, "own")
@@ -225,13 +225,13 @@ def test_hooks_removed_after_exceptions(model):
 
 def test_bad_arguments_are_named(model):
     with pytest.raises(ValueError, match="positions"):
-        with steer(model, _vec(model), 1.0, "everywhere"):
+        with steer(model, _vec(model), 1.0, "everywhere", unit="raw"):
             pass
     with pytest.raises(ValueError, match="out of range"):
-        with steer(model, _vec(model, layer=4), 1.0):
+        with steer(model, _vec(model, layer=4), 1.0, unit="raw"):
             pass
     with pytest.raises(ValueError, match="dims"):
-        with steer(model, SteeringVector(torch.ones(10), 1, "random"), 1.0):
+        with steer(model, SteeringVector(torch.ones(10), 1, "random"), 1.0, unit="raw"):
             pass
     with pytest.raises(ValueError, match="kind"):
         SteeringVector(torch.ones(4), 1, "mystery")
@@ -241,11 +241,11 @@ def test_bad_arguments_are_named(model):
     v = _vec(model, scale=40.0)
     v.metadata["weight_hash"] = "b" * 64
     with pytest.raises(ValueError, match="rebuild the vector"):
-        with steer(lm, v, 1.0):
+        with steer(lm, v, 1.0, unit="raw"):
             pass
     v.metadata["weight_hash"] = "a" * 64
     base = _run(model, PROMPTS, "own")
-    with steer(lm, v, 1.0):  # a LoadedModel with the matching hash is accepted and steered
+    with steer(lm, v, 1.0, unit="raw"):  # a LoadedModel with the matching hash is accepted and steered
         assert _run(model, PROMPTS, "own") != base
 
 
@@ -257,9 +257,10 @@ def test_constructors_metadata_describe_and_save_load(tmp_path):
     resid = float(torch.cat([pos, neg]).norm(dim=-1).mean())
     assert v.metadata == {"n_pos": 10, "n_neg": 12, "resid_norm": pytest.approx(resid), "position": "boundary",
                           "weight_hash": "h" * 64, "source_run": "runs/x"}
-    text = v.describe(alpha=4)
+    text = v.describe(alpha=4, unit="raw")
     assert f"{v.norm / resid:.3f} x mean boundary residual norm" in text
     assert f"{4 * v.norm / resid:.3f} x residual norm" in text and "output of block 2" in text
+    assert "(4.000 x residual norm)" in v.describe(alpha=4)  # the package's unit: alpha x the residual norm
 
     r = random_like(v, seed=1)
     assert r.kind == "random" and r.layer == 3 and abs(r.norm - v.norm) < 1e-5
@@ -318,13 +319,13 @@ def test_real_model_alpha_zero_batch_and_boundary(smol):
 
     base = own(prompts)
     v = random_like(SteeringVector(torch.ones(smol.d_model), 12, "random"), seed=0)
-    with steer(smol, v, 0.0, "boundary+generated"):
+    with steer(smol, v, 0.0, "boundary+generated", unit="raw"):
         assert own(prompts) == base
         assert hf(prompts) == base
     v = SteeringVector(v.vector / v.norm * 40.0, 12, "random")
-    with steer(smol, v, 1.0, "boundary+generated"), CallRecorder(m, 12) as rec:
+    with steer(smol, v, 1.0, "boundary+generated", unit="raw"), CallRecorder(m, 12) as rec:
         batched = own(prompts)
-    with steer(smol, v, 1.0, "boundary+generated"):
+    with steer(smol, v, 1.0, "boundary+generated", unit="raw"):
         single = [own([p])[0] for p in prompts]
     assert batched == single
     assert batched != base

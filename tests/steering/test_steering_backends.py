@@ -44,31 +44,31 @@ def _n_hooks(model) -> int:
 def test_nnsight_steering_equals_hooks(model, positions, layer):
     v = _vec(model, layer=layer)
     base = _gen(model)
-    with steer(model, v, 1.0, positions):
+    with steer(model, v, 1.0, positions, unit="raw"):
         hooked = _gen(model)
     assert hooked != base  # the vector is strong enough to matter
-    assert generate_nnsight(model, PROMPTS, v, 1.0, positions, max_new_tokens=8) == hooked
-    assert generate_nnsight(model, PROMPTS, v, 0.0, positions, max_new_tokens=8) == base
+    assert generate_nnsight(model, PROMPTS, v, 1.0, positions, max_new_tokens=8, unit="raw") == hooked
+    assert generate_nnsight(model, PROMPTS, v, 0.0, positions, max_new_tokens=8, unit="raw") == base
 
 
 def test_nnsight_one_token_prompts_stop_tokens_and_tokenizer_left_alone(model):
     v = _vec(model)
     prompts = [[9], [42]]
-    with steer(model, v, 1.0, "boundary"):  # one-token prompt: the prefill is still the boundary
+    with steer(model, v, 1.0, "boundary", unit="raw"):  # one-token prompt: the prefill is still the boundary
         hooked = _gen(model, prompts)
-    assert generate_nnsight(model, prompts, v, 1.0, "boundary", max_new_tokens=8) == hooked
-    with steer(model, v, 1.0, "boundary"):
+    assert generate_nnsight(model, prompts, v, 1.0, "boundary", max_new_tokens=8, unit="raw") == hooked
+    with steer(model, v, 1.0, "boundary", unit="raw"):
         free = _gen(model)
     # a token some row first emits at step >= 3: rows must be cut right after their first stop token
     r, k = next((r, i) for r in range(len(free)) for i in range(2, len(free[r])) if free[r][i] not in free[r][:i])
     stop = free[r][k]
-    with steer(model, v, 1.0, "boundary"):
+    with steer(model, v, 1.0, "boundary", unit="raw"):
         hooked = _gen(model, stop_ids={stop: "eos"})
     assert hooked[r] == free[r][:k + 1]
     tok = placeholder_tokenizer(model.config.vocab_size)
     tok.padding_side = "right"
     got = generate_nnsight(model, PROMPTS, v, 1.0, "boundary", max_new_tokens=8, stop_ids=[stop],
-                           tokenizer=tok)
+                           tokenizer=tok, unit="raw")
     assert got == hooked
     assert tok.padding_side == "right"
     assert _gen(model) == _gen(tiny_model("llama"))  # wrapping left no steering behind on the model
@@ -81,12 +81,12 @@ def test_bake_equals_all_positions_steering_and_roundtrips(tmp_path):
     v = _vec(model, layer=2, scale=20.0)
     ids = torch.tensor([PROMPTS[0]])
     base = _gen(model)
-    with steer(model, v, 1.5, "all"):
+    with steer(model, v, 1.5, "all", unit="raw"):
         hooked = _gen(model)
         with torch.no_grad():
             logits_hooked = model(ids).logits
     assert hooked != base
-    baked = bake(tiny_model("llama"), v, 1.5)
+    baked = bake(tiny_model("llama"), v, 1.5, unit="raw")
     assert _n_hooks(baked) == _n_hooks(model)  # weights, not hooks
     assert _gen(baked) == hooked
     with torch.no_grad():
@@ -106,9 +106,9 @@ def test_bake_equals_all_positions_steering_and_roundtrips(tmp_path):
 def test_bake_refuses_what_would_not_survive_save_load(model):
     for arch in ("qwen2", "gemma3"):  # no mlp_bias switch: the bias would be dropped on reload
         with pytest.raises(NotImplementedError, match="mlp_bias"):
-            bake(tiny_model(arch), SteeringVector(torch.ones(64), 1, "random"), 1.0)
+            bake(tiny_model(arch), SteeringVector(torch.ones(64), 1, "random"), 1.0, unit="raw")
     with pytest.raises(ValueError, match="layer >= 1"):
-        bake(tiny_model("llama"), SteeringVector(torch.ones(64), 0, "random"), 1.0)
+        bake(tiny_model("llama"), SteeringVector(torch.ones(64), 0, "random"), 1.0, unit="raw")
 
 
 @pytest.mark.slow
@@ -121,10 +121,10 @@ def test_real_model_nnsight_equals_hooks(smol):
     v = torch.randn(smol.d_model, generator=g)
     v = SteeringVector(v / v.norm() * 40.0, 12, "random")
     side = tok.padding_side
-    with steer(smol, v, 1.0, "boundary+generated"):
+    with steer(smol, v, 1.0, "boundary+generated", unit="raw"):
         hooked = [x.token_ids for x in generate(m, prompts, stop_ids=stops, max_new_tokens=8,
                                                 pad_id=tok.pad_token_id)]
     got = generate_nnsight(smol, prompts, v, 1.0, "boundary+generated", max_new_tokens=8,
-                           pad_id=tok.pad_token_id, stop_ids=stops, tokenizer=tok)
+                           pad_id=tok.pad_token_id, stop_ids=stops, tokenizer=tok, unit="raw")
     assert got == hooked
     assert tok.padding_side == side

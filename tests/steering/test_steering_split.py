@@ -52,7 +52,7 @@ def test_frozen_setting_refuses_another_alpha_and_names_the_fix(tmp_path):
     sha = freeze_setting(tmp_path, setting)
     assert json.loads((tmp_path / SETTING_FILE).read_text())["sha256"] == sha
     assert freeze_setting(tmp_path, dict(setting)) == sha  # the same setting passes
-    with pytest.raises(UserError, match=r"requested_alphas=.*--steer-dir NEW_DIR"):
+    with pytest.raises(UserError, match=r"requested_alphas=.*steer_dir=NEW_DIR"):
         check_setting(tmp_path, {**setting, "requested_alphas": [0.0, 0.2]})
     with pytest.raises(UserError, match="layer"):
         freeze_setting(tmp_path, {**setting, "layer": 4})

@@ -106,6 +106,31 @@ def test_sheet_is_blind_and_labels_need_the_strict_reading(tmp_path):
         read_sheet_labels(tmp_path / "a.csv", "S", set(list(key["rows"])[:2]))
 
 
+def test_study_vectors_add_the_same_push_in_the_resid_unit_as_raw():
+    """The study builds vectors of norm = the layer's mean residual norm, with that norm as ``resid_norm``, and
+    steers in the package's ``resid`` unit: the added push is exactly what ``raw`` would add (also for the
+    random control, which keeps the norm and its metadata)."""
+    import torch
+
+    from mechprobe.lm.forward import tiny_model
+    from mechprobe.steering import SteeringVector, steer
+    from mechprobe.steering.steering_vector import random_like
+
+    model = tiny_model("llama", seed=0).eval()
+    raw = torch.randn(model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    vec = SteeringVector(raw / raw.norm() * 7.3, 2, "diff_means", {"resid_norm": 7.3})
+    ids = torch.randint(0, 50, (1, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        plain = model(ids).logits
+        for v in (vec, random_like(vec, seed=0)):
+            with steer(model, v, 0.4, "all", unit="resid"):
+                resid = model(ids).logits
+            with steer(model, v, 0.4, "all", unit="raw"):
+                as_raw = model(ids).logits
+            assert torch.allclose(resid, as_raw, atol=1e-5)
+            assert (resid - plain).abs().max() > 1e-2
+
+
 def test_paired_difference_contains_its_point_and_is_seed_stable():
     rng = np.random.default_rng(0)
     a = {f"i{k}": bool(rng.random() < 0.1) for k in range(120)}

@@ -300,7 +300,7 @@ def test_search_walks_up_from_the_current_directory(tmp_path, monkeypatch):
 
 def test_missing_data_is_a_clear_error(tmp_path, monkeypatch, no_hub):
     monkeypatch.setenv("MECHPROBE_DATA_DIR", str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="--data-path") as e:
+    with pytest.raises(FileNotFoundError, match="data_path=") as e:
         load_dataset("gsm8k")
     assert "MECHPROBE_DATA_DIR" in str(e.value) and "gsm8k/test.jsonl" in str(e.value)
     assert "datasets" in str(e.value)
@@ -394,7 +394,7 @@ def test_auto_falls_back_to_the_hub_and_explains_a_failed_hub(tmp_path, monkeypa
         load_dataset("math500")
     with pytest.raises(RuntimeError, match="could not load HuggingFaceH4/MATH-500"):
         load_dataset("math500", source="hf")
-    with pytest.raises(FileNotFoundError, match="--data-path"):
+    with pytest.raises(FileNotFoundError, match="data_path="):
         load_dataset("gsm8k", source="local")
     n_calls = len(fake_hub.calls)
     with pytest.raises(FileNotFoundError, match="has no Hugging Face hub copy"):

@@ -32,7 +32,7 @@ def choose_target(requested: str | None, samples: int, temperatures: Sequence[fl
     if requested in ("propensity", "turn"):
         return requested, "asked for with --target"
     if requested not in (None, "auto"):
-        raise UsageError(f"--target must be propensity, turn or auto, not {requested!r}")
+        raise UsageError(f"target={requested!r}: must be propensity, turn or auto")
     at_t = samples if any(math.isclose(float(t), temperature, abs_tol=1e-9) for t in temperatures) else 0
     if at_t >= AUTO_MIN_SAMPLES:
         return "propensity", (f"the run has {at_t} samples per item at T = {temperature:g} (>= {AUTO_MIN_SAMPLES}), "
@@ -102,9 +102,9 @@ def load_item_states(runs: Sequence[Path], layers_arg: Any, temperature: float =
         missing = [la for la in want if la not in cache.layers]
         if missing:
             raise UsageError(f"layers {missing} are not in {run}/activations (cached: {cache.layers}); "
-                             "re-cache with --layers all")
+                             "re-cache with layers=all")
         if layers is not None and want != layers:
-            raise UserError(f"{run} has layers {want}, {runs[0]} has {layers}: cache the runs with the same --layers")
+            raise UserError(f"{run} has layers {want}, {runs[0]} has {layers}: cache the runs with the same layers=")
         layers = want
         turns = read_jsonl(run / "user_turns.jsonl", key="record_id")
         if not (run / "labels.jsonl").exists():

@@ -101,8 +101,8 @@ def item_targets(user_turn_records: Sequence[Any], label_records: Sequence[Any],
         samples[key].append(int(bool(g)))
     if not any(samples.values()) and temperature not in temps:
         raise UserError(f"no sampled user turns at temperature {temperature:g} (the run has "
-                        f"{sorted(temps) or 'greedy turns only'}): pass --propensity-temperature, or probe with "
-                        f"--temperatures 0 {temperature:g} --samples 8")
+                        f"{sorted(temps) or 'greedy turns only'}): pass propensity_temperature=, or probe with "
+                        f"temperatures=0 {temperature:g} samples=8")
     keep = [k for k in order if len(samples[k]) >= min_samples]
     dropped = [k for k in order if len(samples[k]) < min_samples]
     return ItemTargets(keys=keep, item_ids=[order[k][1] for k in keep], datasets=[order[k][0] for k in keep],

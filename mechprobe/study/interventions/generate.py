@@ -53,9 +53,10 @@ def user_turns(lm: LoadedModel, convs: Sequence[AssistantRecord], *, arm: str, k
         max_new_tokens: the user turn's token cap.
         temperature: 0 = greedy.
         seed: the plan's seed.
-        vector, alpha, positions: for ``steer``: the vector, alpha in its own units (the study's vectors are
-            built with norm = the layer's mean boundary residual norm, so alpha is a multiple of it) and where
-            it is added.
+        vector, alpha, positions: for ``steer``: the vector, alpha in the package's ``resid`` unit (the added
+            vector's norm is alpha x ``vector.metadata["resid_norm"]``, the layer's mean boundary residual norm;
+            the study's vectors are also built with that norm, so ``raw`` would add the same) and where it is
+            added.
         batch_size: rows per decode call.
         progress: a tqdm bar.
         done: item ids already written (resume): skipped.
@@ -79,7 +80,7 @@ def user_turns(lm: LoadedModel, convs: Sequence[AssistantRecord], *, arm: str, k
         seeds = [row_seed(seed, arm, a.item_id) if temperature > 0 else None for a in sel]
         kw = dict(max_new_tokens=max_new_tokens, temperatures=temperature, seeds=seeds, prefix_store=store)
         if kind == "steer" and vector is not None and alpha != 0:
-            with steer(lm.model, vector, alpha, positions):
+            with steer(lm.model, vector, alpha, positions, unit="resid"):
                 gens = generate(lm, pps, **kw)
         else:
             gens = generate(lm, pps, **kw)

@@ -502,7 +502,7 @@ class Study:
         names = [n for n, _, _ in self.steps()]
         if only is not None and only not in names:
             raise UsageError(f"unknown step {only!r}; steps: {', '.join(names)}")
-        with output_dir_lock(self.root, "interventions run", "another `interventions run` on the same study"):
+        with output_dir_lock(self.root, "interventions run", "reports"):
             for name, fn, needs in self.steps():
                 if (only is not None and name != only) or self.ledger.done(name):
                     continue
