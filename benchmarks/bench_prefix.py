@@ -147,7 +147,7 @@ def steering_arm(lm, run: Path, a) -> dict:
     def arm(store):
         out = []
         t = time.perf_counter()
-        with steer(lm.model, vec, alpha=alpha, positions="boundary+generated"):
+        with steer(lm.model, vec, alpha=alpha, positions="boundary+generated", unit="raw"):
             for batch in batches_by_length([len(p) for p in rows], n_rows):
                 gens = generate(lm.model, [rows[i] for i in batch], stop_ids=stops, max_new_tokens=a.max_user_tokens,
                                 pad_id=pad, prefix_store=store)

@@ -81,7 +81,7 @@ def test_boundary_activations_and_steering_see_the_same_state_with_a_store():
         for use in (False, True):
             handles, seen = _boundary_capture(lm.model, [0, 1, 2])
             try:
-                with steer(lm.model, vec, alpha=3.0, positions=positions):
+                with steer(lm.model, vec, alpha=3.0, positions=positions, unit="raw"):
                     gens = generate(lm.model, prompts, stop_ids={}, max_new_tokens=8, pad_id=0,
                                     prefix_store=store if use else None)
             finally:
@@ -101,13 +101,13 @@ def test_an_intervention_before_the_boundary_refuses_the_store():
     store = PrefixStore(lm, progress=False)
     store.build(prompts)
     vec = SteeringVector(torch.ones(64), layer=1)
-    with steer(lm.model, vec, alpha=2.0, positions="all"):
+    with steer(lm.model, vec, alpha=2.0, positions="all", unit="raw"):
         with pytest.raises(UsageError, match="before the user-role boundary"):
             generate(lm.model, prompts, stop_ids={}, max_new_tokens=4, pad_id=0, prefix_store=store)
         generate(lm.model, prompts, stop_ids={}, max_new_tokens=4, pad_id=0)  # without the store: fine
-    with steer(lm.model, vec, alpha=0.0, positions="all"):  # alpha 0 changes nothing: allowed
+    with steer(lm.model, vec, alpha=0.0, positions="all", unit="raw"):  # alpha 0 changes nothing: allowed
         generate(lm.model, prompts, stop_ids={}, max_new_tokens=4, pad_id=0, prefix_store=store)
-    with steer(lm.model, vec, alpha=2.0, positions="boundary"):
+    with steer(lm.model, vec, alpha=2.0, positions="boundary", unit="raw"):
         with pytest.raises(UsageError, match="keep_kv"):  # generated positions would carry the steering
             generate(lm.model, prompts, stop_ids={}, max_new_tokens=4, pad_id=0, keep_kv=store)
     generate(lm.model, prompts, stop_ids={}, max_new_tokens=4, pad_id=0, prefix_store=store)  # hooks gone
