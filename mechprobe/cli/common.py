@@ -113,6 +113,11 @@ def flag_names(p: argparse.ArgumentParser) -> dict[str, str]:
         elif isinstance(action, argparse.BooleanOptionalAction):
             out.setdefault(f"{action.dest}=True", longs[0])
             out.setdefault(f"{action.dest}=False", next((o for o in longs if o.startswith("--no-")), longs[0]))
+    # A command whose advice names another command's settings (steer suggests re-running `mechprobe probes` with
+    # limit=...) lists that command's parsers here; its own flags win where both have the field.
+    for other in getattr(p, "advice_parsers", ()):
+        for k, v in flag_names(other).items():
+            out.setdefault(k, v)
     return out
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from mechprobe.cli import common
+from mechprobe.cli import common, linear_probe
 from mechprobe.errors import UserError
 from mechprobe.steering.config import SteerConfig
 from mechprobe.steering.experiment import steer_experiment
@@ -25,6 +25,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     """Add the steer command's flags to ``p`` (also ``experiments/steer.py``'s); every default is
     :class:`SteerConfig`'s, so it is written once."""
     d = common.config_defaults(SteerConfig)
+    probes = argparse.ArgumentParser(add_help=False)
+    linear_probe.add_args(probes)
+    p.advice_parsers = (probes,)  # type: ignore[attr-defined]  # its errors suggest `mechprobe probes` settings
     common.add_run(p, "run directory (default runs/<model>-<dataset>)", flag="--run")
     p.add_argument("--model", default=d["model"], help="default: the run's model, else the embedded default model")
     p.add_argument("--dataset", default=d["dataset"], help="default: the run's dataset, else the main job's")

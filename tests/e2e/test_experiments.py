@@ -185,7 +185,7 @@ def test_steer_advice_names_only_flags_that_exist(system_run, tmp_path):
     assert "genuine follow-ups" in err
     flags = set(re.findall(r"(--[a-z][a-z-]+)", err))
     assert flags, err
-    if "linear_probe.py" in err:
+    if "linear_probe.py" in err or "mechprobe probes" in err:  # advice to re-run the probes command
         parser = argparse.ArgumentParser()
         add_args(parser)
     else:  # advice without a command is advice about steer.py's own flags
