@@ -17,7 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mechprobe.lm import chat
-from mechprobe.lm.generation import batches_by_length, decode, generate
+from mechprobe.lm.generation import batches_by_length, decode, generate, left_pad
 from mechprobe.lm.models import LoadedModel
 from mechprobe.lm.prefix import PrefixStore
 from mechprobe.records import AssistantRecord
@@ -171,16 +171,10 @@ def reading_states(lm: LoadedModel, convs: Sequence[AssistantRecord], turns: Seq
     dev = lm.model.get_input_embeddings().weight.device
     bar = tqdm(total=len(rows), desc="reading states", unit="turn", disable=not progress)
     for idx in batches_by_length([len(p) + len(c) for p, c in rows], batch_size):
-        seqs = [rows[i][0] + rows[i][1] for i in idx]
-        n = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), n), tok.pad_token_id or 0, dtype=torch.long)
-        mask = torch.zeros((len(seqs), n), dtype=torch.long)
-        for j, s in enumerate(seqs):
-            ids[j, n - len(s):] = torch.tensor(s)
-            mask[j, n - len(s):] = 1
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        hs = lm.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
-                      output_hidden_states=True, use_cache=False).hidden_states
+        ids, mask, pos = left_pad([rows[i][0] + rows[i][1] for i in idx], tok.pad_token_id or 0, dev)
+        n = ids.shape[1]
+        hs = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, output_hidden_states=True,
+                      use_cache=False).hidden_states
         for j, i in enumerate(idx):
             k = len(rows[i][1])
             for r in layers:
@@ -204,16 +198,9 @@ def boundary_norms(lm: LoadedModel, convs: Sequence[AssistantRecord], layers: Se
     dev = lm.model.get_input_embeddings().weight.device
     norms: dict[int, list[float]] = {r: [] for r in layers}
     for idx in batches_by_length([len(p) for p in prompts], batch_size):
-        seqs = [prompts[i] for i in idx]
-        n = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), n), tok.pad_token_id or 0, dtype=torch.long)
-        mask = torch.zeros((len(seqs), n), dtype=torch.long)
-        for j, s in enumerate(seqs):
-            ids[j, n - len(s):] = torch.tensor(s)
-            mask[j, n - len(s):] = 1
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        hs = lm.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
-                      output_hidden_states=True, use_cache=False).hidden_states
+        ids, mask, pos = left_pad([prompts[i] for i in idx], tok.pad_token_id or 0, dev)
+        hs = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, output_hidden_states=True,
+                      use_cache=False).hidden_states
         for r in layers:
             norms[r].extend(float(x) for x in hs[r][:, -1].float().norm(dim=-1))
     return {r: sum(v) / len(v) for r, v in norms.items()}
