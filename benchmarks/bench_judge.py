@@ -33,7 +33,7 @@ def main() -> int:
     from mechprobe.judges.base import inputs_from_run
     from mechprobe.judges.hybrid import CANDIDATES, HybridJudge
     from mechprobe.judges.offline import split_roles
-    from mechprobe.lm.models import cpu_threads
+    from mechprobe.lm.device import cpu_threads
 
     torch.set_num_threads(cpu_threads())
     j = HybridJudge(a.model, cache_dir=False)

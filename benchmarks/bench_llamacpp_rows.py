@@ -33,8 +33,8 @@ def main() -> None:
     a = p.parse_args()
 
     from mechprobe.lm import chat
+    from mechprobe.lm.device import cpu_threads
     from mechprobe.lm.llamacpp import load_engine
-    from mechprobe.lm.models import cpu_threads
     from mechprobe.turns.datasets import load_dataset
 
     lm, eng = load_engine(a.model)

@@ -12,7 +12,7 @@ GSM8K items in a *fresh process*, so its peak RSS is its own. Options:
 * a suffix ``@N`` sets the batch size (``hf-bf16@16``); for ``llamacpp`` the rows decoded together
   (``llamacpp@1`` = one row at a time, the engine before multi-row decoding); ``@auto`` = ``--batch-size auto``
   (rows chosen from free memory; the JSON's ``batch`` lists the rows picked per stage); the default is ``--batch-size``;
-* a suffix ``:tN`` sets the threads (``hf-fp32:t1``); default: :func:`mechprobe.lm.models.cpu_threads`
+* a suffix ``:tN`` sets the threads (``hf-fp32:t1``); default: :func:`mechprobe.lm.device.cpu_threads`
   (the idle cores, or ``$MECHPROBE_THREADS``) for both engines.
 
 Also, per model (``--parity``, fp32 and bf16 both in memory, so keep it to models <= 0.5B on a shared
@@ -168,7 +168,7 @@ def _prefill(model: str, a: argparse.Namespace) -> dict:
     prompts = [chat.build_probe_prompt(lm.tokenizer, it.prompt, answer).input_ids for it in items]
     ids, mask, pos = left_pad(prompts, lm.tokenizer.pad_token_id, lm.device)
     out: dict = {"model": model, "rows": len(prompts), "prompt_tokens": int(mask.sum()), "threads": torch.get_num_threads()}
-    from mechprobe.lm.models import compact_lm_head_input
+    from mechprobe.lm.forward import compact_lm_head_input
 
     with torch.inference_mode():
         for keep, compact in [(0, False), (1, False), (1, True)] * 3:

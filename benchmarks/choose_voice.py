@@ -38,7 +38,7 @@ def main() -> int:
     from mechprobe.judges.base import JudgeInput
     from mechprobe.judges.hybrid import HybridJudge, voice_scores
     from mechprobe.judges.offline import split_roles
-    from mechprobe.lm.models import cpu_threads
+    from mechprobe.lm.device import cpu_threads
 
     torch.set_num_threads(cpu_threads())
     d_lab = {r["record_id"]: r["label"] for r in _jsonl(FIX / "hand_labels_q15_d.jsonl")}

@@ -36,8 +36,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from mechprobe.lm import chat  # noqa: E402
+from mechprobe.lm.device import cpu_has_native_bf16, cpu_threads  # noqa: E402
 from mechprobe.lm.generation import generate  # noqa: E402
-from mechprobe.lm.models import cpu_has_native_bf16, cpu_threads, load_model  # noqa: E402
+from mechprobe.lm.models import load_model  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results"
 

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import torch
 
+from mechprobe.lm.forward import get_blocks
 from mechprobe.lm.generation import generate, left_pad
-from mechprobe.lm.models import get_blocks, load_model
+from mechprobe.lm.models import load_model
 
 CONFIGS = {
     # Qwen2.5-0.5B's shapes (the paper's lineage), random weights.
@@ -228,7 +229,7 @@ def _load_without_tokenizer(d: str, device_map: str | None = None):
     """``load_model``'s placement logic for a directory without a tokenizer (random-init checkpoints)."""
     from transformers import AutoModelForCausalLM
 
-    from mechprobe.lm.models import default_device, default_dtype
+    from mechprobe.lm.device import default_device, default_dtype
 
     dev = default_device()
     kw = {"dtype": default_dtype(dev)}

@@ -48,7 +48,8 @@ import torch  # noqa: E402
 
 from mechprobe.io import read_jsonl  # noqa: E402
 from mechprobe.lm import chat  # noqa: E402
-from mechprobe.lm.models import load_model, load_tokenizer, tiny_model  # noqa: E402
+from mechprobe.lm.forward import tiny_model  # noqa: E402
+from mechprobe.lm.models import load_model, load_tokenizer  # noqa: E402
 from mechprobe.post_train import pairs as pp  # noqa: E402
 from mechprobe.post_train import train as pt  # noqa: E402
 
@@ -240,7 +241,7 @@ def dpo_checks(tok, dev: torch.device, work: Path, res: dict, fail: list[str]) -
     clean = work / "dpo_clean"
     pm, r = dpo.train_dpo(model_for(tok, dev), tok, ps, cfg, clean, device=str(dev), progress=False)
     log = pt.read_train_log(clean)
-    hist = json.loads((dpo.latest_checkpoint(clean / pt.CKPT_DIR) / "trainer_state.json").read_text())["log_history"]
+    hist = json.loads((dpo.latest_trainer_checkpoint(clean / pt.CKPT_DIR) / "trainer_state.json").read_text())["log_history"]
     rewards = [{k: h.get(k) for k in ("step", "rewards/chosen", "rewards/rejected", "rewards/margins")}
                for h in hist if "loss" in h]
     nums = [row["loss"] for row in log] + [row["reward_margin"] for row in log] + \

@@ -20,8 +20,8 @@ sys.path.insert(0, str(HERE.parent))
 
 from benchmarks.decode_limit import cpu_name  # noqa: E402
 from mechprobe.lm import chat  # noqa: E402
+from mechprobe.lm.device import cpu_threads  # noqa: E402
 from mechprobe.lm.llamacpp import load_engine  # noqa: E402
-from mechprobe.lm.models import cpu_threads  # noqa: E402
 from mechprobe.turns.datasets import load_dataset  # noqa: E402
 
 

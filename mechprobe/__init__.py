@@ -35,8 +35,9 @@ from mechprobe.judges.run import judge_run
 from mechprobe.judges.trained import TrainedJudge
 from mechprobe.linear.linear_probe import LinearProbe, fit_probe
 from mechprobe.lm.chat import ProbePrompt, build_probe_prompt, stop_token_ids, user_header
+from mechprobe.lm.forward import get_blocks, tiny_model
 from mechprobe.lm.generation import Generation, generate
-from mechprobe.lm.models import LoadedModel, get_blocks, load_model, tiny_model
+from mechprobe.lm.models import LoadedModel, load_model
 from mechprobe.records import AssistantRecord, Item, LabelRecord, UserTurnRecord
 from mechprobe.steering.vector import (
     SteeringVector,

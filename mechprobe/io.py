@@ -357,30 +357,48 @@ def output_dir_lock(directory: str | Path, command: str, other: str) -> Iterator
         yield lock
 
 
-def write_json(path: str | Path, obj: Any) -> None:
-    """Write JSON atomically (tmp + rename) so a crash never leaves half a manifest."""
+def write_json(path: str | Path, obj: Any, explain: Callable[[OSError, Path], UserError | None] | None = None) -> None:
+    """Write JSON atomically (tmp + rename) so a crash never leaves half a manifest; ``explain`` as in
+    :func:`write_text_atomic`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(finite(redact(obj)), indent=2, sort_keys=True, default=str, allow_nan=False)
-    write_text_atomic(path, text + "\n")
+    write_text_atomic(path, text + "\n", explain=explain)
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and a rename: a full disk leaves the old file (or none),
-    never an empty or cut-off one. A failure is a one-line :class:`UserError` and the temporary file is removed."""
+def _write_failed(e: OSError, path: Path) -> UserError:
+    fix = "free disk space" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "make it writable"
+    return UserError(f"cannot write {path} ({e.strerror or e}); {fix} and re-run")
+
+
+def write_text_atomic(path: str | Path, text: str, newline: str | None = None,
+                      explain: Callable[[OSError, Path], UserError | None] | None = None) -> None:
+    """Write ``text`` to ``path`` via a temporary file in the same directory and a rename: a full disk leaves
+    the old file (or none), never an empty or cut-off one, and no temporary file is left behind, even on an
+    interrupt. The one atomic text write of the package.
+
+    Args:
+        newline: passed to :func:`open` (``""`` for CSV, which writes its own line ends).
+        explain: turns the :class:`OSError` of a failed write into the one-line :class:`UserError` to raise
+            (None: re-raise the OS error as it is); default: "cannot write PATH (...); free disk space / make
+            it writable and re-run".
+    """
     path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with open(tmp, "w", encoding="utf-8", newline=newline) as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             tmp.unlink()
-        fix = "free disk space" if e.errno in (errno.ENOSPC, errno.EDQUOT) else "make it writable"
-        raise UserError(f"cannot write {path} ({e.strerror or e}); {fix} and re-run") from None
+        if isinstance(e, OSError):
+            err = (explain or _write_failed)(e, path)
+            if err is not None:
+                raise err from None
+        raise
 
 
 def finite(obj: Any) -> Any:

@@ -33,9 +33,11 @@ from mechprobe.judges.hybrid import HybridJudge
 from mechprobe.judges.registry import AUTO
 from mechprobe.judges.run import judge_run
 from mechprobe.lm.choice import ChoiceScorer
+from mechprobe.lm.device import native_bf16_dtype
 from mechprobe.lm.generation import free_memory_bytes, kv_bytes_per_token
 from mechprobe.lm.llamacpp import resolve_gguf
-from mechprobe.lm.models import DEFAULT_MODEL, LoadedModel, load_model, native_bf16_dtype
+from mechprobe.lm.models import LoadedModel, load_model
+from mechprobe.lm.registry import DEFAULT_MODEL
 from mechprobe.splits import STEERING_SPLIT
 from mechprobe.turns.datasets import find_data_dir, load_dataset
 from mechprobe.turns.pipeline import (

@@ -49,7 +49,7 @@ def skip_without_working_llamacpp(model: str = "smollm2-135m-instruct") -> None:
     """Skip the calling test when llama-cpp-python is missing or its build crashes here (e.g. AMX on a VM)."""
     pytest.importorskip("llama_cpp")
     from mechprobe.lm.llamacpp import LlamaCppBroken, smoke_check
-    from mechprobe.lm.models import embedded_gguf_path
+    from mechprobe.lm.registry import embedded_gguf_path
 
     try:
         smoke_check(embedded_gguf_path(model))

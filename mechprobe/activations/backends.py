@@ -37,8 +37,8 @@ from torch import nn
 
 from mechprobe.errors import UsageError
 from mechprobe.lm.choice import KV, cache_of
+from mechprobe.lm.forward import get_blocks, kv_kw
 from mechprobe.lm.generation import left_pad
-from mechprobe.lm.models import get_blocks, kv_kw
 
 BACKENDS = ("hooks", "nnsight", "transformer-lens")
 CACHE_POSITIONS = ("boundary", "assistant_last", "assistant_mean")

@@ -34,7 +34,7 @@ from .identify import identification_markdown
 from .labels import LabellerLabels
 from .readings import LENIENT, READINGS, STRICT, label_under
 from .sample import AuditSample, audit_dir
-from .store import write_json_atomic, write_text_atomic
+from .store import write_audit_text, write_json_atomic
 from .table import BASE_CONDITION, TurnTable
 
 __all__ = ["AuditRow", "audit_rows", "build_report", "report_markdown", "write_report", "NO_MAJORITY",
@@ -421,5 +421,5 @@ def write_report(run: str | Path, rep: dict[str, Any]) -> tuple[Path, Path]:
     d = audit_dir(run)
     md, js = d / "report.md", d / "report.json"
     write_json_atomic(js, rep)
-    write_text_atomic(md, report_markdown(rep))
+    write_audit_text(md, report_markdown(rep))
     return md, js

@@ -42,7 +42,7 @@ from .codebook import codebook_text
 from .labels import LABELLER_NAME_PATTERN, LABELS_FORMAT
 from .readings import STRICT_CHOICES
 from .sample import AuditSample, audit_dir
-from .store import write_text_atomic
+from .store import write_audit_text
 from .table import TurnTable
 
 __all__ = ["SheetRow", "sheet_rows", "render_sheet_html", "render_page", "write_sheet", "CSV_COLUMNS", "TOOL_COLUMNS",
@@ -201,6 +201,6 @@ def write_sheet(run: str | Path, sample: AuditSample, table: TurnTable, seed: in
     for r in rows:
         w.writerow([sample.sample_id, r.row, csv_cell(r.query), csv_cell(r.answer), csv_cell(r.turn),
                     *([""] * len(LABELLER_COLUMNS))])
-    write_text_atomic(html_p, render_sheet_html(sample, rows))
-    write_text_atomic(csv_p, buf.getvalue(), newline="")
+    write_audit_text(html_p, render_sheet_html(sample, rows))
+    write_audit_text(csv_p, buf.getvalue(), newline="")
     return html_p, csv_p

@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from mechprobe.errors import UserError
-from mechprobe.io import finite, redact, writer_lock
+from mechprobe.io import write_json, write_text_atomic, writer_lock
 
-__all__ = ["audit_lock", "ensure_dir", "write_text_atomic", "write_json_atomic", "os_error"]
+__all__ = ["audit_lock", "ensure_dir", "write_audit_text", "write_json_atomic", "os_error"]
 
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
@@ -73,32 +71,16 @@ def audit_lock(directory: str | Path) -> Iterator[Path]:
         yield lock
 
 
-def write_text_atomic(path: str | Path, text: str, newline: str | None = None) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same directory and a rename.
-
-    On any failure the temporary file is removed and ``path`` keeps its old content (or stays absent);
-    a full disk or a read-only directory is a :class:`UserError`.
-    """
+def write_audit_text(path: str | Path, text: str, newline: str | None = None) -> None:
+    """:func:`mechprobe.io.write_text_atomic` into the audit directory (made if missing), a full or read-only
+    disk named as :func:`os_error` says."""
     path = Path(path)
     ensure_dir(path.parent)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8", newline=newline) as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        if isinstance(e, OSError):
-            err = os_error(e, path)
-            if err is not None:
-                raise err from None
-        raise
+    write_text_atomic(path, text, newline, explain=os_error)
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     """:func:`mechprobe.io.write_json`'s text (redacted, non-finite floats as null), written atomically."""
-    text = json.dumps(finite(redact(obj)), indent=2, sort_keys=True, default=str, allow_nan=False)
-    write_text_atomic(path, text + "\n")
+    path = Path(path)
+    ensure_dir(path.parent)
+    write_json(path, obj, explain=os_error)

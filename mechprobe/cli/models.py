@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from mechprobe.cli import common
-from mechprobe.lm.models import CHUNKED, EMBEDDED, embedded_gguf_path, fetch_chunked
+from mechprobe.lm.registry import CHUNKED, EMBEDDED, embedded_gguf_path, fetch_chunked
 
 HELP = "list embedded models, or fetch one's weights"
 

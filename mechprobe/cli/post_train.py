@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from mechprobe.cli import common
-from mechprobe.lm.models import DEFAULT_MODEL
+from mechprobe.lm.registry import DEFAULT_MODEL
 from mechprobe.post_train.config import DEFAULTS, METHODS, PostTrainConfig
 from mechprobe.post_train.dpo import run_dpo
 from mechprobe.post_train.evaluate import PostTrainResult, run_post_train

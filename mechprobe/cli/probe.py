@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from mechprobe.cli import common
-from mechprobe.lm.models import DEFAULT_MODEL
+from mechprobe.lm.registry import DEFAULT_MODEL
 from mechprobe.turns.pipeline import ProbeConfig, default_run_dir, run_probe, summarize_run
 
 HELP = "generate assistant + user turns into a run directory"

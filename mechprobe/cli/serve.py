@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 
 from mechprobe.cli import common
-from mechprobe.lm.models import DEFAULT_MODEL, check_device, load_model
+from mechprobe.lm.device import check_device
+from mechprobe.lm.models import load_model
+from mechprobe.lm.registry import DEFAULT_MODEL
 from mechprobe.lm.server import (
     MAX_PROMPT_TOKENS,
     ChatServer,

@@ -14,7 +14,8 @@ import torch
 
 from mechprobe.errors import MissingInput, UsageError, UserError
 from mechprobe.io import read_jsonl, shell_arg
-from mechprobe.lm.models import cpu_has_native_bf16, default_device, load_model
+from mechprobe.lm.device import cpu_has_native_bf16, default_device
+from mechprobe.lm.models import load_model
 from mechprobe.records import AssistantRecord, LabelRecord, UserTurnRecord
 
 

@@ -15,13 +15,8 @@ from mechprobe.judges import kinds as _kinds  # noqa: F401  (imports, and so reg
 from mechprobe.judges.base import Judge, judge_dtype
 from mechprobe.judges.kinds.hybrid import HYBRID_VOICE
 from mechprobe.judges.registry import AUTO, JudgeSpec, judge_help, judge_kind, judge_kinds
-from mechprobe.lm.models import (
-    DEFAULT_MODEL,
-    EMBEDDED,
-    ModelLoadError,
-    check_model_source,
-    embedded_gguf_path,
-)
+from mechprobe.lm.models import check_model_source
+from mechprobe.lm.registry import DEFAULT_MODEL, EMBEDDED, ModelLoadError, embedded_gguf_path
 
 SPEC_ALIASES = {"hybrid2": HYBRID_VOICE}
 """Other spec kinds accepted wherever a judge spec is (registered with the kind, :mod:`mechprobe.judges.kinds`):
@@ -32,7 +27,7 @@ BEST_JUDGE = f"{HYBRID_VOICE}:qwen2.5-coder-1.5b-instruct"
 
 __all__ = ["BEST_JUDGE", "SPEC_ALIASES", "JudgeSpec", "best_judge", "canonical_spec", "check_judge_spec",
            "default_judge", "is_hybrid_spec", "judge_help", "judges_model", "labelled_by", "make_judge",
-           "model_unavailable", "resolve_judge_spec", "run_model", "shared_judge_model", "spec_of_judge_name"]
+           "model_unavailable", "resolve_judge_spec", "run_model_name", "shared_judge_model", "spec_of_judge_name"]
 
 
 def canonical_spec(spec: str) -> str:
@@ -175,7 +170,7 @@ def labelled_by(run: str | Path, labels_file: str = "labels.jsonl") -> str | Non
     return str(rows[0].get("judge", "")) if rows else None
 
 
-def run_model(run: str | Path) -> str:
+def run_model_name(run: str | Path) -> str:
     """The subject model named in ``run/manifest.json`` ("" when the run has no manifest yet)."""
     p = Path(run) / "manifest.json"
     return str((read_json(p).get("config") or {}).get("model") or "") if p.is_file() else ""

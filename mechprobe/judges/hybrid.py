@@ -48,7 +48,7 @@ from mechprobe.judges.local import DEFAULT_LOCAL_MODEL
 from mechprobe.judges.offline import OfflineJudge, split_roles
 from mechprobe.lm import chat
 from mechprobe.lm.choice import ChoiceScorer, cache_of, crop_kv
-from mechprobe.lm.models import kv_kw
+from mechprobe.lm.forward import kv_kw
 from mechprobe.records import LabelRecord
 from mechprobe.taxonomy import GENUINE, is_genuine
 

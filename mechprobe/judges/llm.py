@@ -138,7 +138,7 @@ def cache_key(model: str, inp: JudgeInput, prompt_version: str = PROMPT_VERSION)
 
 
 def default_cache_dir() -> Path:
-    """``$MECHPROBE_CACHE/judge``, else ``$XDG_CACHE_HOME/mechprobe/judge`` (as mechprobe.lm.models.cache_dir)."""
+    """``$MECHPROBE_CACHE/judge``, else ``$XDG_CACHE_HOME/mechprobe/judge`` (as mechprobe.lm.registry.cache_dir)."""
     if os.environ.get("MECHPROBE_CACHE"):
         return Path(os.environ["MECHPROBE_CACHE"]).expanduser() / "judge"
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")

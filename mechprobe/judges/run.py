@@ -19,7 +19,6 @@ blend of two instruments. A second judge writes a second file (``--labels labels
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections import Counter
@@ -43,7 +42,7 @@ from mechprobe.io import (
     writer_lock,
 )
 from mechprobe.judges.base import Judge, JudgeInput, JudgeMismatch, inputs_from_run
-from mechprobe.judges.factory import labelled_by, make_judge, resolve_judge_spec, run_model
+from mechprobe.judges.factory import labelled_by, make_judge, resolve_judge_spec, run_model_name
 from mechprobe.judges.registry import AUTO
 from mechprobe.records import truncated_item_ids, truncation_note
 from mechprobe.stats import wilson
@@ -212,13 +211,7 @@ def _drop_error_rows(path: Path) -> int:
     keep = [r for r in rows if r.get("label") != JUDGE_ERROR]
     if len(keep) == len(rows):
         return 0
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in keep:
-            f.write(dumps_row(r) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(dumps_row(r) + "\n" for r in keep))
     return len(rows) - len(keep)
 
 
@@ -318,7 +311,7 @@ def _judge_run(run_dir: str | Path, judge: str | Judge | None = "offline", *, la
     run_dir = Path(run_dir)
     inputs = inputs_from_run(run_dir)
     if judge is None or judge == AUTO:  # the default-judge rule, given the run's model and the judge that labelled it
-        judge = resolve_judge_spec(judge, run_model(run_dir), labelled_by(run_dir, labels_file))
+        judge = resolve_judge_spec(judge, run_model_name(run_dir), labelled_by(run_dir, labels_file))
     j = make_judge(judge, **opts) if isinstance(judge, str) else judge
     path = run_dir / labels_file
     existing = read_jsonl(path)

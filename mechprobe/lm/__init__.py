@@ -10,8 +10,9 @@ model layer: nothing here knows about judges, runs or steering.
 
 from __future__ import annotations
 
+from mechprobe.lm.forward import get_blocks
 from mechprobe.lm.generation import generate
-from mechprobe.lm.models import LoadedModel, get_blocks, load_model
+from mechprobe.lm.models import LoadedModel, load_model
 from mechprobe.lm.prefix import PrefixStore
 
 __all__ = ["LoadedModel", "PrefixStore", "generate", "get_blocks", "load_model"]

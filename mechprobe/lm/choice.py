@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from mechprobe.lm import chat
-from mechprobe.lm.models import kv_kw, logits_kept, out_cache
+from mechprobe.lm.forward import kv_kw, logits_kept, out_cache
 
 ANSWER_PREFIX = '{"label": "'
 KV = list[tuple[torch.Tensor, torch.Tensor]]

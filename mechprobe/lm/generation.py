@@ -25,6 +25,7 @@ import torch
 
 from mechprobe.errors import UsageError
 from mechprobe.lm.chat import ProbePrompt, stop_token_ids, tokenize_rendered
+from mechprobe.lm.forward import kv_kw, logits_kept, out_cache
 from mechprobe.lm.kv import (
     KV,
     KVSource,
@@ -35,7 +36,7 @@ from mechprobe.lm.kv import (
     reuse_problem,
     take_row,
 )
-from mechprobe.lm.models import LoadedModel, kv_kw, logits_kept, out_cache
+from mechprobe.lm.models import LoadedModel
 
 
 @dataclass

@@ -54,15 +54,10 @@ import torch
 
 from mechprobe.errors import UserError
 from mechprobe.io import sha256_file
+from mechprobe.lm.device import cpu_threads
 from mechprobe.lm.generation import Generation
-from mechprobe.lm.models import (
-    EMBEDDED,
-    LoadedModel,
-    cache_dir,
-    cpu_threads,
-    embedded_gguf_path,
-    snapshot_dir,
-)
+from mechprobe.lm.models import LoadedModel, prepare_tokenizer, tokenizer_source
+from mechprobe.lm.registry import EMBEDDED, cache_dir, embedded_gguf_path
 
 INSTALL = "pip install llama-cpp-python==0.3.36"
 # A build that crashes in decode on CPUs whose AMX tiles the (virtual) machine does not grant: rebuild without AMX.
@@ -128,27 +123,18 @@ def resolve_gguf(model: str) -> tuple[Path, str, str]:
                     "use engine=hf for Hugging Face ids and directories")
 
 
-def load_tokenizer(gguf: Path, weight_hash: str, snapshot_name: str) -> tuple[Any, Any]:
-    """The HF tokenizer and generation config of a GGUF, without loading its weights.
+def generation_config(gguf: Path, weight_hash: str, snapshot_name: str) -> Any:
+    """The HF generation config of a GGUF (its EOS ids), without loading its weights, from where
+    :func:`~mechprobe.lm.models.tokenizer_source` reads the tokenizer."""
+    from transformers import AutoConfig, GenerationConfig  # lazy: slow import
 
-    Read from the converted snapshot when one exists (what the HF path loads), else from the GGUF, so the
-    tokenizer hash and the EOS ids match the HF path's.
-    """
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig  # lazy: slow import
-
-    snap = snapshot_dir(snapshot_name, weight_hash)
-    if (snap / "mechprobe_snapshot.json").exists():
-        tok = AutoTokenizer.from_pretrained(snap)
+    src, kw = tokenizer_source(gguf, weight_hash, snapshot_name)
+    if not kw:  # the converted snapshot
         try:
-            gen_cfg = GenerationConfig.from_pretrained(snap)
+            return GenerationConfig.from_pretrained(src)
         except OSError:
-            gen_cfg = GenerationConfig.from_model_config(AutoConfig.from_pretrained(snap))
-    else:
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        gen_cfg = GenerationConfig.from_model_config(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name))
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return tok, gen_cfg
+            return GenerationConfig.from_model_config(AutoConfig.from_pretrained(src))
+    return GenerationConfig.from_model_config(AutoConfig.from_pretrained(src, **kw))
 
 
 def load_llamacpp(gguf: str | Path, *, n_ctx: int = 4096, n_threads: int | None = None, **kwargs: Any) -> Any:
@@ -438,13 +424,13 @@ def _pick(logits: np.ndarray, temp: float, top_p: float, rng: np.random.Generato
 def load_engine(model: str, chat_template: str | None = None, n_ctx: int = 16384,
                 n_threads: int | None = None, max_rows: int = 32) -> tuple[Any, LlamaCppEngine]:
     """(LoadedModel with tokenizer and no weights, engine) for ``--engine llamacpp``."""
+    from transformers import AutoTokenizer  # lazy: slow import
 
     gguf, name, weight_hash = resolve_gguf(model)
     snapshot_name = EMBEDDED[model].name if model in EMBEDDED else gguf.stem
-    tok, gen_cfg = load_tokenizer(gguf, weight_hash, snapshot_name)
-    if chat_template:
-        p = Path(chat_template)
-        tok.chat_template = p.read_text() if p.exists() else chat_template
+    src, kw = tokenizer_source(gguf, weight_hash, snapshot_name)
+    tok = prepare_tokenizer(AutoTokenizer.from_pretrained(src, **kw), chat_template or None)
+    gen_cfg = generation_config(gguf, weight_hash, snapshot_name)
     # The Llama object only holds the weights (its own one-sequence context stays tiny); rows decode in a
     # second context with n_ctx KV cells shared by up to max_rows sequences.
     engine = LlamaCppEngine(load_llamacpp(gguf, n_ctx=256, n_threads=n_threads), max_rows=max_rows, n_ctx=n_ctx)

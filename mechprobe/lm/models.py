@@ -12,7 +12,7 @@ snapshot under the cache dir and later loads take well under a second (see :func
 
 This module holds the loading; the embedded-model registry and fetching are in :mod:`mechprobe.lm.registry`,
 device, dtype and thread choice in :mod:`mechprobe.lm.device`, forward helpers (``get_blocks``, KV-cache keyword,
-``tiny_model``) in :mod:`mechprobe.lm.forward`. Every name is importable from here.
+``tiny_model``) in :mod:`mechprobe.lm.forward`; import each name from the module that defines it.
 """
 
 from __future__ import annotations
@@ -38,33 +38,21 @@ from mechprobe.lm.device import (
     check_device,
     cpu_has_native_bf16,
     cpu_threads,
-    default_device,
     default_dtype,
-    native_bf16_dtype,
 )
-from mechprobe.lm.forward import compact_lm_head_input, get_blocks, kv_kw, logits_kept, out_cache, tiny_model
+from mechprobe.lm.forward import get_blocks
 from mechprobe.lm.registry import (
-    CHUNKED,
     DEFAULT_MODEL,
     EMBEDDED,
-    EmbeddedModel,
     ModelLoadError,
     cache_dir,
     close_embedded_name,
     embedded_gguf_path,
-    fetch_chunked,
-    fetch_qwen,
     refetch_hint,
 )
 
-__all__ = [
-    "CHUNKED", "DEFAULT_MODEL", "EMBEDDED", "HASH_CACHE", "EmbeddedModel", "LoadedModel", "ModelLoadError",
-    "cache_dir", "cached_sha256", "check_device", "check_model_source", "close_embedded_name",
-    "compact_lm_head_input", "cpu_has_native_bf16", "cpu_threads", "default_device", "default_dtype",
-    "embedded_gguf_path", "fetch_chunked", "fetch_qwen", "get_blocks", "gguf_problem", "kv_kw", "load_model",
-    "load_tokenizer", "logits_kept", "native_bf16_dtype", "out_cache", "prepare_tokenizer", "refetch_hint",
-    "snapshot_dir", "tiny_model", "weight_identity",
-]
+__all__ = ["HASH_CACHE", "LoadedModel", "cached_sha256", "check_model_source", "gguf_problem", "load_model",
+           "load_tokenizer", "prepare_tokenizer", "snapshot_dir", "tokenizer_source", "weight_identity"]
 
 @dataclass
 class LoadedModel:
@@ -374,6 +362,18 @@ def prepare_tokenizer(tok: Any, chat_template: str | Path | None = None) -> Any:
     return tok
 
 
+def tokenizer_source(gguf: Path, weight_hash: str, snapshot_name: str) -> tuple[Path, dict[str, str]]:
+    """Where a GGUF's Hugging Face tokenizer and config are read from: (directory, ``from_pretrained`` keywords).
+
+    The converted snapshot when one exists (what the HF path loads), else the GGUF itself, so the HF and
+    llama.cpp engines get the same tokenizer hash and EOS ids.
+    """
+    snap = snapshot_dir(snapshot_name, weight_hash)
+    if (snap / "mechprobe_snapshot.json").exists():
+        return snap, {}
+    return gguf.parent, {"gguf_file": gguf.name}
+
+
 def load_tokenizer(name_or_path: str, chat_template: str | Path | None = None) -> Any:
     """The tokenizer :func:`load_model` would give for ``name_or_path``, without loading the weights."""
     from transformers import AutoTokenizer  # lazy: slow import, model paths only
@@ -385,9 +385,8 @@ def load_tokenizer(name_or_path: str, chat_template: str | Path | None = None) -
         else:
             gguf = Path(name_or_path).expanduser()
             sha, snap_name = sha256_file(gguf), gguf.stem
-        snap = snapshot_dir(snap_name, sha)
-        tok = (AutoTokenizer.from_pretrained(snap) if (snap / "mechprobe_snapshot.json").exists()
-               else AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name))
+        src, kw = tokenizer_source(gguf, sha, snap_name)
+        tok = AutoTokenizer.from_pretrained(src, **kw)
     else:
         tok = AutoTokenizer.from_pretrained(name_or_path)
     return prepare_tokenizer(tok, chat_template)

@@ -130,7 +130,7 @@ class DPOResult:
     seconds: float
 
 
-def latest_checkpoint(ckpt_root: Path) -> Path | None:
+def latest_trainer_checkpoint(ckpt_root: Path) -> Path | None:
     """The newest complete Trainer checkpoint (``checkpoint-N`` with its ``trainer_state.json``)."""
     if not ckpt_root.is_dir():
         return None
@@ -195,7 +195,7 @@ def train_dpo(model: torch.nn.Module, tokenizer: Any, pairs: Sequence[Pair], cfg
             "data_hash": hashlib.sha256(json.dumps([[p.prompt_ids, p.chosen_ids, p.rejected_ids] for p in pairs])
                                         .encode()).hexdigest()}
     cfg_path = out / "dpo_config.json"
-    ck = latest_checkpoint(ckpt_root)
+    ck = latest_trainer_checkpoint(ckpt_root)
     if cfg_path.exists() and ck is not None:
         have = read_json(cfg_path)
         diff = sorted(k for k in set(have) | set(want) if have.get(k) != want.get(k) and k != "steps")

@@ -34,8 +34,9 @@ from typing import Any
 import torch
 
 from mechprobe.lm import chat
+from mechprobe.lm.forward import kv_kw, logits_kept
 from mechprobe.lm.generation import decode, generate, input_device, left_pad
-from mechprobe.lm.models import LoadedModel, kv_kw, logits_kept
+from mechprobe.lm.models import LoadedModel
 from mechprobe.records import AssistantRecord
 from mechprobe.splits import split_of
 from mechprobe.stats import paired_outcomes, wilson

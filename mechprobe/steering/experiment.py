@@ -43,8 +43,9 @@ from mechprobe.errors import UserError
 from mechprobe.io import read_json, write_json, writer_lock
 from mechprobe.judges.factory import make_judge, shared_judge_model
 from mechprobe.linear.turn import figures_dir
+from mechprobe.lm.device import native_bf16_dtype
 from mechprobe.lm.llamacpp import load_engine
-from mechprobe.lm.models import load_model, native_bf16_dtype
+from mechprobe.lm.models import load_model
 from mechprobe.plots.extents import draw_figure
 from mechprobe.plots.steering import plot_steering, steering_title
 from mechprobe.records import truncated_item_ids

@@ -46,8 +46,8 @@ import torch
 from torch import nn
 
 from mechprobe.errors import UsageError
+from mechprobe.lm.forward import get_blocks
 from mechprobe.lm.kv import call_kind, intervention
-from mechprobe.lm.models import get_blocks
 
 STEER_POSITIONS = ("boundary", "generated", "boundary+generated", "all")
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from mechprobe.errors import UsageError
-from mechprobe.lm.models import get_blocks
+from mechprobe.lm.forward import get_blocks
 from mechprobe.steering.hooks import STEER_POSITIONS, _check_target, _hooked, _unwrap
 from mechprobe.steering.steering_vector import SteeringVector, in_alpha_units
 

@@ -11,9 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from mechprobe.stats import Rate, bootstrap_diff, label_shares, paired_outcomes, paired_rates
-from mechprobe.stats import tvd as _tvd
-from mechprobe.stats import tvd_bootstrap as _tvd_bootstrap
+from mechprobe.stats import Rate, bootstrap_diff, label_shares, paired_outcomes, paired_rates, tvd_bootstrap
 from mechprobe.study.data import N_BOOT, T_REF, StudyData, Turn, greedy, keyed, per_item, rate
 from mechprobe.taxonomy import GENUINE, LABELS
 
@@ -91,14 +89,11 @@ def label_dist(turns: list[Turn]) -> dict[str, float]:
     return label_shares([t.label for t in turns], LABELS)
 
 
-def tvd(p: dict[str, float], q: dict[str, float]) -> float:
-    return _tvd(p, q, LABELS)
-
-
-def tvd_bootstrap(a: dict[str, list[Turn]], b: dict[str, list[Turn]], n_boot: int = N_BOOT,
-                  seed: int = 0) -> tuple[float, float, float]:
-    """TVD between two label distributions with a 95% CI, resampling items within each side."""
-    return _tvd_bootstrap({k: [t.label for t in v] for k, v in a.items()},
+def turns_tvd(a: dict[str, list[Turn]], b: dict[str, list[Turn]], n_boot: int = N_BOOT,
+              seed: int = 0) -> tuple[float, float, float]:
+    """TVD between the label distributions of two groups of items' turns over the taxonomy's labels, with a 95%
+    CI resampling items within each side (:func:`mechprobe.stats.tvd_bootstrap` on the turns' labels)."""
+    return tvd_bootstrap({k: [t.label for t in v] for k, v in a.items()},
                           {k: [t.label for t in v] for k, v in b.items()}, LABELS, n_boot, seed)
 
 
@@ -134,7 +129,7 @@ def aggregate_model(data: StudyData, model: str) -> ModelAggregate:
                 if (o, d) in data.full:
                     for k, t in keyed(data.full[(o, d)]):
                         theirs.setdefault(f"{o}|{k}", []).append(t)
-        tv = tvd_bootstrap(mine, theirs)
+        tv = turns_tvd(mine, theirs)
     all_turns = [t for _, t in full]
     return ModelAggregate(model, rate(greedy(all_turns)), lift, lift_test.n_items, paired, coupling, len(correct), len(wrong),
                           tv, others)

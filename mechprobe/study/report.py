@@ -44,8 +44,7 @@ from mechprobe.study.claims import (
     family,
     label_dist,
     paired_variant_test,
-    tvd,
-    tvd_bootstrap,
+    turns_tvd,
 )
 from mechprobe.study.data import (
     DEGENERATE,
@@ -79,8 +78,8 @@ __all__ = ["ALPHA", "CLAIMS", "DECOUPLED_BAND", "DEGENERATE", "FAMILY_TVD", "GRE
            "PairedResult", "RunData", "StudyData", "Turn", "Verdict", "accuracy", "aggregate_model", "answers_at_cap",
            "build_report", "collect", "decide_decoupled", "decide_family", "decide_greedy_zero", "decide_lift",
            "decide_move", "family", "greedy", "keyed", "label_dist", "labels_file_for", "load_run_data",
-           "paired_variant_test", "per_item", "rate", "sampled", "truncation_line", "turns_at_cap", "tvd",
-           "tvd_bootstrap", "write_figures", "write_report"]
+           "paired_variant_test", "per_item", "rate", "sampled", "truncation_line", "turns_at_cap",
+           "turns_tvd", "write_figures", "write_report"]
 
 FIGURE_KEYS = ("accuracy", "temperature", "perturbations", "profiles", "human")
 

@@ -35,10 +35,8 @@ from mechprobe.errors import UsageError, UserError
 from mechprobe.io import JsonlStore, output_dir_lock, read_json, read_jsonl, write_json
 from mechprobe.judges.factory import BEST_JUDGE, check_judge_spec, make_judge, model_unavailable  # noqa: F401  (BEST_JUDGE: re-exported
 from mechprobe.judges.run import judge_run
-from mechprobe.lm.models import (
-    check_model_source,
-    native_bf16_dtype,  # noqa: F401  (re-exported: was defined here)
-)
+from mechprobe.lm.device import native_bf16_dtype
+from mechprobe.lm.models import check_model_source
 from mechprobe.records import AssistantRecord, UserTurnRecord
 from mechprobe.stages import probe_complete
 from mechprobe.study.data import HUMAN_DIR, PLAN, STAGES, T_REF, labels_file_for
@@ -216,7 +214,7 @@ class _Generator:
         if self.lm is None:
             t = time.time()
             self.lm, self.engine = load_generator(self.cfg)
-            # The thread count is fixed here, at load (models.cpu_threads): print it, so a model loaded while
+            # The thread count is fixed here, at load (device.cpu_threads): print it, so a model loaded while
             # another job ran (1 thread on 2 cores, half speed for the rest of the study) can be seen and restarted.
             print(f"loaded {self.cfg.model} ({self.cfg.engine}) in {time.time() - t:.1f} s, "
                   f"{torch.get_num_threads()} torch threads")

@@ -46,8 +46,9 @@ from mechprobe.lm import chat
 from mechprobe.lm.generation import auto_batch_size, batches_by_length, decode, generate
 from mechprobe.lm.kv import reuse_problem
 from mechprobe.lm.llamacpp import load_engine
-from mechprobe.lm.models import DEFAULT_MODEL, LoadedModel, load_model, load_tokenizer, weight_identity
+from mechprobe.lm.models import LoadedModel, load_model, load_tokenizer, weight_identity
 from mechprobe.lm.prefix import PrefixStore
+from mechprobe.lm.registry import DEFAULT_MODEL
 from mechprobe.lm.vllm import generate_vllm, load_vllm
 from mechprobe.records import (
     AssistantRecord,

@@ -23,7 +23,7 @@ from mechprobe.activations.backends import (
     structural_copy,
 )
 from mechprobe.lm import chat
-from mechprobe.lm.models import get_blocks, tiny_model
+from mechprobe.lm.forward import get_blocks, tiny_model
 
 ALL_POSITIONS = ["boundary", "assistant_last", "assistant_mean"]
 ARCHS = ["llama", "gemma3", "qwen2"]

@@ -26,7 +26,8 @@ from mechprobe.activations.cache import (
 from mechprobe.cli import cache as cache_cli
 from mechprobe.io import JsonlStore, write_json
 from mechprobe.lm import chat
-from mechprobe.lm.models import LoadedModel, tiny_model
+from mechprobe.lm.forward import tiny_model
+from mechprobe.lm.models import LoadedModel
 from mechprobe.records import LabelRecord, UserTurnRecord, make_record_id
 from tests.activations.test_backends import make_tiny_tokenizer, oracle, rel
 
@@ -444,7 +445,7 @@ def test_prefixes_of_another_model_or_position_are_not_used(tmp_path, tiny_tok):
 
 def test_continued_capture_removes_its_hooks_after_an_error(tiny_tok):
     from mechprobe.activations.backends import HooksBackend
-    from mechprobe.lm.models import get_blocks
+    from mechprobe.lm.forward import get_blocks
 
     lm = tiny_lm(tiny_tok)
     cap = HooksBackend(lm.model)

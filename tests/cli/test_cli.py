@@ -49,7 +49,7 @@ def test_cli_error_classes_are_user_errors():
     from mechprobe.judges.base import JudgeMismatch
     from mechprobe.judges.llm import JudgeFatal
     from mechprobe.lm.chat import ChatTemplateError
-    from mechprobe.lm.models import ModelLoadError
+    from mechprobe.lm.registry import ModelLoadError
 
     for cls in (CacheCorrupt, CacheMismatch, ChatTemplateError, ManifestMismatch, JudgeMismatch, JudgeFatal,
                 ModelLoadError):
@@ -245,7 +245,8 @@ def test_experiment_scripts_are_thin_wrappers_with_the_commands_flags(script, mo
 @pytest.fixture
 def tiny_model_run(tmp_path):
     """A run whose manifest names a real model directory (tiny random Llama + word-level tokenizer)."""
-    from mechprobe.lm.models import load_model, tiny_model
+    from mechprobe.lm.forward import tiny_model
+    from mechprobe.lm.models import load_model
     from tests.activations.test_backends import make_tiny_tokenizer
     from tests.activations.test_cache import tiny_run, write_run_manifest
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mechprobe import stages
-from mechprobe.lm.models import DEFAULT_MODEL
+from mechprobe.lm.registry import DEFAULT_MODEL
 
 
 @pytest.mark.parametrize("total,sizes,want", [

@@ -20,7 +20,8 @@ from mechprobe.cli.judge import main as main_judge
 from mechprobe.errors import UserError
 from mechprobe.io import JsonlStore, ManifestMismatch, check_or_write_manifest, read_jsonl, write_json
 from mechprobe.judges.run import judge_run
-from mechprobe.lm.models import LoadedModel, tiny_model
+from mechprobe.lm.forward import tiny_model
+from mechprobe.lm.models import LoadedModel
 from mechprobe.lm.server import ChatServer, Fault, ScriptedResponder
 from mechprobe.records import Item
 from mechprobe.turns.pipeline import ProbeConfig, run_probe

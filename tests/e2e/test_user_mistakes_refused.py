@@ -242,7 +242,7 @@ def test_post_train_refuses_bad_options_before_any_model_loads(tmp_path, monkeyp
 
 
 def test_target_modules_are_checked_against_the_model_before_training():
-    from mechprobe.lm.models import tiny_model
+    from mechprobe.lm.forward import tiny_model
     from mechprobe.post_train.train import TrainConfig, check_target_modules
 
     model = tiny_model("llama")

@@ -173,7 +173,7 @@ def test_cli_reports_configuration_errors_in_one_line(tmp_path, capsys, monkeypa
 
 def test_default_judge_follows_the_environment(monkeypatch):
     from mechprobe.judges.factory import default_judge, resolve_judge_spec
-    from mechprobe.lm.models import DEFAULT_MODEL
+    from mechprobe.lm.registry import DEFAULT_MODEL
 
     monkeypatch.delenv("MECHPROBE_JUDGE_MODEL", raising=False)
     # None and "auto" are one rule, resolved in one function (make_judge("auto") used to raise)

@@ -50,7 +50,7 @@ def test_offline_judge_does_not_regress_on_the_q15_fixture():
 
 @pytest.mark.slow
 def test_hybrid_judge_does_not_regress_on_the_q15_fixture():
-    from mechprobe.lm.models import ModelLoadError, embedded_gguf_path
+    from mechprobe.lm.registry import ModelLoadError, embedded_gguf_path
 
     try:
         embedded_gguf_path("qwen2.5-coder-1.5b-instruct")

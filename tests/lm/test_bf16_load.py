@@ -11,7 +11,8 @@ from mechprobe.lm import chat
 @pytest.mark.slow
 def test_bf16_load_uses_a_bf16_snapshot_and_stays_within_tolerance(smol):
     from mechprobe.activations.backends import capture
-    from mechprobe.lm.models import EMBEDDED, load_model, snapshot_dir
+    from mechprobe.lm.models import load_model, snapshot_dir
+    from mechprobe.lm.registry import EMBEDDED
 
     em = EMBEDDED["smollm2-135m-instruct"]
     lm16 = load_model("smollm2-135m-instruct", device="cpu", dtype="bfloat16")

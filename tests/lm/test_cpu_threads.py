@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from mechprobe.lm.models import cpu_threads
+from mechprobe.lm.device import cpu_threads
 
 
 def test_cpu_threads_leaves_busy_cores_alone(monkeypatch):

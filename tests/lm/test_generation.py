@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from mechprobe.lm import chat
+from mechprobe.lm.forward import tiny_model
 from mechprobe.lm.generation import batches_by_length, generate, left_pad
-from mechprobe.lm.models import tiny_model
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
@@ -245,7 +245,7 @@ def test_kv_keyword_follows_each_models_signature_and_no_deprecation_is_hit():
 
     from torch import nn
 
-    from mechprobe.lm.models import kv_kw, out_cache
+    from mechprobe.lm.forward import kv_kw, out_cache
 
     model = tiny_model("llama")
     name = next(iter(kv_kw(model, None)))

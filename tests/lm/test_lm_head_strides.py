@@ -1,4 +1,4 @@
-"""The LM head on the last positions only, at full speed in bf16 on CPU (``models.logits_kept``).
+"""The LM head on the last positions only, at full speed in bf16 on CPU (``forward.logits_kept``).
 
 torch's bf16 ``linear`` on CPU is ~70x slower for an input whose batch stride spans more positions than it
 holds (what ``logits_to_keep`` hands the LM head); ``compact_lm_head_input`` copies it to fresh strides.
@@ -11,8 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mechprobe.lm.forward import _compact
-from mechprobe.lm.models import compact_lm_head_input, logits_kept, tiny_model
+from mechprobe.lm.forward import _compact, compact_lm_head_input, logits_kept, tiny_model
 
 
 def _hooks(model: torch.nn.Module) -> int:

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from mechprobe.errors import UserError
-from mechprobe.lm.models import check_device, check_model_source, close_embedded_name, load_model
+from mechprobe.lm.device import check_device
+from mechprobe.lm.models import check_model_source, load_model
+from mechprobe.lm.registry import close_embedded_name
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@ import pytest
 
 from mechprobe.cli import main as cli_main
 from mechprobe.lm import registry
-from mechprobe.lm.models import CHUNKED, EMBEDDED, ModelLoadError, fetch_chunked, load_model
+from mechprobe.lm.models import load_model
+from mechprobe.lm.registry import CHUNKED, EMBEDDED, ModelLoadError, fetch_chunked
 
 NAME = "qwen2.5-coder-1.5b-instruct"
 

@@ -117,7 +117,7 @@ def tiny_chat_tokenizer():
 
 
 def test_hf_responder_equals_hf_greedy_generate():
-    from mechprobe.lm.models import tiny_model
+    from mechprobe.lm.forward import tiny_model
 
     tok = tiny_chat_tokenizer()
     model = tiny_model("llama", vocab_size=len(tok))
@@ -145,7 +145,7 @@ EXIT_MID_GENERATION = r"""
 import json, sys, threading, time, urllib.request
 sys.path.insert(0, sys.argv[1])
 from tests.lm.test_server import tiny_chat_tokenizer
-from mechprobe.lm.models import tiny_model
+from mechprobe.lm.forward import tiny_model
 from mechprobe.lm.server import ChatServer, HFResponder
 
 tok = tiny_chat_tokenizer()

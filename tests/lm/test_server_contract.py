@@ -17,8 +17,8 @@ import openai
 import pytest
 import torch
 
+from mechprobe.lm.forward import tiny_model
 from mechprobe.lm.generation import generate
-from mechprobe.lm.models import tiny_model
 from mechprobe.lm.server import ChatServer, HFResponder, ScriptedResponder
 from tests.conftest import requires_smollm2
 from tests.lm.test_server import tiny_chat_tokenizer

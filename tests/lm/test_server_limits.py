@@ -81,7 +81,7 @@ def test_body_shorter_than_its_length_does_not_hold_a_thread():
 
 
 def _tiny_hf_server(**kw) -> ChatServer:
-    from mechprobe.lm.models import tiny_model
+    from mechprobe.lm.forward import tiny_model
     from tests.lm.test_server import tiny_chat_tokenizer
 
     tok = tiny_chat_tokenizer()

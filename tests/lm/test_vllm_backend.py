@@ -107,7 +107,8 @@ def test_item10_vllm_generated_run_is_cached_by_the_hf_path(smol_tokenizer, tmp_
 
     from mechprobe.activations.cache import ActivationCache, cache_run
     from mechprobe.io import read_json
-    from mechprobe.lm.models import load_model, tiny_model
+    from mechprobe.lm.forward import tiny_model
+    from mechprobe.lm.models import load_model
     from mechprobe.records import Item
     from mechprobe.turns.pipeline import ProbeConfig, run_probe
 

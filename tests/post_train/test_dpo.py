@@ -218,7 +218,7 @@ RUNNER = textwrap.dedent("""
     sys.path.insert(0, {repo!r})
     torch.set_num_threads(1)
     from pathlib import Path
-    from mechprobe.lm.models import tiny_model
+    from mechprobe.lm.forward import tiny_model
     from mechprobe.post_train import dpo
     from tests.post_train.test_dpo import qwen_pairs, qwen_word_tokenizer
     tok = qwen_word_tokenizer(Path(sys.argv[1]) / "tok")
@@ -250,7 +250,7 @@ def test_dpo_resume_after_kill_matches_uninterrupted_run(tmp_path):
     p = _sub(script, killed, crash=6)
     assert p.returncode == 17, p.stderr[-3000:]
     assert [r["step"] for r in pt.read_train_log(killed / "t")] == list(range(1, 7))
-    assert dpo.latest_checkpoint(killed / "t" / pt.CKPT_DIR).name == "checkpoint-4"
+    assert dpo.latest_trainer_checkpoint(killed / "t" / pt.CKPT_DIR).name == "checkpoint-4"
     p = _sub(script, killed)
     assert p.returncode == 0 and "RESUMED 4 DONE 12" in p.stdout, p.stderr[-3000:]
     assert [r["step"] for r in pt.read_train_log(killed / "t")] == list(range(1, 13))  # no step twice

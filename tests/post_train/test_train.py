@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mechprobe.lm.models import tiny_model
+from mechprobe.lm.forward import tiny_model
 from mechprobe.post_train import train as pt
 from tests.conftest import _has_smollm2
 from tests.lm.test_chat import GEMMA
@@ -163,7 +163,7 @@ RUNNER = textwrap.dedent("""
     sys.path.insert(0, {repo!r})
     torch.set_num_threads(1)
     from mechprobe.post_train import train as pt
-    from mechprobe.lm.models import tiny_model
+    from mechprobe.lm.forward import tiny_model
     from tests.post_train.test_train import _toy_examples
     cfg = pt.TrainConfig(steps=12, batch_size=3, lr=2e-2, checkpoint_every=4, lora_dropout=0.1, warmup_steps=2)
     pm, res = pt.train_lora(tiny_model("llama", seed=1), _toy_examples(), cfg, sys.argv[1], pad_id=0,
@@ -256,7 +256,8 @@ RUNNER_QWEN = textwrap.dedent("""
     sys.path.insert(0, {repo!r})
     torch.set_num_threads(1)
     from mechprobe.post_train import train as pt
-    from mechprobe.lm.models import load_tokenizer, tiny_model
+    from mechprobe.lm.forward import tiny_model
+    from mechprobe.lm.models import load_tokenizer
     from tests.lm.test_chat import QWEN25
     tok = load_tokenizer("smollm2-135m-instruct")
     tok.chat_template = QWEN25

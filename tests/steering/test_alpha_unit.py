@@ -12,8 +12,8 @@ import torch
 
 from mechprobe.cli import steer as cli_steer
 from mechprobe.errors import UsageError
+from mechprobe.lm.forward import tiny_model
 from mechprobe.lm.generation import left_pad
-from mechprobe.lm.models import tiny_model
 from mechprobe.steering.config import SteerConfig
 from mechprobe.steering.evaluate import steered
 from mechprobe.steering.experiment import kind_vectors

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from mechprobe.errors import UsageError
+from mechprobe.lm.forward import kv_kw, out_cache, tiny_model
 from mechprobe.lm.generation import left_pad
-from mechprobe.lm.models import kv_kw, out_cache, tiny_model
 from mechprobe.records import AssistantRecord
 from mechprobe.stats import mcnemar_exact
 from mechprobe.steering.evaluate import (

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from mechprobe.lm import chat
+from mechprobe.lm.forward import get_blocks, tiny_model
 from mechprobe.lm.generation import generate, left_pad
-from mechprobe.lm.models import LoadedModel, get_blocks, tiny_model
+from mechprobe.lm.models import LoadedModel
 from mechprobe.steering.vector import (
     STEER_POSITIONS,
     SteeringVector,

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from mechprobe.lm import chat
+from mechprobe.lm.forward import get_blocks, tiny_model
 from mechprobe.lm.generation import generate
-from mechprobe.lm.models import get_blocks, tiny_model
 from mechprobe.steering.vector import (
     STEER_POSITIONS,
     SteeringVector,

@@ -8,7 +8,8 @@ import torch
 from mechprobe.errors import UserError
 from mechprobe.io import read_jsonl
 from mechprobe.lm import chat
-from mechprobe.lm.models import LoadedModel, tiny_model
+from mechprobe.lm.forward import tiny_model
+from mechprobe.lm.models import LoadedModel
 from mechprobe.records import Item
 from mechprobe.stats import mcnemar_exact, paired_bootstrap
 from mechprobe.turns.perturb import (

@@ -24,10 +24,10 @@ from mechprobe.records import AssistantRecord
 from mechprobe.steering.vector import SteeringVector, steer
 from mechprobe.turns.perturb import variant_prompt, variant_record
 
-__all__ = ["arm_prompt", "user_turns", "row_seed", "stimuli", "reading_states", "boundary_norms", "STIMULUS_KINDS"]
+__all__ = ["arm_prompt", "user_turns", "arm_row_seed", "stimuli", "reading_states", "boundary_norms", "STIMULUS_KINDS"]
 
 
-def row_seed(seed: int, arm: str, item_id: str) -> int:
+def arm_row_seed(seed: int, arm: str, item_id: str) -> int:
     """A sampled row's seed from the plan's seed, the arm and the item: any row can be regenerated alone."""
     return int.from_bytes(hashlib.sha256(f"{seed}|{arm}|{item_id}".encode()).digest()[:4], "little")
 
@@ -77,7 +77,7 @@ def user_turns(lm: LoadedModel, convs: Sequence[AssistantRecord], *, arm: str, k
     for idx in batches_by_length([len(p.input_ids) for p in prompts], batch_size):
         sel = [todo[i] for i in idx]
         pps = [prompts[i] for i in idx]
-        seeds = [row_seed(seed, arm, a.item_id) if temperature > 0 else None for a in sel]
+        seeds = [arm_row_seed(seed, arm, a.item_id) if temperature > 0 else None for a in sel]
         kw = dict(max_new_tokens=max_new_tokens, temperatures=temperature, seeds=seeds, prefix_store=store)
         if kind == "steer" and vector is not None and alpha != 0:
             with steer(lm.model, vector, alpha, positions, unit="resid"):
