@@ -2,6 +2,7 @@
 
     mechprobe probe runs/smol-gsm8k --dataset gsm8k             # generate assistant + user turns
     mechprobe judge RUN [--judge openai:MODEL]                   # label the user turns
+    mechprobe judges features | fit [SET]                        # fit the trained judge on labelled turns
     mechprobe cache RUN [--layers 0 6 12]                        # residual activations at the boundary
     mechprobe probes RUN                                         # linear probes per layer
     mechprobe steer RUN --alpha 4                                # steering vectors, with controls
@@ -34,6 +35,7 @@ from mechprobe.cli import (
     findings,
     interventions,
     judge,
+    judges,
     linear_probe,
     models,
     post_train,
@@ -47,7 +49,7 @@ from mechprobe.cli import (
 # Command name -> its module (each has add_args, run and a one-line HELP). A hyphenated name also answers to its
 # underscore spelling, the name of its experiments/ script.
 COMMANDS: dict[str, ModuleType] = {
-    "probe": probe, "judge": judge, "cache": cache, "probes": linear_probe, "steer": steer,
+    "probe": probe, "judge": judge, "judges": judges, "cache": cache, "probes": linear_probe, "steer": steer,
     "agreement": agreement, "audit": audit, "post-train": post_train, "study": study,
     "relabel-steering": relabel_steering, "serve": serve, "models": models, "findings": findings,
     "interventions": interventions,

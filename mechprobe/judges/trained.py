@@ -5,7 +5,7 @@ package's weights, a third of the 1.5B hybrid judge's forward cost).
 Why: the hybrid judge's two hand-set thresholds and fixed decision order let one signal decide alone, and on
 independently labelled turns it agreed with labellers no better than the rules (docs/judge_agreement.md). Here
 the same signals (:mod:`mechprobe.judges.turn_features`) are weighed jointly by a classifier whose weights come
-from ``scripts/fit_trained_judge.py`` on the dev split of ``reports/labelled_turns`` (item-grouped CV chose the
+from ``mechprobe judges fit`` (:mod:`mechprobe.judges.fit_trained`) on the dev split of ``reports/labelled_turns`` (item-grouped CV chose the
 regularisation and the decision threshold), never edited by hand.
 
 Labels: P(genuine) >= the fitted threshold -> ``genuine_followup``. Otherwise the offline rules' label stands,
@@ -69,7 +69,7 @@ def check_weights(d: Any, where: str) -> dict[str, Any]:
     truncates a short ``coef``; a zero scale divides by zero; a threshold outside [0, 1] makes every turn one
     label. Each is refused with a line that names the file and the fix.
     """
-    fix = "refit with python scripts/fit_trained_judge.py fit (never edit the weights by hand)"
+    fix = "refit with mechprobe judges fit (never edit the weights by hand)"
     if not isinstance(d, dict):
         raise UsageError(f"{where}: not a trained-judge weights file (a JSON object); {fix}")
     if d.get("format") != WEIGHTS_FORMAT:
@@ -109,18 +109,18 @@ def load_weights(path: str | Path | None = None) -> dict[str, Any]:
         ref = resources.files("mechprobe") / "data" / DEFAULT_WEIGHTS
         if not ref.is_file():
             raise UsageError(f"no fitted weights in the package ({DEFAULT_WEIGHTS}); run "
-                             "python scripts/fit_trained_judge.py, or pass weights=PATH")
+                             "mechprobe judges fit, or pass weights=PATH")
         where, text = f"mechprobe/data/{DEFAULT_WEIGHTS}", ref.read_bytes()
     else:
         p = Path(path)
         if not p.is_file():
-            raise UsageError(f"{p}: trained-judge weights not found; pass the JSON scripts/fit_trained_judge.py wrote")
+            raise UsageError(f"{p}: trained-judge weights not found; pass the JSON mechprobe judges fit wrote")
         where, text = str(p), p.read_bytes()
     try:
         d = json.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
-        raise UsageError(f"{where}: not valid UTF-8 JSON ({type(e).__name__}); refit with python "
-                         "scripts/fit_trained_judge.py fit") from None
+        raise UsageError(f"{where}: not valid UTF-8 JSON ({type(e).__name__}); refit with mechprobe "
+                         "judges fit") from None
     return check_weights(d, where)
 
 
@@ -229,7 +229,7 @@ class TrainedJudge:
         given = loaded.name if loaded is not None else Path(str(model)).name.removesuffix(".gguf")
         if given != fit_model:
             raise UsageError(f"trained:{model}: these weights were fit with scoring model {fit_model}; use "
-                             f"judge=trained:{fit_model} or refit with scripts/fit_trained_judge.py")
+                             f"judge=trained:{fit_model} or refit with mechprobe judges fit")
         self.hybrid = HybridJudge(model, dtype=dtype, device=device, cache_dir=cache_dir, loaded=loaded, embed=embed)
         self.lm = self.hybrid.lm
         self.model_name = self.hybrid.model_name

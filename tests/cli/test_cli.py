@@ -161,7 +161,7 @@ COMMAND_PATHS = [path for path, _ in _subparsers(cli.build_parser())]
 def test_every_command_is_registered_with_both_entry_points():
     assert {"post-train", "study", "relabel-steering", "steer"} <= set(COMMANDS)
     required = {"judge": ["r"], "cache": ["r"], "audit": ["r"], "relabel-steering": ["r", "--judge", "offline"],
-                "models": ["list"], "interventions": ["status"]}
+                "models": ["list"], "interventions": ["status"], "judges": ["fit"]}
     p = cli.build_parser()
     for name, mod in COMMANDS.items():
         assert callable(mod.add_args) and callable(mod.run) and mod.HELP, name

@@ -51,7 +51,7 @@ def test_tampered_numbers_are_refused(tmp_path, weights, edit, match):
     with pytest.raises(UsageError, match=match) as e:
         load_weights(p)
     msg = str(e.value)
-    assert str(p) in msg and "fit_trained_judge.py" in msg and "\n" not in msg
+    assert str(p) in msg and "mechprobe judges fit" in msg and "\n" not in msg
 
 
 def test_nan_weights_would_otherwise_call_every_turn_genuine(weights):
