@@ -30,7 +30,7 @@ from mechprobe.judges.factory import (
     shared_judge_model,
 )
 from mechprobe.judges.hybrid import HybridJudge
-from mechprobe.judges.registry import AUTO
+from mechprobe.judges.registry import AUTO, OFFLINE_JUDGE
 from mechprobe.judges.run import judge_run
 from mechprobe.lm.choice import ChoiceScorer
 from mechprobe.lm.device import native_bf16_dtype
@@ -110,7 +110,7 @@ class Stages:
             return self._timed("probe", lambda: run_probe(self.cfg, self.run_dir))
         return self._timed("probe", lambda: run_probe(self.cfg, self.run_dir, lm=self.model()))
 
-    def labels(self, judge: str = "offline", **opts: Any) -> Any:
+    def labels(self, judge: str = OFFLINE_JUDGE, **opts: Any) -> Any:
         """Judge the run's turns; a model-based judge of the run's own model reuses the loaded weights.
 
         Why the model may load here: after a llama.cpp (or vLLM) probe stage no HF model is held yet, and a
@@ -145,7 +145,7 @@ class Stages:
                 self.prefixes.clear_pool()
                 self.prefixes = None
 
-    def all(self, judge: str = "offline", backend: str = "hooks") -> Stages:
+    def all(self, judge: str = OFFLINE_JUDGE, backend: str = "hooks") -> Stages:
         self.probe()
         self.labels(judge)
         self.cache(backend)

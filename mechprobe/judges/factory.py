@@ -14,7 +14,15 @@ from mechprobe.io import read_json, read_jsonl
 from mechprobe.judges import kinds as _kinds  # noqa: F401  (imports, and so registers, every judge kind)
 from mechprobe.judges.base import Judge, judge_dtype
 from mechprobe.judges.kinds.hybrid import HYBRID_VOICE
-from mechprobe.judges.registry import AUTO, JudgeSpec, judge_help, judge_kind, judge_kinds
+from mechprobe.judges.registry import (
+    AUTO,
+    BEST_JUDGE,
+    OFFLINE_JUDGE,
+    JudgeSpec,
+    judge_help,
+    judge_kind,
+    judge_kinds,
+)
 from mechprobe.lm.models import check_model_source
 from mechprobe.lm.registry import DEFAULT_MODEL, EMBEDDED, ModelLoadError, embedded_gguf_path
 
@@ -23,9 +31,7 @@ SPEC_ALIASES = {"hybrid2": HYBRID_VOICE}
 ``hybrid2:MODEL`` is ``hybrid-voice:MODEL``, so commands, scripts and recorded specs written with the older kind
 keep working."""
 
-BEST_JUDGE = f"{HYBRID_VOICE}:qwen2.5-coder-1.5b-instruct"
-
-__all__ = ["BEST_JUDGE", "SPEC_ALIASES", "JudgeSpec", "best_judge", "canonical_spec", "check_judge_spec",
+__all__ = ["SPEC_ALIASES", "JudgeSpec", "best_judge", "canonical_spec", "check_judge_spec",
            "default_judge", "is_hybrid_spec", "judge_help", "judges_model", "labelled_by", "make_judge",
            "model_unavailable", "resolve_judge_spec", "run_model_name", "shared_judge_model", "spec_of_judge_name"]
 
@@ -65,8 +71,8 @@ def best_judge() -> str:
     Why a function, not a constant: a fresh machine without the 1.5B weights must still run every entry point."""
     why = model_unavailable(BEST_JUDGE.split(":", 1)[1])
     if why:
-        print(f"judge: offline ({BEST_JUDGE} needs the model: {why})", file=sys.stderr)
-        return "offline"
+        print(f"judge: {OFFLINE_JUDGE} ({BEST_JUDGE} needs the model: {why})", file=sys.stderr)
+        return OFFLINE_JUDGE
     return BEST_JUDGE
 
 
@@ -118,7 +124,7 @@ def default_judge(model: str | None = None, labelled_by: str | None = None) -> s
     if again:
         return again
     if model is not None and (model == DEFAULT_MODEL or Path(model).exists() or str(model).endswith(".gguf")):
-        return "offline"
+        return OFFLINE_JUDGE
     return best_judge()
 
 
@@ -203,7 +209,7 @@ def resolve_judge_spec(spec: str | JudgeSpec | None, model: str | None = None, l
     return str(JudgeSpec.parse(spec))
 
 
-def make_judge(spec: str | JudgeSpec | None = "offline", **opts: Any) -> Judge:
+def make_judge(spec: str | JudgeSpec | None = OFFLINE_JUDGE, **opts: Any) -> Judge:
     """Build the judge a spec names, through the judge registry (:mod:`mechprobe.judges.kinds`).
 
     ``opts`` go to the judge's constructor (``base_url``, ``api_key``, ``concurrency``, ``timeout``,

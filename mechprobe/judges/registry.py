@@ -18,10 +18,20 @@ from typing import Any
 
 from mechprobe.errors import UsageError
 
-__all__ = ["AUTO", "JudgeKind", "JudgeSpec", "judge_help", "judge_kind", "judge_kinds", "register_judge"]
+__all__ = ["AUTO", "BEST_JUDGE", "OFFLINE_JUDGE", "JudgeKind", "JudgeSpec", "judge_help", "judge_kind", "judge_kinds", "register_judge"]
 
 AUTO = "auto"
 """The spec every command defaults to: the default-judge rule picks a concrete kind (never a registered kind)."""
+
+# The two judges the package's defaults name, written here once (every default below imports them):
+BEST_JUDGE = "hybrid-voice:qwen2.5-coder-1.5b-instruct"
+"""The research default: the best-validated judge (docs/judge_agreement.md). ``auto`` picks it where its model is
+fetched (:func:`mechprobe.judges.factory.best_judge`); the post-training evaluation and new study roots get it
+through ``auto``."""
+OFFLINE_JUDGE = "offline"
+"""The judge that loads no model (the rules): the default of a config or function that must run anywhere and fast
+(``StudyConfig.judge``, :func:`~mechprobe.judges.factory.make_judge`, :func:`~mechprobe.judges.run.judge_run`),
+and ``auto``'s choice where :data:`BEST_JUDGE`'s model is missing."""
 
 
 @dataclass(frozen=True)

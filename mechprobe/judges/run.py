@@ -43,7 +43,7 @@ from mechprobe.io import (
 )
 from mechprobe.judges.base import Judge, JudgeInput, JudgeMismatch, inputs_from_run
 from mechprobe.judges.factory import labelled_by, make_judge, resolve_judge_spec, run_model_name
-from mechprobe.judges.registry import AUTO
+from mechprobe.judges.registry import AUTO, OFFLINE_JUDGE
 from mechprobe.records import truncated_item_ids, truncation_note
 from mechprobe.stats import wilson
 from mechprobe.taxonomy import GENUINE, JUDGE_ERROR, LABELS, TAXONOMY_VERSION
@@ -246,7 +246,7 @@ def _check_labels_file(run_dir: str | Path, labels_file: str) -> None:
                          f"inside it (e.g. labels_other.jsonl)")
 
 
-def judge_run(run_dir: str | Path, judge: str | Judge | None = "offline", *, labels_file: str = LABELS_FILE,
+def judge_run(run_dir: str | Path, judge: str | Judge | None = OFFLINE_JUDGE, *, labels_file: str = LABELS_FILE,
               retry_errors: bool = True, limit: int | None = None, progress: bool = True,
               include_truncated: bool = False, **opts: Any) -> JudgeSummary:
     """Label the user turns of ``run_dir`` (see :func:`_judge_run`) holding the labels file's writer lock:
@@ -296,7 +296,7 @@ def judge_run(run_dir: str | Path, judge: str | Judge | None = "offline", *, lab
         return _judge_run(run_dir, judge, **kw)
 
 
-def _judge_run(run_dir: str | Path, judge: str | Judge | None = "offline", *, labels_file: str = LABELS_FILE,
+def _judge_run(run_dir: str | Path, judge: str | Judge | None = OFFLINE_JUDGE, *, labels_file: str = LABELS_FILE,
                retry_errors: bool = True, limit: int | None = None, progress: bool = True,
                include_truncated: bool = False, **opts: Any) -> JudgeSummary:
     """Label the user turns of ``run_dir`` into ``run_dir/labels_file`` and summarise.

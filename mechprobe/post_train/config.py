@@ -63,7 +63,7 @@ class PostTrainConfig:
     temperature: float = 1.0
     max_assistant_tokens: int = 1024  # complete answers: a cap cuts answers and drops their items from rates
     max_user_tokens: int = 48
-    judge: str | None = None  # offline | hybrid-voice:MODEL | openai:MODEL | local:MODEL (default: the best-validated judge th…
+    judge: str | None = None  # a judge spec; None or 'auto': the default-judge rule (judges.factory.default_judge: BEST_JUDGE of judges.registry where its model is fetched)
     relabel: bool = False  # eval runs labelled by another judge: move those labels aside and relabel
     steer_run: str | None = None  # run whose steering/results.json gives the baked-vector arm (default: the base model's gsm8…
     no_steer: bool = False  # do not build a steering result for the baked arm

@@ -29,6 +29,7 @@ from mechprobe.activations.cache import ActivationCache
 from mechprobe.errors import MissingInput
 from mechprobe.io import output_dir_lock, read_json, read_jsonl, write_json
 from mechprobe.judges.factory import default_judge
+from mechprobe.judges.registry import OFFLINE_JUDGE
 from mechprobe.lm.models import load_model, weight_identity
 from mechprobe.plots.extents import draw_figure
 from mechprobe.plots.post_train import loss_title, plot_eval, plot_loss
@@ -130,7 +131,7 @@ def _steer_result(a: Any, out: Path, judge: str, notes: list[str]) -> Path | Non
     return run / "steering" / "results.json"
 
 
-def _bake_arm(a: Any, out: Path, base_weight_hash: str, notes: list[str], judge: str = "offline"
+def _bake_arm(a: Any, out: Path, base_weight_hash: str, notes: list[str], judge: str = OFFLINE_JUDGE
               ) -> tuple[str, dict[str, Any]] | None:
     """(model dir with the base model's steering vector baked in, what was baked), or None with a note saying why."""
 

@@ -33,7 +33,8 @@ from tqdm.auto import tqdm
 
 from mechprobe.errors import UsageError, UserError
 from mechprobe.io import JsonlStore, output_dir_lock, read_json, read_jsonl, write_json
-from mechprobe.judges.factory import BEST_JUDGE, check_judge_spec, make_judge, model_unavailable  # noqa: F401  (BEST_JUDGE: re-exported
+from mechprobe.judges.factory import check_judge_spec, make_judge, model_unavailable
+from mechprobe.judges.registry import OFFLINE_JUDGE
 from mechprobe.judges.run import judge_run
 from mechprobe.lm.device import native_bf16_dtype
 from mechprobe.lm.models import check_model_source
@@ -106,7 +107,7 @@ class StudyConfig:
     datasets: list[str] = field(default_factory=lambda: list(DATASETS))
     profile: str = "full"
     root: str | None = None
-    judge: str = "offline"
+    judge: str = OFFLINE_JUDGE  # the fast path; `mechprobe study --judge auto` resolves to BEST_JUDGE where it can
     engine: str = "hf"
     dtype: str | None = None
     limit: int | None = None
@@ -407,7 +408,7 @@ def config_from_namespace(a: Any) -> StudyConfig:
     Public because the command line builds the config with it; list flags take spaces or comma strings here.
     """
     return StudyConfig(models=_names(a.models) or list(MODELS), datasets=_names(a.datasets) or list(DATASETS),
-                       profile="quick" if a.quick else "full", root=a.root, judge=a.judge or "offline", engine=a.engine,
+                       profile="quick" if a.quick else "full", root=a.root, judge=a.judge or OFFLINE_JUDGE, engine=a.engine,
                        dtype=a.dtype or native_bf16_dtype(), limit=a.limit, samples=a.samples,
                        variant_samples=a.variant_samples,
                        temperatures=_floats(a.temperatures) if a.temperatures else None,
