@@ -1,21 +1,13 @@
 """Collaboration-oriented post-training: LoRA SFT on the *human's* next turn of real conversations.
 
 The paper's last claim is that post-training towards the user role raises follow-up rates while keeping
-task accuracy. Here the model is trained to write what a real human wrote after an assistant turn
-(HH-RLHF, Topical-Chat): the example is ``[conversation ..., assistant turn]`` rendered with the model's
-own chat template, followed by the next human turn in the *user* role, and the loss covers only that
-user turn's content and its end-of-turn token -- never the user-role header (the probe prompt supplies
-the header, so the model never has to predict it) and never the conversation before it.
-
-Why the mask is found from renderings and not from per-family markers: the same reasoning as
-:mod:`mechprobe.lm.chat` -- a hand-written "``<|im_start|>user``" rule breaks on Gemma, Llama-3, Mistral.
-We render the conversation with a sentinel user message to find where the user content starts (the
-probe's own cut), check that the full rendering has the real content at that character offset, and map
-characters to tokens with the in-context offsets of the full rendering.
+task accuracy. Here the model is trained to write what a real human wrote after an assistant turn: the data
+(:mod:`.conversations`), the example and its loss mask on the user turn only (:mod:`.examples`), and this
+module's training loop.
 
 Training is plain PyTorch over a ``peft`` LoRA model (CPU fp32 here), seeded, with an atomic checkpoint
-every N steps (adapter + optimizer + scheduler + RNG states + step + data position) so a killed run
-resumes from the last checkpoint and produces the same adapter as an uninterrupted run.
+every N steps (:mod:`.checkpoints`) so a killed run resumes from the last checkpoint and produces the same
+adapter as an uninterrupted run. The data, example and checkpoint names stay importable from here.
 """
 
 from __future__ import annotations
@@ -38,186 +30,40 @@ from tqdm.auto import tqdm
 
 from mechprobe.errors import MissingInput, UsageError, UserError
 from mechprobe.io import read_json, read_jsonl, write_json
-from mechprobe.lm import chat
-from mechprobe.splits import split_of
-from mechprobe.turns.datasets import load_dataset
+from mechprobe.post_train.checkpoints import (
+    CKPT_DIR,
+    adapter_state,
+    latest_checkpoint,
+    save_checkpoint,
+    set_rng_state,
+    truncate_log,
+)
+from mechprobe.post_train.conversations import (
+    SOURCES,
+    Conversation,
+    PostTrainError,
+    assert_disjoint,
+    conversations_from_items,
+    load_conversations,
+    split_conversations,
+)
+from mechprobe.post_train.examples import IGNORE, BuiltData, TrainExample, build_example, build_examples
 
-IGNORE = -100
+# The data, example and checkpoint names are re-exported: callers and tests use them as ``train.X``.
+__all__ = ["ADAPTER_DIR", "BEST", "CKPT_DIR", "CRASH_ENV", "HELDOUT_LOG", "IGNORE", "MEASURE_STEPS", "MERGED_DIR",
+           "PLAN", "SOURCES", "TRAIN_LOG", "BuiltData", "Conversation", "PostTrainError", "TrainConfig",
+           "TrainExample", "TrainResult", "assert_disjoint", "batch_indices", "batch_loss", "build_example",
+           "build_examples", "check_target_modules", "collate", "conversations_from_items", "data_order",
+           "heldout_loss", "latest_checkpoint", "load_conversations", "lora_model", "masked_loss", "merge_adapter",
+           "planned_steps", "read_train_log", "save_checkpoint", "save_merged", "should_stop", "split_conversations",
+           "train_lora"]
+
 TRAIN_LOG = "train_log.jsonl"
-CKPT_DIR = "checkpoints"
 ADAPTER_DIR = "adapter"
 MERGED_DIR = "merged"
-SOURCES = ("hh_rlhf", "topical_chat")
 # Test hook: the training loop ends the process hard (os._exit) right after this step is logged, the way
 # a kill would, so the resume test needs no timing-dependent signals.
 CRASH_ENV = "MECHPROBE_TRAIN_CRASH_AFTER_STEP"
-
-
-class PostTrainError(UserError, ValueError):
-    """A post-training input is unusable (template cannot host the example, no data, bad config)."""
-
-
-# ---------------------------------------------------------------------------------------------------
-# Data
-
-
-@dataclass(frozen=True)
-class Conversation:
-    """A real conversation up to an assistant turn, and the human turn that followed it.
-
-    ``conv_id`` is ``<source>:<the dataset's own id>`` (Topical-Chat conversation id; the HH-RLHF row id):
-    the unit of the train/held-out split, so no conversation contributes to both sides.
-    """
-
-    conv_id: str
-    source: str
-    messages: list[dict[str, str]]  # ends with the assistant turn
-    next_user: str
-
-
-def conversations_from_items(items: Sequence[Any], source: str) -> list[Conversation]:
-    """Items of the HH-RLHF / Topical-Chat loaders -> conversations (rows without a next human turn dropped).
-
-    The loaders keep the first user turn in ``prompt``, the original reply in ``meta`` and the human's next
-    turn in ``reference_next_user``; earlier turns, if any, in ``messages``.
-    """
-    out: list[Conversation] = []
-    for it in items:
-        reply = it.meta.get("original_assistant") or it.meta.get("original_reply")
-        nxt = (it.reference_next_user or "").strip()
-        if not reply or not str(reply).strip() or not nxt:
-            continue
-        own = it.meta.get("conversation_id") or it.item_id
-        msgs = [*(it.messages or []), {"role": "user", "content": it.prompt.strip()},
-                {"role": "assistant", "content": str(reply).strip()}]
-        out.append(Conversation(conv_id=f"{source}:{own}", source=source, messages=msgs, next_user=nxt))
-    return out
-
-
-def load_conversations(sources: Sequence[str] = SOURCES, data_path: str | Path | None = None,
-                       limit: int | None = None) -> list[Conversation]:
-    """Conversations from the local conversation datasets (``../shared/data`` or ``$MECHPROBE_DATA_DIR``)."""
-
-    bad = [s for s in sources if s not in SOURCES]
-    if bad:
-        raise UsageError(f"unknown training source(s) {bad}: choose from {', '.join(SOURCES)}")
-    out: list[Conversation] = []
-    for s in sources:
-        try:
-            res = load_dataset(s, path=data_path, limit=limit, source="local")
-        except FileNotFoundError as e:
-            raise MissingInput(str(e)) from e
-        out.extend(conversations_from_items(res.items, s))
-    if not out:
-        raise PostTrainError(f"no conversation with an assistant turn and a next human turn in {list(sources)}")
-    return out
-
-
-
-
-def split_conversations(convs: Sequence[Conversation], held_out_fraction: float = 0.1
-                        ) -> tuple[list[Conversation], list[Conversation]]:
-    """(train, held-out); raises if an id lands on both sides (duplicate ids across rows)."""
-    if not 0.0 <= held_out_fraction < 1.0:
-        raise UsageError(f"held-out fraction must be in [0, 1), got {held_out_fraction}")
-    train = [c for c in convs if split_of(c.conv_id, held_out_fraction) == "train"]
-    held = [c for c in convs if split_of(c.conv_id, held_out_fraction) == "heldout"]
-    assert_disjoint(train, held)
-    return train, held
-
-
-def assert_disjoint(train: Sequence[Conversation], held: Sequence[Conversation]) -> None:
-    both = {c.conv_id for c in train} & {c.conv_id for c in held}
-    if both:
-        raise PostTrainError(f"{len(both)} conversation id(s) in both train and held-out, e.g. {sorted(both)[:3]}")
-
-
-# ---------------------------------------------------------------------------------------------------
-# Loss mask
-
-
-@dataclass(frozen=True)
-class TrainExample:
-    """Token ids of one rendered conversation and its labels (``IGNORE`` outside the trained user turn).
-
-    ``user_span`` is the [start, end) token span whose labels are kept: the user content plus its
-    end-of-turn token.
-    """
-
-    conv_id: str
-    input_ids: list[int]
-    labels: list[int]
-    user_span: tuple[int, int]
-
-
-def build_example(tokenizer: Any, messages: Sequence[dict[str, str]], next_user: str, conv_id: str = "",
-                  system: str | None = None) -> TrainExample:
-    """Render ``messages + [user: next_user]`` and mask everything but the user turn's content and end token.
-
-    Template-agnostic: the content's first character is where :mod:`mechprobe.lm.chat` cuts the probe prompt
-    (render with a sentinel user message), checked against the full rendering; its tokens are the
-    in-context tokens overlapping the content's characters, and the end-of-turn token is the first
-    non-blank token after the content, which must be one of the template's user end-of-turn ids.
-    """
-    content = next_user.strip()
-    if not content:
-        raise PostTrainError(f"{conv_id}: empty next user turn")
-    msgs = list(messages)
-    if system is not None:
-        msgs = [{"role": "system", "content": system}, *msgs]
-    probe = chat.render(tokenizer, [*msgs, {"role": "user", "content": chat.SENTINEL}])
-    if probe.count(chat.SENTINEL) != 1:
-        raise PostTrainError("the chat template rendered the user message more than once")
-    start = probe.index(chat.SENTINEL)
-    full = chat.render(tokenizer, [*msgs, {"role": "user", "content": content}])
-    if full[:start] != probe[:start] or full[start:start + len(content)] != content:
-        raise PostTrainError(f"{conv_id}: the chat template rewrites the user content or the text before it "
-                             "(the loss mask needs the content verbatim after the user-role header)")
-    end = start + len(content)
-    ids, offsets = chat.tokenize_rendered(tokenizer, full)
-    if offsets is None:
-        raise PostTrainError("the loss mask needs a fast tokenizer (character offsets)")
-    inside = [i for i, (s, e) in enumerate(offsets) if e > start and s < end and e > s]
-    if not inside:
-        raise PostTrainError(f"{conv_id}: no token covers the user content")
-    eot_ids = set(chat.user_end_of_turn_ids(tokenizer))
-    after = next((i for i, (s, e) in enumerate(offsets) if s >= end and e > s and full[s:e].strip()), None)
-    if after is None or ids[after] not in eot_ids:
-        raise PostTrainError(f"{conv_id}: no user end-of-turn token after the content (expected one of "
-                             f"{sorted(eot_ids)})")
-    span = (inside[0], after + 1)
-    labels = [IGNORE] * len(ids)
-    labels[span[0]:span[1]] = ids[span[0]:span[1]]
-    return TrainExample(conv_id=conv_id, input_ids=ids, labels=labels, user_span=span)
-
-
-@dataclass
-class BuiltData:
-    examples: list[TrainExample]
-    skipped: dict[str, int]
-
-
-def build_examples(tokenizer: Any, convs: Sequence[Conversation], max_len: int, system: str | None = None
-                   ) -> BuiltData:
-    """Examples that fit ``max_len`` tokens; longer ones are skipped and counted, never truncated
-    (cutting would change what the user turn responds to, or drop its end-of-turn token)."""
-    out: list[TrainExample] = []
-    skipped = {"too_long": 0, "template": 0}
-    for c in convs:
-        try:
-            ex = build_example(tokenizer, c.messages, c.next_user, c.conv_id, system)
-        except PostTrainError:
-            skipped["template"] += 1
-            continue
-        if len(ex.input_ids) > max_len:
-            skipped["too_long"] += 1
-            continue
-        out.append(ex)
-    return BuiltData(out, skipped)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Training
 
 
 @dataclass
@@ -419,68 +265,6 @@ def heldout_loss(pm: Any, examples: Sequence[TrainExample], pad_id: int, batch_s
     return tot / max(1, n)
 
 
-def _rng_state() -> dict[str, Any]:
-    s = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        s["cuda"] = torch.cuda.get_rng_state_all()  # LoRA dropout on a CUDA model draws from the CUDA generators
-    return s
-
-
-def _set_rng_state(s: dict[str, Any]) -> None:
-    torch.set_rng_state(s["torch"])
-    random.setstate(s["python"])
-    np.random.set_state(s["numpy"])
-    if "cuda" in s and torch.cuda.is_available() and len(s["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(s["cuda"])
-
-
-def _adapter_state(pm: Any) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in pm.named_parameters() if v.requires_grad}
-
-
-def save_checkpoint(out: Path, pm: Any, opt: Any, sched: Any, step: int, position: int, keep: int) -> Path:
-    """Write ``checkpoints/step_NNNNNN`` atomically (a temp dir renamed into place) and prune old ones.
-
-    A checkpoint directory exists under its final name only once every file in it is complete, so a
-    kill during the write leaves the previous checkpoint as the latest.
-    """
-    root = out / CKPT_DIR
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step:06d}"
-    tmp = root / f".tmp-step_{step:06d}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    torch.save({"adapter": _adapter_state(pm), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                "rng": _rng_state(), "step": step, "position": position}, tmp / "state.pt")
-    (tmp / "done.json").write_text(json.dumps({"step": step, "position": position}))
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
-def latest_checkpoint(out: Path) -> Path | None:
-    """The newest complete checkpoint (temp dirs of a killed write are ignored)."""
-    root = out / CKPT_DIR
-    if not root.is_dir():
-        return None
-    done = sorted(p for p in root.glob("step_*") if (p / "done.json").exists() and (p / "state.pt").exists())
-    return done[-1] if done else None
-
-
-def _truncate_log(path: Path, last_step: int) -> None:
-    """Keep only log rows up to the checkpoint's step (rows after it are redone on resume), atomically."""
-    if not path.exists():
-        return
-    rows = [r for r in read_jsonl(path, key="step") if int(r["step"]) <= last_step]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, path)
-
-
 @dataclass
 class TrainResult:
     steps_done: int
@@ -548,10 +332,10 @@ def train_lora(model: torch.nn.Module, examples: Sequence[TrainExample], cfg: Tr
                 named[k].copy_(v)
         opt.load_state_dict(st["optimizer"])
         sched.load_state_dict(st["scheduler"])
-        _set_rng_state(st["rng"])
+        set_rng_state(st["rng"])
         step, position, resumed = int(st["step"]), int(st["position"]), int(st["step"])
-        _truncate_log(log_path, step)
-        _truncate_log(ho_path, step)
+        truncate_log(log_path, step)
+        truncate_log(ho_path, step)
     else:
         for p in (log_path, ho_path, plan_path, out / BEST):
             if p.exists():
@@ -568,7 +352,7 @@ def train_lora(model: torch.nn.Module, examples: Sequence[TrainExample], cfg: Tr
             f.write(json.dumps(ho_rows[-1]) + "\n")
         if loss < best:  # written before the checkpoint: a kill in between redoes this step, same numbers
             tmp = out / f".{BEST}.tmp"
-            torch.save({"step": at, "heldout_loss": loss, "adapter": _adapter_state(pm)}, tmp)
+            torch.save({"step": at, "heldout_loss": loss, "adapter": adapter_state(pm)}, tmp)
             os.replace(tmp, out / BEST)
 
     if heldout and not ho_rows:

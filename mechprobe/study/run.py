@@ -117,7 +117,7 @@ class StudyConfig:
     variants: list[str] = field(default_factory=lambda: list(VARIANTS))
     max_assistant_tokens: int | None = None
     max_user_tokens: int | None = None
-    batch_size: int | None = None  # None = auto (pipeline._rows)
+    batch_size: int | None = None  # None = auto (turns.engines.rows_per_call)
     data_path: str | None = None
     report_dir: str = "reports/study"
     figures_dir: str = "figures"

@@ -1,6 +1,8 @@
 """The user-turn probe: the assistant answers, then the model writes the next *user* turn.
 
 :mod:`.pipeline` (answers, then user turns after the model's own user-role header, resumable JSONL) ·
+:mod:`.config` (``ProbeConfig``) · :mod:`.engines` (HF, vLLM, llama.cpp) · :mod:`.run_files` (a run's files,
+``load_run``, ``summarize_run``) ·
 :mod:`.datasets` (GSM8K, MT-Bench, IFEval, ... from ``shared/data`` or HF ``datasets``) · :mod:`.perturb`
 (answer perturbations) · :mod:`.scoring` (task accuracy) · :mod:`.stock_turns` (fixed user turns for steering
 checks).

@@ -21,16 +21,12 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
 from tqdm.auto import tqdm
 
-from mechprobe.audit.rates import audit_truth, rate_columns
-from mechprobe.audit.rates import cells as rate_cells
-from mechprobe.audit.rates import headers as rate_headers
 from mechprobe.errors import MissingInput, UsageError, UserError
 from mechprobe.io import (
     JsonlStore,
@@ -43,132 +39,29 @@ from mechprobe.io import (
     writer_lock,
 )
 from mechprobe.lm import chat
-from mechprobe.lm.generation import auto_batch_size, batches_by_length, decode, generate
+from mechprobe.lm.generation import batches_by_length, decode
 from mechprobe.lm.kv import reuse_problem
-from mechprobe.lm.llamacpp import load_engine
-from mechprobe.lm.models import LoadedModel, load_model, load_tokenizer, weight_identity
+from mechprobe.lm.models import LoadedModel
 from mechprobe.lm.prefix import PrefixStore
-from mechprobe.lm.registry import DEFAULT_MODEL
-from mechprobe.lm.vllm import generate_vllm, load_vllm
 from mechprobe.records import (
     AssistantRecord,
     Item,
     UserTurnRecord,
     make_record_id,
-    truncated_item_ids,
-    truncation_note,
 )
-from mechprobe.taxonomy import GENUINE, LABELS
+from mechprobe.turns.config import ENGINES, ProbeConfig, default_run_dir
 from mechprobe.turns.datasets import load_dataset
+from mechprobe.turns.engines import context_length, decode_rows, load_generator, rows_per_call
 from mechprobe.turns.perturb import check_variants, variant_prompt, variant_records
+from mechprobe.turns.run_files import ASSISTANT, SKIPPED, USER_TURNS, load_run, summarize_run
 from mechprobe.turns.scoring import score
 
+# The config, engine and run-file names are re-exported: callers and tests use them as ``pipeline.X``.
+__all__ = ["ASSISTANT", "ENGINES", "SKIPPED", "USER_TURNS", "VARIANTS_DIR", "ProbeConfig", "assistant_answers",
+           "context_length", "decoding_plan", "default_run_dir", "load_generator", "load_items", "load_run",
+           "row_seed", "run_probe", "run_variant", "summarize_run", "variant_dir"]
+
 log = logging.getLogger(__name__)
-
-ASSISTANT = "assistant.jsonl"
-USER_TURNS = "user_turns.jsonl"
-SKIPPED = "skipped_rows.jsonl"
-
-
-ENGINES = ("hf", "vllm", "llamacpp")
-
-
-@dataclass
-class ProbeConfig:
-    """Everything that determines a probe run's outputs (and goes into its manifest).
-
-    :meth:`identity` (all fields but ``limit``, ``batch_size``, ``device``, ``data_path``) must match to
-    extend an existing run; :meth:`validate` refuses bad values before anything is loaded.
-
-    Args:
-        model: model to probe (embedded name, HF directory, ``.gguf`` or hub id); default the embedded
-            SmolLM2-135M-Instruct.
-        dataset: dataset name (:func:`~mechprobe.turns.datasets.load_dataset`); default ``"builtin"``.
-        data_path: local file or folder for the dataset; None (default) = the usual search.
-        limit: first this many items (>= 1); None = all; default 50.
-        temperatures: user-turn decodings; 0 = one greedy turn, each ``T > 0`` = ``samples`` sampled turns
-            (default ``[0.0, 1.0]``).
-        samples: sampled turns per temperature > 0 (default 3).
-        max_assistant_tokens: token cap of the assistant answer (default 256; capped answers are marked
-            ``max_tokens`` and left out of headline rates).
-        max_user_tokens: token cap of the generated user turn (default 64).
-        seed: base seed; each sampled row's seed is derived from it and the record id (default 0).
-        system: system prompt; None (default) keeps the chat template's default.
-        chat_template: Jinja template string or file replacing the tokenizer's; None (default) = its own.
-        batch_size: rows per decode call; None (default) = automatic (fits half the free memory, <= 64).
-        device: ``"cpu"``/``"cuda"``; None (default) = CUDA when visible.
-        dtype: model dtype name; None (default) = bf16 on CUDA, fp32 on CPU.
-        engine: ``"hf"`` (default: exact and hookable), ``"vllm"`` (GPU) or ``"llamacpp"`` (CPU, GGUF).
-
-    Example:
-        >>> from mechprobe import ProbeConfig
-        >>> cfg = ProbeConfig(dataset="gsm8k", limit=10, temperatures=[0.0])
-        >>> cfg.validate()
-        >>> "limit" in cfg.identity(), cfg.identity()["dataset"]
-        (False, 'gsm8k')
-        >>> ProbeConfig(temperatures=[-1.0]).validate()
-        Traceback (most recent call last):
-        ...
-        mechprobe.errors.UserError: invalid probe configuration: temperature -1.0 must be a finite number >= 0 (0 = greedy)
-    """
-
-    model: str = DEFAULT_MODEL
-    dataset: str = "builtin"
-    data_path: str | None = None
-    limit: int | None = 50
-    temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
-    samples: int = 3
-    max_assistant_tokens: int = 256
-    max_user_tokens: int = 64
-    seed: int = 0
-    system: str | None = None
-    chat_template: str | None = None
-    batch_size: int | None = None  # None = auto: as many rows as fit in half the free memory (<= 64)
-    device: str | None = None
-    dtype: str | None = None
-    engine: str = "hf"  # "hf" (exact, hookable) | "vllm" (GPU sampling) | "llamacpp" (CPU, GGUF weights)
-
-    def identity(self) -> dict[str, Any]:
-        """What must match to extend an existing run (limit, batch size and device may change)."""
-        d = asdict(self)
-        for k in ("limit", "batch_size", "device", "data_path"):
-            d.pop(k)
-        return d
-
-    def validate(self) -> None:
-        """Refuse values that would run but give wrong or empty data (NaN temperatures, negative counts).
-
-        Called before anything is loaded or written; one :class:`UserError` lists every problem.
-        """
-        bad: list[str] = []
-        temps = list(self.temperatures or [])
-        if not temps:
-            bad.append("no temperatures: pass temperatures=0 (greedy) and/or values > 0")
-        for t in temps:
-            if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
-                bad.append(f"temperature {t!r} must be a finite number >= 0 (0 = greedy)")
-        finite_t = [float(t) for t in temps if isinstance(t, int | float) and math.isfinite(t)]
-        dup = sorted({t for t in finite_t if finite_t.count(t) > 1})
-        if dup:
-            bad.append(f"temperature(s) {dup} given more than once")
-        if not isinstance(self.samples, int) or self.samples < 0:
-            bad.append(f"samples must be an integer >= 0, got {self.samples!r}")
-        elif self.samples == 0 and any(t > 0 for t in finite_t):
-            bad.append("samples is 0 but a temperature > 0 was given: pass samples= >= 1, or temperatures=0 "
-                       "for greedy only")
-        if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
-            bad.append(f"limit must be >= 1 (or None for every row; 0 on the command line), got {self.limit!r}")
-        for name in ("max_assistant_tokens", "max_user_tokens", "batch_size"):
-            v = getattr(self, name)
-            if name == "batch_size" and v is None:
-                continue
-            if not isinstance(v, int) or v < 1:
-                bad.append(f"{name} must be an integer >= 1, got {v!r}")
-        if self.engine not in ENGINES:
-            bad.append(f"unknown engine {self.engine!r}: use {', '.join(ENGINES)}")
-        if bad:
-            raise UserError("invalid probe configuration: " + "; ".join(bad))
-
 
 def row_seed(base_seed: int, record_id: str) -> int:
     """A per-row seed derived from the record id, so any row can be regenerated alone."""
@@ -206,15 +99,6 @@ def load_items(cfg: ProbeConfig) -> tuple[list[Item], dict[str, Any]]:
 
 def _score(item: Item, response: str) -> tuple[float | None, str | None]:
     return score(item.dataset, response, item.gold, item.meta)
-
-
-def context_length(lm: LoadedModel) -> int | None:
-    """Positions the model was trained for (None when unknown, e.g. a vLLM engine without HF weights)."""
-    n = getattr(getattr(lm.model, "config", None), "max_position_embeddings", None)
-    if isinstance(n, int) and n > 0:
-        return n
-    n = getattr(lm.tokenizer, "model_max_length", None)
-    return n if isinstance(n, int) and 0 < n < 10**7 else None
 
 
 def _check_items_match_run(out: Path, items: list[Item]) -> None:
@@ -380,58 +264,6 @@ def _add_timing(old: dict[str, Any] | None, **new: float) -> dict[str, Any]:
     return out
 
 
-def load_generator(cfg: ProbeConfig) -> tuple[LoadedModel, Any]:
-    """(model, engine) for ``cfg.engine``: engine None means the HF path generates with ``model``."""
-    if cfg.engine == "vllm":
-        return _load_vllm_engine(cfg)
-    if cfg.engine == "llamacpp":
-        return load_engine(cfg.model, chat_template=cfg.chat_template)
-    return load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, chat_template=cfg.chat_template), None
-
-
-def _load_vllm_engine(cfg: ProbeConfig) -> tuple[LoadedModel, Any]:
-    """vLLM engine + tokenizer; the HF weights are not loaded (they would double GPU memory).
-
-    The run's identity (name, weight hash, tokenizer with pad token, template) comes from the same
-    functions :func:`~mechprobe.lm.models.load_model` uses, so ``mechprobe cache`` (HF engine) accepts the run.
-    """
-    tok = load_tokenizer(cfg.model, cfg.chat_template)
-    engine = load_vllm(cfg.model)
-    name, weight_hash = weight_identity(cfg.model)  # after vLLM fetched the weights into the HF cache
-    lm = LoadedModel(model=None, tokenizer=tok, name=name, weight_hash=weight_hash,
-                     device=torch.device("cuda"), dtype=torch.bfloat16)
-    return lm, engine
-
-
-def _rows(cfg: ProbeConfig, engine: Any, lm: LoadedModel | None = None, prompt_len: int = 0,
-          max_new: int = 0) -> int:
-    """Rows per decode call: the engine's own size when it has one (llama.cpp decodes 32 rows together by
-    default, where ``--batch-size 8`` would leave most of its speed-up unused), else ``--batch-size``, else
-    (``auto``, the default) as many as fit in memory for the longest prompt (:func:`auto_batch_size`)."""
-    n = getattr(engine, "max_rows", 0) or cfg.batch_size
-    if n:
-        return int(n)
-    if lm is None or lm.model is None:
-        return 8
-    n = auto_batch_size(lm.model, prompt_len, max_new)
-    log.info("batch_size=auto: %d rows per decode call (prompts up to %d tokens + %d new)", n, prompt_len, max_new)
-    return n
-
-
-def _decode_batch(lm: LoadedModel, engine: Any, prompts: list[list[int]], *, kv_store: PrefixStore | None = None,
-                  reuse: bool = False, **kw: Any) -> list[Any]:
-    """Decode with the run's engine; on the HF path, ``kv_store`` receives the rows' KV caches (answers) or,
-    with ``reuse``, supplies the prefixes the prompts continue from (user turns)."""
-    if hasattr(engine, "decode_batch"):  # llamacpp_backend.LlamaCppEngine
-        return engine.decode_batch(prompts, **kw)
-    if engine is not None:
-        kw.pop("pad_id", None)
-        return generate_vllm(engine, prompts, **kw)
-    if kv_store is not None:
-        kw["prefix_store" if reuse else "keep_kv"] = kv_store
-    return generate(lm.model, prompts, **kw)
-
-
 def _too_long(skipped: JsonlStore, item_id: str, stage: str, n_prompt: int, max_new: int,
               ctx: int | None) -> bool:
     """True (and recorded once in ``skipped_rows.jsonl``) when prompt + token budget exceed the context.
@@ -474,9 +306,9 @@ def _assistant_stage(cfg: ProbeConfig, lm: LoadedModel, jobs: list[tuple[Item, l
     prompts = [p for _, p in todo]
     stops = chat.assistant_stop_token_ids(tok, lm.model)
     bar = tqdm(total=len(todo), desc="assistant turns", disable=not progress, unit="item")
-    rows = _rows(cfg, engine, lm, max(len(p) for p in prompts), cfg.max_assistant_tokens)
+    rows = rows_per_call(cfg, engine, lm, max(len(p) for p in prompts), cfg.max_assistant_tokens)
     for batch in batches_by_length([len(p) for p in prompts], rows):
-        gens = _decode_batch(lm, engine, [prompts[i] for i in batch], stop_ids=stops,
+        gens = decode_rows(lm, engine, [prompts[i] for i in batch], stop_ids=stops,
                              max_new_tokens=cfg.max_assistant_tokens, temperatures=0.0, pad_id=tok.pad_token_id,
                              kv_store=after_batch.store if after_batch is not None else None)
         for i, g in zip(batch, gens):
@@ -539,11 +371,11 @@ def _user_stage(cfg: ProbeConfig, lm: LoadedModel, wanted: set[str], plan: list[
     if not jobs:
         return 0
     bar = tqdm(total=len(jobs), desc="user turns", disable=not progress, unit="turn")
-    rows = _rows(cfg, engine, lm, max(len(j[1].input_ids) for j in jobs), cfg.max_user_tokens)
+    rows = rows_per_call(cfg, engine, lm, max(len(j[1].input_ids) for j in jobs), cfg.max_user_tokens)
     for batch in batches_by_length([len(j[1].input_ids) for j in jobs], rows):
         sel = [jobs[i] for i in batch]
         seeds = [row_seed(cfg.seed, j[5]) if j[3] > 0 else None for j in sel]
-        gens = _decode_batch(lm, engine, [j[1].input_ids for j in sel], stop_ids=stops,
+        gens = decode_rows(lm, engine, [j[1].input_ids for j in sel], stop_ids=stops,
                              max_new_tokens=cfg.max_user_tokens, temperatures=[j[3] for j in sel], seeds=seeds,
                              pad_id=tok.pad_token_id, kv_store=prefix_store, reuse=True)
         for (a, pp, decoding, temp, k, rid), seed, g in zip(sel, seeds, gens):
@@ -620,74 +452,3 @@ def run_variant(cfg: ProbeConfig, run: str | Path, variant: str, plan: list[tupl
     return out
 
 
-def load_run(run_dir: str | Path) -> tuple[list[AssistantRecord], list[UserTurnRecord]]:
-    """Read a probe run's records (for notebooks and later stages).
-
-    Args:
-        run_dir: a probe run directory.
-
-    Returns:
-        ``(assistants, user_turns)``: ``list[AssistantRecord]`` (one per item, ``assistant.jsonl`` order) and
-        ``list[UserTurnRecord]`` (``user_turns.jsonl`` order, the row order of the activation cache).
-
-    Raises:
-        MissingInput: ``run_dir`` has no ``user_turns.jsonl``.
-
-    Example:
-        >>> from mechprobe import load_run
-        >>> answers, turns = load_run("runs/smol-gsm8k")                  # doctest: +SKIP
-        >>> turns[0].record_id                                           # doctest: +SKIP
-        'gsm8k-0000|greedy|s0'
-    """
-    run_dir = Path(run_dir)
-    if not (run_dir / USER_TURNS).exists():
-        raise MissingInput(f"{run_dir} has no {USER_TURNS}: run `mechprobe probe {run_dir}`")
-    a = [AssistantRecord.from_dict(r) for r in read_jsonl(run_dir / ASSISTANT, key="item_id")]
-    u = [UserTurnRecord.from_dict(r) for r in read_jsonl(run_dir / USER_TURNS, key="record_id")]
-    return a, u
-
-
-def summarize_run(run_dir: str | Path, include_truncated: bool = False, labels_file: str = "labels.jsonl") -> str:
-    """A short markdown summary: task accuracy, truncated answers, end-of-turn share per decoding and, once the
-    run is judged, the follow-up rate per decoding (judge only, and corrected where the run has audit labels).
-
-    User turns after a truncated answer (the answer hit ``max_assistant_tokens``) are left out of the
-    follow-up rates unless ``include_truncated``; the line ``k of n answers truncated, excluded`` says so.
-    """
-    run_dir = Path(run_dir)
-    a, u = load_run(run_dir)
-    scored = [r.score for r in a if r.score is not None]
-    cut = truncated_item_ids(a)
-    lines = [f"items: {len(a)}; task accuracy: "
-             + (f"{sum(scored) / len(scored):.1%} of {len(scored)} scored" if scored else "unscored")
-             + f"; {truncation_note(len(cut), len(a), include_truncated)}", "",
-             "| decoding | T | n | ends with end-of-turn | max tokens |", "|---|---|---|---|---|"]
-    groups: dict[tuple[str, float], list[UserTurnRecord]] = {}
-    for r in u:
-        groups.setdefault((r.decoding, r.temperature), []).append(r)
-    for (d, t), rs in sorted(groups.items(), key=lambda kv: kv[0][1]):
-        eot = sum(r.stop_reason == "end_of_turn" for r in rs) / len(rs)
-        mx = sum(r.stop_reason == "max_tokens" for r in rs) / len(rs)
-        lines.append(f"| {d} | {t:g} | {len(rs)} | {eot:.1%} | {mx:.1%} |")
-    labels_p = run_dir / labels_file
-    if not labels_p.exists():
-        return "\n".join(lines)
-    labels = {r["record_id"]: r.get("label") for r in read_jsonl(labels_p, key="record_id")}
-    audit = audit_truth(run_dir) if labels_file == "labels.jsonl" else None
-    note = truncation_note(len(cut), len(a), include_truncated)
-    head = ["decoding", "T", "judged turns", *rate_headers("follow-up", audit is not None)]
-    lines += ["", f"Follow-up rate ({note}"
-              + (f"; corrected by the audit {audit.sample_id}, labellers {', '.join(audit.labellers)}" if audit
-                 else "; no audit labels: judge only") + ")", "",
-              "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    for (d, t), rs in sorted(groups.items(), key=lambda kv: kv[0][1]):
-        judged = {r.record_id: int(labels[r.record_id] == GENUINE) for r in rs
-                  if labels.get(r.record_id) in LABELS and (include_truncated or r.item_id not in cut)}
-        lines.append(f"| {d} | {t:g} | {len(judged)} | " + " | ".join(rate_cells(*rate_columns(judged, audit)))
-                     + " |")
-    return "\n".join(lines)
-
-
-def default_run_dir(cfg: ProbeConfig) -> Path:
-    model = Path(cfg.model).name.replace(".gguf", "")
-    return Path("runs") / f"{model}-{cfg.dataset}"

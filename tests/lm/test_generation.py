@@ -223,13 +223,15 @@ def test_batch_size_argument_accepts_auto_and_refuses_nonsense():
 
 def test_auto_batch_size_gives_the_same_tokens_as_fixed_batches(tmp_path):
     """The pipeline's auto rows decode the same turns as batch 1 (batched == unbatched, tiny model)."""
-    from mechprobe.turns import pipeline
+    from mechprobe.lm.models import LoadedModel
+    from mechprobe.turns.config import ProbeConfig
+    from mechprobe.turns.engines import rows_per_call
 
     model = tiny_model("llama")
     prompts = [[1, 5, 9, 2], [3, 4], [7, 7, 7, 7, 7, 1], [2, 8, 6]]
-    rows = pipeline._rows(pipeline.ProbeConfig(model="m", batch_size=None), None,
-                          pipeline.LoadedModel(model=model, tokenizer=None, name="tiny", weight_hash="x",
-                                               device=torch.device("cpu"), dtype=torch.float32), 6, 5)
+    rows = rows_per_call(ProbeConfig(model="m", batch_size=None), None,
+                         LoadedModel(model=model, tokenizer=None, name="tiny", weight_hash="x",
+                                     device=torch.device("cpu"), dtype=torch.float32), 6, 5)
     assert rows >= 4
     together = generate(model, prompts[:rows], stop_ids={}, max_new_tokens=5, pad_id=0)
     alone = [generate(model, [p], stop_ids={}, max_new_tokens=5, pad_id=0)[0] for p in prompts]
