@@ -253,4 +253,4 @@ def truncated_item_ids(assistants: Iterable[AssistantRecord | dict[str, Any]]) -
 
 def truncation_note(k: int, n: int, included: bool) -> str:
     """``"2 of 40 answers truncated, excluded"`` (or ``included``), the line every summary prints."""
-    return f"{k} of {n} answers truncated, " + ("included (--include-truncated)" if included else "excluded")
+    return f"{k} of {n} answers truncated, " + ("included (include_truncated=True)" if included else "excluded")

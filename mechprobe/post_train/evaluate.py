@@ -121,7 +121,7 @@ def _steer_result(a: Any, out: Path, judge: str, notes: list[str]) -> Path | Non
         if (run / "steering" / "results.json").exists():
             return run / "steering" / "results.json"
     if a.no_steer:
-        notes.append("baked steering arm skipped (--no-steer)")
+        notes.append("baked steering arm skipped (no_steer=True)")
         return None
     run = out / f"steer-{STEER_DATASET}"
     if getattr(a, "include_truncated", False):
@@ -141,7 +141,7 @@ def _bake_arm(a: Any, out: Path, base_weight_hash: str, notes: list[str], judge:
     steer_run = res_p.parent.parent
     if not res_p.exists():
         notes.append(f"baked steering arm skipped: no steering result for the base model at {res_p} "
-                     f"(run `python experiments/steer.py --run {steer_run}` first)")
+                     f"(run the steer command on {steer_run} first)")
         return None
     res = read_json(res_p)
     layer = int(res["layer"])

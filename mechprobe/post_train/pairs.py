@@ -270,8 +270,9 @@ def judge_error_on_pairs(pairs: Sequence[Pair], audit: AuditTruth | None) -> dic
         False
     """
     if audit is None:
-        return {"audited": False, "note": "no audit of the pairs run: `mechprobe audit RUN --n 80 --by decoding` (or every turn), label "
-                                          "the sheet, `mechprobe audit RUN --labels ...`, then re-run to fill this"}
+        return {"audited": False, "note": "no audit of the pairs run: audit it (the audit command with n=80, by=decoding, or "
+                                          "every turn), label the sheet, import the labels (labels=...), then re-run "
+                                          "to fill this"}
     t = audit.truth
     chosen = [t[p.chosen_id] for p in pairs if p.chosen_id in t]
     rejected = [t[p.rejected_id] for p in pairs if p.rejected_id in t]

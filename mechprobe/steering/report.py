@@ -35,7 +35,7 @@ def select_md(sel: dict, unit: str, judge_name: str) -> str:
         by_layer.setdefault((r["layer"], r["broke_at"]), []).append(r["alpha"])
     if by_layer:
         lines += ["", "Not run (degeneration past the cap at a smaller alpha on the same layer; "
-                      "`--sweep-past-break` runs them): "
+                      "`sweep_past_break=True` runs them): "
                   + "; ".join(f"layer {la} alpha {', '.join(f'{x:g}' for x in xs)} (broke at {b:g})"
                               for (la, b), xs in by_layer.items())]
     return "\n".join(lines) + "\n"

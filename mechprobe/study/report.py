@@ -100,7 +100,7 @@ def truncation_line(data: StudyData) -> str:
     if data.include_truncated:
         return line + ": their user turns count in every rate."
     return line + (f": the {sum(r.n_truncated_turns for r in runs)} user turns after them are left out of every "
-                   "rate and test (`--include-truncated` keeps them).")
+                   "rate and test (`include_truncated=True` keeps them).")
 
 
 def _header(data: StudyData) -> list[str]:
@@ -109,8 +109,8 @@ def _header(data: StudyData) -> list[str]:
     jtxt = ", ".join(f"`{j}`" for j in judges) or "none yet"
     plan = data.plan
     L = [f"# Study: interaction awareness across the embedded models ({plan.get('profile', '?')} profile)", "",
-         "Regenerate: `python experiments/study.py --report-only"
-         + (" --quick" if plan.get("profile") == "quick" else "") + "` (a pure function of the runs under "
+         "Regenerate: the study command in report-only mode"
+         + (", quick profile" if plan.get("profile") == "quick" else "") + " (a pure function of the runs under "
          f"`{plan.get('root', data.root)}`). Every rate below is the share of judged user turns labelled "
          f"`genuine_followup` by the judge **{jtxt}** (judge spec `{plan.get('judge', '?')}`, labels file "
          f"`{data.labels_file}`), with 95% Wilson CIs unless stated.", ""]

@@ -295,16 +295,16 @@ def test_script_builds_every_stage_from_nothing(tmp_path):
 
 
 def test_too_few_positives_suggests_what_helps_not_fewer_folds():
-    """Fewer folds cannot fix too few positive rows: the hint names --limit (and more samples) only; where the
+    """Fewer folds cannot fix too few positive rows: the hint names limit= (and more samples) only; where the
     fold count is what failed (positive items < folds), it names the fold count that fits."""
     groups = np.repeat([f"i{k}" for k in range(12)], 3)
     y = np.zeros(len(groups), int)
     y[:3] = 1  # 3 positive rows from one item: below min_pos whatever the folds
     with pytest.raises(InsufficientPositives) as e:
         make_folds(y, groups, n_splits=3)
-    assert "--folds" not in str(e.value) and "--limit 24" in str(e.value) and "--samples" in str(e.value)
+    assert "folds=" not in str(e.value) and "limit=24" in str(e.value) and "samples=" in str(e.value)
     y[:9] = 1  # 9 positive rows from 3 items: enough rows, too few positive items for 5 folds
-    with pytest.raises(InsufficientPositives, match=r"fewer folds \(--folds 3\)"):
+    with pytest.raises(InsufficientPositives, match=r"fewer folds \(folds=3\)"):
         make_folds(y, groups, n_splits=5)
 
 

@@ -41,7 +41,7 @@ def test_propensity_script_on_tiny_real_run(smol, tmp_path):
             "--n-boot", "50", "--figures", str(figs)]
     p = _py(*args, "--target", "propensity")
     assert p.returncode in (0, 3), p.stdout + p.stderr
-    assert "target: propensity (asked for with --target)" in p.stdout
+    assert "target: propensity (asked for with target=propensity)" in p.stdout
     assert read_json(run / "activations" / "manifest.json")["timing"]["forward_prompts"] == 4
     assert read_json(run / "labels_manifest.json")["timing"]["rows"] == 36
 

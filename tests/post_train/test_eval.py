@@ -115,7 +115,7 @@ def test_steer_result_resolution(tmp_path, monkeypatch):
     assert ev._steer_result(_args(steer_run="elsewhere"), out, "offline", notes) == \
         Path("elsewhere") / "steering" / "results.json"
     assert ev._steer_result(_args(no_steer=True), out, "offline", notes) is None
-    assert notes == ["baked steering arm skipped (--no-steer)"] and not built
+    assert notes == ["baked steering arm skipped (no_steer=True)"] and not built
     res = ev._steer_result(_args(), out, "offline", notes)
     assert built == [out / "steer-gsm8k"] and res == out / "steer-gsm8k" / "steering" / "results.json"
     res.parent.mkdir(parents=True)

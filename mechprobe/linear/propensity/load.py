@@ -30,7 +30,7 @@ def choose_target(requested: str | None, samples: int, temperatures: Sequence[fl
                   ) -> tuple[str, str]:
     """(``propensity`` | ``turn``, why). ``auto`` picks propensity when the run has >= 8 samples at ``temperature``."""
     if requested in ("propensity", "turn"):
-        return requested, "asked for with --target"
+        return requested, f"asked for with target={requested}"
     if requested not in (None, "auto"):
         raise UsageError(f"target={requested!r}: must be propensity, turn or auto")
     at_t = samples if any(math.isclose(float(t), temperature, abs_tol=1e-9) for t in temperatures) else 0
@@ -38,7 +38,7 @@ def choose_target(requested: str | None, samples: int, temperatures: Sequence[fl
         return "propensity", (f"the run has {at_t} samples per item at T = {temperature:g} (>= {AUTO_MIN_SAMPLES}), "
                               "so the item-level propensity is the primary target")
     return "turn", (f"the run has {at_t} samples per item at T = {temperature:g} (< {AUTO_MIN_SAMPLES} needed for a "
-                    "usable propensity); probe with --samples 8 or pass --target propensity")
+                    "usable propensity); probe with samples=8 or pass target=propensity")
 
 
 def one_row_per_item(rows: np.ndarray, row_keys: Sequence[str], keys: Sequence[str],
