@@ -43,12 +43,7 @@ from mechprobe.lm.generation import batches_by_length, decode
 from mechprobe.lm.kv import reuse_problem
 from mechprobe.lm.models import LoadedModel
 from mechprobe.lm.prefix import PrefixStore
-from mechprobe.records import (
-    AssistantRecord,
-    Item,
-    UserTurnRecord,
-    make_record_id,
-)
+from mechprobe.records import AssistantRecord, Item, UserTurnRecord, make_record_id
 from mechprobe.turns.config import ENGINES, ProbeConfig, default_run_dir
 from mechprobe.turns.datasets import load_dataset
 from mechprobe.turns.engines import context_length, decode_rows, load_generator, rows_per_call

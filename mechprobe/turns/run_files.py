@@ -8,15 +8,8 @@ from mechprobe.audit.rates import audit_truth, rate_columns
 from mechprobe.audit.rates import cells as rate_cells
 from mechprobe.audit.rates import headers as rate_headers
 from mechprobe.errors import MissingInput
-from mechprobe.io import (
-    read_jsonl,
-)
-from mechprobe.records import (
-    AssistantRecord,
-    UserTurnRecord,
-    truncated_item_ids,
-    truncation_note,
-)
+from mechprobe.io import read_jsonl
+from mechprobe.records import AssistantRecord, UserTurnRecord, truncated_item_ids, truncation_note
 from mechprobe.taxonomy import GENUINE, LABELS
 
 __all__ = ["ASSISTANT", "SKIPPED", "USER_TURNS", "load_run", "summarize_run"]
