@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mechprobe.audit.arms import read_sheet_labels
 from mechprobe.errors import UsageError, UserError
 from mechprobe.study.interventions import (
     Study,
@@ -24,7 +25,7 @@ from mechprobe.study.interventions import (
     study_table,
     used_item_ids,
 )
-from mechprobe.study.interventions.sheets import read_sheet_labels, write_sheet
+from mechprobe.study.interventions.sheets import write_sheet
 from tests.conftest import REPO, requires_smollm2
 
 PLAN = REPO / "studies" / "interventions" / "plan.json"

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from mechprobe.audit.arms import read_sheet_labels, study_table, table_markdown, verdict
 from mechprobe.errors import MissingInput, UsageError, UserError
 from mechprobe.io import JsonlStore, output_dir_lock, read_json, read_jsonl, sha256_file, write_json
 from mechprobe.judges.base import JudgeInput
@@ -40,7 +41,6 @@ from mechprobe.lm.registry import EMBEDDED, embedded_gguf_path
 from mechprobe.records import AssistantRecord
 from mechprobe.steering.evaluate import is_degenerate
 from mechprobe.steering.vector import SteeringVector, random_like
-from mechprobe.study.interventions.analysis import study_table, table_markdown
 from mechprobe.study.interventions.generate import (
     STIMULUS_KINDS,
     boundary_norms,
@@ -50,7 +50,7 @@ from mechprobe.study.interventions.generate import (
 )
 from mechprobe.study.interventions.ledger import Ledger
 from mechprobe.study.interventions.plan import Plan, load_plan
-from mechprobe.study.interventions.sheets import read_sheet_labels, write_sheet
+from mechprobe.study.interventions.sheets import write_sheet
 from mechprobe.turns.datasets import load_dataset
 from mechprobe.turns.pipeline import ProbeConfig, assistant_answers
 
@@ -425,7 +425,7 @@ class Study:
         return outs
 
     def table(self) -> dict[str, Any]:
-        """The held-out table (:func:`~mechprobe.study.interventions.analysis.study_table`), written as
+        """The held-out table (:func:`~mechprobe.audit.arms.study_table`), written as
         ``table.json`` and ``table.md``; needs both labellers' files complete."""
         d = self.root / "heldout"
         k = read_json(d / "sheet.key.json")
@@ -443,6 +443,7 @@ class Study:
                 judges[spec] = {r["record_id"]: bool(r["genuine"]) for r in read_jsonl(f)}
         tab = study_table(k["rows"], labs, [a.name for a in self.plan.arms], judges=judges or None)
         tab["labellers"] = [f.stem for f in files]
+        tab["verdict"] = verdict(tab)
         write_json(self.root / "table.json", tab)
         note = ("Judges beside the labels: " + ", ".join(f"`{j}`" for j in judges) + ".") if judges else ""
         (self.root / "table.md").write_text(table_markdown(tab, self.plan.model, note), encoding="utf-8")
