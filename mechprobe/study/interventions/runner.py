@@ -20,6 +20,7 @@ wall time and the sha256 of its outputs, so its files can be committed as soon a
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -86,6 +87,50 @@ class Study:
         self.ledger = Ledger.open(self.root, plan)
         self._lm: LoadedModel | None = None
         self._store: PrefixStore | None = None
+        if plan.train.get("reuse_from"):
+            self._reuse_train()
+
+    # The plan fields a train-side output depends on: equal in both plans, the outputs are this plan's own.
+    _TRAIN_FIELDS = ("model", "seed", "conversations", "train", "selection")
+    _TRAIN_STEPS = ("train_answers", "train_stimuli", "train_turns", "train_sheet")
+
+    def _reuse_train(self) -> None:
+        """Take the train side (conversations, stimuli, turns, sheets, labels) from the earlier plan named in
+        ``train.reuse_from``: a plan that changes only the held-out side (e.g. more held-out candidates) need not
+        generate or label its train items again. Refused unless every field the train outputs depend on is equal
+        and the earlier outputs still match their ledger's hashes; the copies are recorded with the same hashes."""
+        src = self.plan.train["reuse_from"]
+        other = load_plan(Path(self.plan.path).parent / src["plan"])
+        mine = {k: v for k, v in self.plan.raw.items() if k in self._TRAIN_FIELDS}
+        theirs = {k: v for k, v in other.raw.items() if k in self._TRAIN_FIELDS}
+        mine["train"] = {k: v for k, v in mine["train"].items() if k != "reuse_from"}
+        mine["items"], theirs["items"] = self.plan.raw["items"]["train"], other.raw["items"]["train"]
+        diff = sorted(k for k in mine if mine[k] != theirs.get(k))
+        if other.name != src["name"] or diff:
+            raise UserError(f"train.reuse_from {src['name']!r}: that plan differs in {', '.join(diff) or 'name'}; "
+                            f"its train outputs are not this plan's")
+        src_root = self.root.parent / other.name
+        theirs_ledger = Ledger.open(src_root, other)
+        bad = theirs_ledger.verify()
+        if bad:
+            raise UserError(f"{src_root}: {', '.join(bad[:3])} no longer match(es) its ledger; restore them first")
+        for step in self._TRAIN_STEPS:
+            rec = theirs_ledger.steps.get(step)
+            if rec is None or self.ledger.done(step):
+                continue
+            for rel in rec.outputs:
+                (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src_root / rel, self.root / rel)
+            self.ledger.record(step, 0.0, [self.root / rel for rel in rec.outputs],
+                               {"reused_from": other.name, "source_seconds": rec.seconds, "source_cpu": rec.cpu,
+                                "source_finished": rec.finished})
+        # the external train labels and what the labellers and the author saw: copied as they are
+        for rel in ("train/labels", "train/author_instructions.md", "codebook_as_labelled.md"):
+            a, b = src_root / rel, self.root / rel
+            if a.is_dir() and not b.exists():
+                shutil.copytree(a, b)
+            elif a.is_file() and not b.exists():
+                shutil.copyfile(a, b)
 
     # ------------------------------------------------------------------ helpers
     @property
