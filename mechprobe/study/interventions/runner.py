@@ -88,33 +88,47 @@ class Study:
         self._lm: LoadedModel | None = None
         self._store: PrefixStore | None = None
         if plan.train.get("reuse_from"):
-            self._reuse_train()
+            self._reuse(plan.train["reuse_from"], self._TRAIN_STEPS, self._TRAIN_FIELDS)
+        if plan.raw.get("reuse"):
+            self._reuse(plan.raw["reuse"], tuple(plan.raw["reuse"]["steps"]), None)
 
     # The plan fields a train-side output depends on: equal in both plans, the outputs are this plan's own.
     _TRAIN_FIELDS = ("model", "seed", "conversations", "train", "selection")
     _TRAIN_STEPS = ("train_answers", "train_stimuli", "train_turns", "train_sheet")
+    # What a plan may change and still reuse an earlier plan's steps (``reuse``): its name and its story only.
+    _META_FIELDS = ("name", "written", "reason", "supersedes", "cost", "reuse")
 
-    def _reuse_train(self) -> None:
-        """Take the train side (conversations, stimuli, turns, sheets, labels) from the earlier plan named in
-        ``train.reuse_from``: a plan that changes only the held-out side (e.g. more held-out candidates) need not
-        generate or label its train items again. Refused unless every field the train outputs depend on is equal
-        and the earlier outputs still match their ledger's hashes; the copies are recorded with the same hashes."""
-        src = self.plan.train["reuse_from"]
+    def _reuse(self, src: dict[str, Any], steps: tuple[str, ...], fields: tuple[str, ...] | None) -> None:
+        """Take ``steps`` (and the external train labels) from the earlier plan ``src`` names, instead of running
+        them again.
+
+        ``train.reuse_from`` (``fields`` = the train side's fields) serves a plan that changes only the held-out
+        side; top-level ``reuse`` (``fields`` None: every field but the name and the story must be equal) serves a
+        plan that changes only code, e.g. a fixed detector, and redoes the steps after the ones it lists. Refused
+        unless the fields are equal and the earlier outputs still match their ledger's hashes; the copies are
+        recorded with the same hashes and the source's cost.
+        """
         other = load_plan(Path(self.plan.path).parent / src["plan"])
-        mine = {k: v for k, v in self.plan.raw.items() if k in self._TRAIN_FIELDS}
-        theirs = {k: v for k, v in other.raw.items() if k in self._TRAIN_FIELDS}
-        mine["train"] = {k: v for k, v in mine["train"].items() if k != "reuse_from"}
-        mine["items"], theirs["items"] = self.plan.raw["items"]["train"], other.raw["items"]["train"]
-        diff = sorted(k for k in mine if mine[k] != theirs.get(k))
+
+        def fields_of(p: Plan) -> dict[str, Any]:
+            raw = {k: v for k, v in p.raw.items() if (k in fields if fields else k not in self._META_FIELDS)}
+            if "train" in raw:
+                raw["train"] = {k: v for k, v in raw["train"].items() if k != "reuse_from"}
+            if fields:
+                raw["items"] = p.raw["items"]["train"]
+            return raw
+
+        mine, theirs = fields_of(self.plan), fields_of(other)
+        diff = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
         if other.name != src["name"] or diff:
-            raise UserError(f"train.reuse_from {src['name']!r}: that plan differs in {', '.join(diff) or 'name'}; "
-                            f"its train outputs are not this plan's")
+            raise UserError(f"reuse of {src['name']!r}: that plan differs in {', '.join(diff) or 'name'}; "
+                            f"its outputs are not this plan's")
         src_root = self.root.parent / other.name
         theirs_ledger = Ledger.open(src_root, other)
         bad = theirs_ledger.verify()
         if bad:
             raise UserError(f"{src_root}: {', '.join(bad[:3])} no longer match(es) its ledger; restore them first")
-        for step in self._TRAIN_STEPS:
+        for step in steps:
             rec = theirs_ledger.steps.get(step)
             if rec is None or self.ledger.done(step):
                 continue
@@ -124,8 +138,10 @@ class Study:
             self.ledger.record(step, 0.0, [self.root / rel for rel in rec.outputs],
                                {"reused_from": other.name, "source_seconds": rec.seconds, "source_cpu": rec.cpu,
                                 "source_finished": rec.finished})
-        # the external train labels and what the labellers and the author saw: copied as they are
-        for rel in ("train/labels", "train/author_instructions.md", "codebook_as_labelled.md"):
+        # the external train labels, what the labellers and the author saw, and the resumable turn stores the plan
+        # names (``stores``: a step that is run again resumes from them, e.g. select recomputes its rule on the
+        # same greedy train turns): copied as they are
+        for rel in ("train/labels", "train/author_instructions.md", "codebook_as_labelled.md", *src.get("stores", ())):
             a, b = src_root / rel, self.root / rel
             if a.is_dir() and not b.exists():
                 shutil.copytree(a, b)
