@@ -39,7 +39,7 @@ def test_draw_items_is_seeded_and_excludes():
     assert a != draw_items("gsm8k", 50, 10, seed=4, exclude=set(), min_index=5)
 
 
-@pytest.mark.parametrize("name", ["plan.json", "plan_v2.json", "plan_v2b.json"])
+@pytest.mark.parametrize("name", ["plan.json", "plan_v2.json", "plan_v2b.json", "plan_v2c.json"])
 def test_committed_plan_items_are_fresh_and_disjoint(name):
     plan = load_plan(PLAN.parent / name)
     held = {i for ds in plan.datasets for i in plan.candidates("heldout", ds)}
@@ -285,4 +285,25 @@ def test_a_plan_that_changes_only_the_heldout_side_reuses_the_train_side(tmp_pat
     f = rep / "interventions-0.5b-v2" / "train" / "turns.jsonl"
     f.write_text(f.read_text(encoding="utf-8") + "\n", encoding="utf-8")
     with pytest.raises(UserError, match="no longer match"):
+        Study(load_plan(tmp_path / "plan_x.json"), rep, tmp_path / "work", progress=False)
+
+
+def test_a_plan_that_changes_only_code_reuses_the_steps_it_lists(tmp_path):
+    """plan_v2c reuses v2b's steps up to the direction and reruns select from v2b's store of train turns; any
+    change of a choice (not only the name and the story) refuses the reuse."""
+    src = REPO / "studies" / "interventions"
+    for name in ("plan_v2.json", "plan_v2b.json", "plan_v2c.json"):
+        (tmp_path / name).write_text((src / name).read_text(encoding="utf-8"), encoding="utf-8")
+    rep = tmp_path / "reports"
+    for d in ("interventions-0.5b-v2", "interventions-0.5b-v2b"):
+        shutil.copytree(REPO / "reports" / "interventions" / d, rep / d)
+    s = Study(load_plan(tmp_path / "plan_v2c.json"), rep, tmp_path / "work", progress=False)
+    states = {st.name: st.state for st in s.status()}
+    assert states["direction"] == "done" and states["heldout_base"] == "done" and states["select"] == "pending"
+    assert (rep / "interventions-0.5b-v2c" / "train" / "selection_turns.jsonl").is_file()
+    raw = json.loads((tmp_path / "plan_v2c.json").read_text(encoding="utf-8"))
+    raw["name"] = "other"
+    raw["selection"]["alphas"] = [0.5]
+    (tmp_path / "plan_x.json").write_text(json.dumps(raw), encoding="utf-8")
+    with pytest.raises(UserError, match="differs in selection"):
         Study(load_plan(tmp_path / "plan_x.json"), rep, tmp_path / "work", progress=False)
