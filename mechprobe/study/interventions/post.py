@@ -38,7 +38,7 @@ from mechprobe.post_train.pairs import Pair
 from mechprobe.records import AssistantRecord
 
 __all__ = ["human_turn_split", "control_pairing", "paired_examples", "adapter_sha256", "audited_pairs",
-           "boundary_states", "turn_logliks", "patch_boundary", "add_from", "recovered_fraction", "turn_ids"]
+           "probe_ids", "boundary_states", "turn_logliks", "patch_boundary", "add_from", "recovered_fraction", "turn_ids"]
 
 
 def human_turn_split(sources: Sequence[str], held_out_fraction: float, data_path: str | Path | None = None,
@@ -157,7 +157,7 @@ def audited_pairs(rows: Sequence[Mapping[str, Any]], turns: Mapping[str, Mapping
     src_r: dict[str, int] = {}
     for item in sorted(set(pos) & set(neg)):
         a = convs[item]
-        prompt = list(chat.build_probe_prompt(tokenizer, a.prompt, a.response, history=a.messages or None).input_ids)
+        prompt = probe_ids(tokenizer, [a])[0]
         for c in sorted(pos[item], key=lambda r: r["turn_id"]):
             for n in sorted(neg[item], key=lambda r: r["turn_id"]):
                 ct, nt = turns[c["turn_id"]]["turn"], turns[n["turn_id"]]["turn"]
@@ -171,14 +171,15 @@ def audited_pairs(rows: Sequence[Mapping[str, Any]], turns: Mapping[str, Mapping
                    "rejected_from": src_r, "items_with_chosen": len(pos), "items_with_rejected": len(neg)}
 
 
-def _prompt_ids(tokenizer: Any, a: AssistantRecord) -> list[int]:
-    return list(chat.build_probe_prompt(tokenizer, a.prompt, a.response, history=a.messages or None).input_ids)
+def probe_ids(tokenizer: Any, convs: Sequence[AssistantRecord]) -> list[list[int]]:
+    """Each conversation's probe prompt ids (query, answer, the user-role header; the boundary is the last id)."""
+    return [list(chat.build_probe_prompt(tokenizer, a.prompt, a.response, history=a.messages or None).input_ids)
+            for a in convs]
 
 
 @torch.inference_mode()
-def boundary_states(model: Any, tokenizer: Any, convs: Sequence[AssistantRecord], layers: Sequence[int]
-                    ) -> dict[int, torch.Tensor]:
-    """The residual at the user-role boundary (the probe prompt's last token) at each residual index in ``layers``
+def boundary_states(model: Any, prompts: Sequence[Sequence[int]], layers: Sequence[int]) -> dict[int, torch.Tensor]:
+    """The residual at the user-role boundary (the last id of each probe prompt, :func:`probe_ids`) at each residual index in ``layers``
     (``r`` = the output of block ``r - 1``, read by a hook, so the last index is the pre-norm residual the patch
     writes): ``{layer: [n, d_model] float32}``, one unpadded forward per conversation (no padding to reason about).
     """
@@ -197,8 +198,8 @@ def boundary_states(model: Any, tokenizer: Any, convs: Sequence[AssistantRecord]
 
     handles = [blocks[r - 1].register_forward_hook(grab(r)) for r in layers]
     try:
-        for a in convs:
-            model(input_ids=torch.tensor([_prompt_ids(tokenizer, a)], device=dev), use_cache=False)
+        for p in prompts:
+            model(input_ids=torch.tensor([list(p)], device=dev), use_cache=False)
             for r in layers:
                 out[r].append(seen[r])
     finally:
@@ -252,16 +253,16 @@ def add_from(model: Any, layer: int, vector: torch.Tensor, start: int) -> Iterat
 
 
 @torch.inference_mode()
-def turn_logliks(model: Any, tokenizer: Any, convs: Sequence[AssistantRecord], turns: Sequence[Sequence[int]],
+def turn_logliks(model: Any, prompts: Sequence[Sequence[int]], turns: Sequence[Sequence[int]],
                  edit: Callable[[int, int], Any] | None = None) -> list[float]:
-    """Teacher-forced log-likelihood (sum over the turn's tokens) of each ``turns[i]`` after ``convs[i]``'s probe
-    prompt, one unpadded forward per item; ``edit(i, boundary)`` (optional) returns a context manager active
+    """Teacher-forced log-likelihood (sum over the turn's tokens) of each ``turns[i]`` after probe prompt
+    ``prompts[i]`` (:func:`probe_ids`), one unpadded forward per item; ``edit(i, boundary)`` (optional) returns a context manager active
     during item ``i``'s forward (``boundary`` = the probe prompt's last position): a patch or a steering vector.
     """
     dev = next(model.parameters()).device
     out = []
-    for i, (a, t) in enumerate(zip(convs, turns)):
-        p = _prompt_ids(tokenizer, a)
+    for i, (p, t) in enumerate(zip(prompts, turns)):
+        p = list(p)
         ids = torch.tensor([p + list(t)], device=dev)
         with edit(i, len(p) - 1) if edit is not None else nullcontext():
             logits = model(input_ids=ids, use_cache=False).logits

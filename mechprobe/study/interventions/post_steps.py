@@ -46,6 +46,7 @@ from mechprobe.study.interventions.post import (
     human_turn_split,
     paired_examples,
     patch_boundary,
+    probe_ids,
     recovered_fraction,
     turn_ids,
     turn_logliks,
@@ -234,8 +235,9 @@ class PostTrainingSteps:
         spec = self.plan.raw["direction"]
         layers = [int(x) for x in spec["layers"]]
         convs = self.conversations("train")
-        post = boundary_states(self.adapter_lm(spec["adapter"]).model, self.lm.tokenizer, convs, layers)
-        base = boundary_states(self.lm.model, self.lm.tokenizer, convs, layers)
+        ids = probe_ids(self.lm.tokenizer, convs)
+        post = boundary_states(self.adapter_lm(spec["adapter"]).model, ids, layers)
+        base = boundary_states(self.lm.model, ids, layers)
         tensors, info = {}, {"n_items": len(convs), "adapter": spec["adapter"], "layers": {}}
         for r in layers:
             diff = (post[r] - base[r]).mean(0)
@@ -265,8 +267,9 @@ class PostTrainingSteps:
         rows = {r["item_id"]: r for r in read_jsonl(self.root / POST / f"{name}_train_turns.jsonl")}
         tok = self.lm.tokenizer
         tids = [turn_ids(tok, rows[a.item_id]["turn"]) for a in convs]
-        ll_base = turn_logliks(self.lm.model, tok, convs, tids)
-        ll_post = turn_logliks(self.adapter_lm(name).model, tok, convs, tids)
+        ids = probe_ids(tok, convs)
+        ll_base = turn_logliks(self.lm.model, ids, tids)
+        ll_post = turn_logliks(self.adapter_lm(name).model, ids, tids)
         by_layer = {}
         for r in (int(x) for x in spec["layers"]):
             vec = self.post_vector(r).vector
@@ -274,8 +277,8 @@ class PostTrainingSteps:
             def edit(_i: int, b: int, r: int = r, vec: torch.Tensor = vec) -> Any:
                 return add_from(self.lm.model, r, vec, b)
 
-            by_layer[str(r)] = recovered_fraction(ll_base, ll_post, turn_logliks(self.lm.model, tok, convs, tids,
-                                                                                   edit), seed=self.plan.seed)
+            by_layer[str(r)] = recovered_fraction(ll_base, ll_post, turn_logliks(self.lm.model, ids, tids, edit),
+                                                 seed=self.plan.seed)
         layer = max((int(k) for k in by_layer), key=lambda k: (np.nan_to_num(by_layer[str(k)]["fraction"], nan=-1e9),
                                                                -k))
         out = self.root / POST / "post_selection_turns.jsonl"
@@ -349,8 +352,9 @@ class PostTrainingSteps:
         best = read_json(self.root / POST / "patching.json")["best_layers"]
         layer = int(best[arm.rank - 1])
         todo = [a for a in convs if a.item_id not in have]
-        post = boundary_states(self.adapter_lm(arm.adapter).model, self.lm.tokenizer, todo, [layer])[layer]
-        base = boundary_states(self.lm.model, self.lm.tokenizer, todo, [layer])[layer]
+        ids = probe_ids(self.lm.tokenizer, todo)
+        post = boundary_states(self.adapter_lm(arm.adapter).model, ids, [layer])[layer]
+        base = boundary_states(self.lm.model, ids, [layer])[layer]
         for i, a in enumerate(todo):
             vec = SteeringVector(post[i] - base[i], layer, "diff_means",
                                  {"resid_norm": float((post[i] - base[i]).norm()) or 1.0,
@@ -372,15 +376,16 @@ class PostTrainingSteps:
         tids = [turn_ids(tok, rows[a.item_id]["turn"]) for a in convs]
         layers = [int(x) for x in spec["layers"]]
         post_lm = self.adapter_lm(name)
-        ll_base = turn_logliks(self.lm.model, tok, convs, tids)
-        ll_post = turn_logliks(post_lm.model, tok, convs, tids)
-        states = boundary_states(post_lm.model, tok, convs, layers)
+        ids = probe_ids(tok, convs)
+        ll_base = turn_logliks(self.lm.model, ids, tids)
+        ll_post = turn_logliks(post_lm.model, ids, tids)
+        states = boundary_states(post_lm.model, ids, layers)
         res = {}
         for r in layers:
             def edit(i: int, b: int, r: int = r) -> Any:
                 return patch_boundary(self.lm.model, r, states[r][i], b)
 
-            res[str(r)] = recovered_fraction(ll_base, ll_post, turn_logliks(self.lm.model, tok, convs, tids, edit),
+            res[str(r)] = recovered_fraction(ll_base, ll_post, turn_logliks(self.lm.model, ids, tids, edit),
                                              seed=self.plan.seed)
         best = sorted(layers, key=lambda r: (-np.nan_to_num(res[str(r)]["fraction"], nan=-1e9), r))[:2]
         out = self.root / POST / "patching.json"

@@ -597,7 +597,7 @@ class Study(PostTrainingSteps):
         with output_dir_lock(self.root, "interventions run", "reports"):
             for name, fn, needs in self.steps():
                 if name.startswith(PART1):
-                    if only is not None:
+                    if only == name:
                         raise UsageError(f"{name} is a step of {self.parent.plan.path.name if self.parent else 'the parent'}"
                                          f": run it with --plan on that plan")
                     continue
