@@ -287,3 +287,25 @@ def test_adapter_hash_follows_the_tensors(tmp_path):
     assert adapter_sha256(tmp_path) != h
     with pytest.raises(UsageError, match="train the adapter"):
         adapter_sha256(tmp_path / "none")
+
+
+def test_pooled_tests_cluster_seeds_by_item_and_give_verdicts():
+    """Three seeds of one item move together: the pooled interval is as wide as one turn per item would give (never
+    narrowed by counting seeds as items); a clear lift passes, a flat arm is refuted against +10 points."""
+    from mechprobe.study.interventions.analysis import clustered_difference, pooled_tests
+
+    items = [f"i{k}" for k in range(100)]
+    base = {i: False for i in items}
+    lift = {i: k % 2 == 0 for k, i in enumerate(items)}  # 50 points
+    flat = {i: k % 50 == 0 for k, i in enumerate(items)}  # 2 points
+    oc = {"base": base, "ctrl": flat, "floor": base, "s0": lift, "s1": lift, "s2": lift,
+          "steer": {i: k % 4 == 0 for k, i in enumerate(items)}}
+    t = pooled_tests(oc, ["s0", "s1", "s2"], "base", "ctrl", "floor", "steer", n_boot=2000)
+    assert t["vs_base"]["verdict"] == "pass" and abs(t["vs_base"]["diff"] - 0.5) < 1e-9
+    one = clustered_difference({i: [False] for i in items}, {i: [v] for i, v in lift.items()}, n_boot=2000)
+    three = clustered_difference({i: [False] for i in items}, {i: [v] * 3 for i, v in lift.items()}, n_boot=2000)
+    assert abs((three["hi"] - three["lo"]) - (one["hi"] - one["lo"])) < 1e-9
+    assert abs(t["steer_share"]["share"] - 0.5) < 1e-9
+    t = pooled_tests({**oc, "s0": flat, "s1": flat, "s2": flat}, ["s0", "s1", "s2"], "base", "ctrl", "floor",
+                     n_boot=2000)
+    assert t["vs_base"]["verdict"] == "refuted" and t["vs_base"]["hi"] < 0.10

@@ -45,7 +45,7 @@ from mechprobe.lm.registry import EMBEDDED, embedded_gguf_path
 from mechprobe.records import AssistantRecord
 from mechprobe.steering.evaluate import is_degenerate
 from mechprobe.steering.vector import SteeringVector, random_like
-from mechprobe.study.interventions.analysis import study_table, table_markdown
+from mechprobe.study.interventions.analysis import arm_outcomes, pooled_tests, study_table, table_markdown
 from mechprobe.study.interventions.generate import (
     STIMULUS_KINDS,
     boundary_norms,
@@ -470,10 +470,25 @@ class Study(PostTrainingSteps):
                 judges[spec] = {r["record_id"]: bool(r["genuine"]) for r in read_jsonl(f)}
         tab = study_table(k["rows"], labs, [a.name for a in self.plan.arms], judges=judges or None)
         tab["labellers"] = [f.stem for f in files]
+        if self.parent is not None:
+            tab["part2"] = self.part2_tests(k["rows"], labs)
         write_json(self.root / "table.json", tab)
         note = ("Judges beside the labels: " + ", ".join(f"`{j}`" for j in judges) + ".") if judges else ""
         (self.root / "table.md").write_text(table_markdown(tab, self.plan.model, note), encoding="utf-8")
         return tab
+
+    def part2_tests(self, key: dict[str, Any], labs: list[dict[str, Any]]) -> dict[str, Any]:
+        """The extending plan's tests per reading: SFT pooled over its seeds against base, the control and its
+        answer-removed floor, and the post-training steering arm's share of SFT's lift."""
+        arms = self.plan.arms
+        ad = self.plan.adapters
+        sft = [a.name for a in arms if a.kind == "adapter" and ad[a.adapter]["method"] == "sft"
+               and ad[a.adapter]["data"] == "human"]
+        control = next(a.name for a in arms if a.kind == "adapter" and ad[a.adapter].get("data") == "control")
+        floor = next(a.name for a in arms if a.kind == "no_response")
+        steer = next((a.name for a in arms if a.kind == "steer"), None)
+        return {r: pooled_tests(arm_outcomes(key, labs, r), sft, "base", control, floor, steer, seed=self.plan.seed)
+                for r in ("strict", "lenient")}
 
     # ------------------------------------------------------------------ the ledger
     def steps(self) -> list[tuple[str, Callable[[], list[Path]] | None, tuple[str, ...]]]:
