@@ -614,7 +614,7 @@ class Study(PostTrainingSteps):
                 if name.startswith(PART1):
                     if only == name:
                         raise UsageError(f"{name} is a step of {self.parent.plan.path.name if self.parent else 'the parent'}"
-                                         f": run it with --plan on that plan")
+                                         f": run it under that plan, not this one")
                     continue
                 if (only is not None and name != only) or self.ledger.done(name):
                     continue
