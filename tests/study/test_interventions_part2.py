@@ -237,11 +237,16 @@ def test_audited_pairs_come_from_blind_labels_only(smol_tok):
          "labels": [_lab(True, True), _lab(False, True)]},
         {"turn_id": "i1|ignore", "item_id": "i1", "decoding": "ignore", "labels": [_lab(False, False, "generic")] * 2},
         {"turn_id": "i2|react", "item_id": "i2", "decoding": "react", "labels": [_lab(True, True)] * 2},
+        {"turn_id": "i2|greedy", "item_id": "i2", "decoding": "greedy",  # empty: a real non-genuine turn, kept
+         "labels": [_lab(False, False, "empty_or_degenerate")] * 2},
     ]
     turns = {r["turn_id"]: {"turn": f"text of {r['turn_id']}"} for r in rows}
+    turns["i2|greedy"]["turn"] = ""
     pairs, counts = audited_pairs(rows, turns, convs, smol_tok)
-    assert [(p.chosen_id, p.rejected_id) for p in pairs] == [("i0|react", "i0|ignore")]
-    assert counts["pairs"] == 1 and counts["chosen_from"] == {"react": 1} and counts["rejected_from"] == {"ignore": 1}
+    assert [(p.chosen_id, p.rejected_id) for p in pairs] == [("i0|react", "i0|ignore"), ("i2|react", "i2|greedy")]
+    assert counts["pairs"] == 2 and counts["chosen_from"] == {"react": 2}
+    assert counts["rejected_from"] == {"ignore": 1, "greedy": 1}
+    assert len(pairs[1].rejected_ids) == 1  # the end-of-turn token alone
     p = pairs[0]
     assert p.chosen_ids[-1] == p.rejected_ids[-1]  # both end with the user end-of-turn token
     assert smol_tok.decode(p.chosen_ids[:-1]).strip() == "text of i0|react"

@@ -160,9 +160,8 @@ def audited_pairs(rows: Sequence[Mapping[str, Any]], turns: Mapping[str, Mapping
         prompt = probe_ids(tokenizer, [a])[0]
         for c in sorted(pos[item], key=lambda r: r["turn_id"]):
             for n in sorted(neg[item], key=lambda r: r["turn_id"]):
+                # An empty rejected turn (the model ended its turn at once) is a real non-genuine turn: kept.
                 ct, nt = turns[c["turn_id"]]["turn"], turns[n["turn_id"]]["turn"]
-                if not ct.strip() or not nt.strip():
-                    continue
                 pairs.append(Pair(item, c["turn_id"], n["turn_id"], str(n["labels"][0]["label"]), ct, nt, prompt,
                                   turn_ids(tokenizer, ct), turn_ids(tokenizer, nt)))
                 src_c[c["decoding"]] = src_c.get(c["decoding"], 0) + 1
