@@ -160,6 +160,23 @@ def test_steps_run_in_dependency_order_and_record_in_their_own_ledger(tmp_path, 
     assert s.ledger.done("train_control") and (s.root / "ledger.json").exists()
 
 
+def test_accuracy_pairs_each_model_with_base_on_the_same_items(tmp_path):
+    plan = load_plan(_plans(tmp_path))
+    s = Study(plan, tmp_path / "reports", tmp_path / "work", progress=False)
+    d = s.root / "accuracy"
+    d.mkdir(parents=True)
+    items = plan.raw["accuracy"]["items"]
+    for k, m in enumerate(plan.raw["accuracy"]["models"]):
+        rows = [{"item_id": i, "score": float((j + k) % 4 == 0), "stop_reason": "max_tokens" if j == 0 else "eos"}
+                for j, i in enumerate(items)]
+        (d / f"{m}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = json.loads(s.step_accuracy()[0].read_text())["models"]
+    assert out["base"]["n"] == len(items) == 150 and abs(out["base"]["rate"] - 38 / 150) < 1e-9
+    assert out["base"]["cut_at_cap"] == 1 and "vs_base" not in out["base"]
+    v = out["sft_s0"]["vs_base"]
+    assert v["n"] == 150 and abs(v["diff"] - (out["sft_s0"]["rate"] - out["base"]["rate"])) < 1e-9
+
+
 def _lm(model, wh: str) -> LoadedModel:
     return LoadedModel(model=model, tokenizer=None, name="tiny", weight_hash=wh, device=torch.device("cpu"),
                        dtype=torch.float32)
@@ -362,6 +379,10 @@ def test_part2_steps_run_on_the_embedded_model(tmp_path):
     assert all(r["patch_layer"] == pat["best_layers"][0] for r in rows["patch_best1"])
     sel = json.loads((root / "post_training" / "post_selection.json").read_text())
     assert sel["layer"] in (3, 6) and sel["alpha"] == 1.0
+    s.plan.raw["accuracy"]["items"] = s.plan.raw["accuracy"]["items"][:2]  # two answers each: the path, not the rate
+    assert s.run("accuracy_base") == ["accuracy_base"] and s.run("accuracy_sft_s0") == ["accuracy_sft_s0"]
+    acc = [json.loads(x) for x in (root / "accuracy" / "sft_s0.jsonl").read_text().splitlines()]
+    assert [r["item_id"] for r in acc] == s.plan.raw["accuracy"]["items"] and all("score" in r for r in acc)
     assert s.verify() == []
     assert sorted(x.name for x in (tmp_path / "reports" / parent.name).iterdir()) == sorted(
         ["conversations_train.jsonl", "items_train.json", "conversations_heldout.jsonl", "items_heldout.json",
