@@ -415,6 +415,8 @@ class PostTrainingSteps:
                           temperatures=[0.0], samples=0)
         recs = assistant_answers(cfg, lm, [items[i] for i in acc["items"]], self.work / "accuracy" / model,
                                  progress=self.progress)
+        order = {i: k for k, i in enumerate(acc["items"])}
+        recs = sorted(recs, key=lambda r: order[r.item_id])  # the plan's order, whatever order they were decoded in
         out = self.root / "accuracy" / f"{model}.jsonl"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("".join(json.dumps({"item_id": r.item_id, "model": model, "score": r.score, "gold": r.gold,
