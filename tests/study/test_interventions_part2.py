@@ -34,7 +34,7 @@ from mechprobe.study.interventions.post import (
 )
 from tests.conftest import REPO, _has_smollm2
 
-V2 = REPO / "studies" / "interventions" / "plan_v2.json"
+V2 = REPO / "studies" / "interventions" / "plan_v2c.json"
 V3 = REPO / "studies" / "interventions" / "plan_v3.json"
 
 
@@ -42,12 +42,13 @@ def _plans(tmp_path: Path, edit=None, edit_parent=None) -> Path:
     """Copies of the committed v2 and v3 side by side (v3 pins v2 by its relative path and sha256)."""
     d = tmp_path / "studies"
     d.mkdir(exist_ok=True)
-    shutil.copyfile(V2, d / "plan_v2.json")
+    for name in ("plan_v2.json", "plan_v2b.json", "plan_v2c.json"):  # v2c reuses v2b's steps, v2b v2's train side
+        shutil.copyfile(V2.parent / name, d / name)
     raw = json.loads(V3.read_text(encoding="utf-8"))
     if edit_parent is not None:
         p = json.loads(V2.read_text(encoding="utf-8"))
         edit_parent(p)
-        (d / "plan_v2.json").write_text(json.dumps(p), encoding="utf-8")
+        (d / "plan_v2c.json").write_text(json.dumps(p), encoding="utf-8")
     if edit is not None:
         edit(raw)
     (d / "plan_v3.json").write_text(json.dumps(raw), encoding="utf-8")
@@ -57,7 +58,7 @@ def _plans(tmp_path: Path, edit=None, edit_parent=None) -> Path:
 def test_committed_v3_extends_v2_unchanged():
     v3 = load_plan(V3)
     parent = v3.parent
-    assert parent is not None and parent.name == "interventions-0.5b-v2" and parent.sha256 == load_plan(V2).sha256
+    assert parent is not None and parent.name == "interventions-0.5b-v2c" and parent.sha256 == load_plan(V2).sha256
     assert v3.model == parent.model and v3.dtype == parent.dtype and v3.seed == parent.seed
     kinds = {a.name: a.kind for a in v3.arms}
     assert kinds["sft_s0"] == "adapter" and kinds["patch_best1"] == "patch" and kinds["steer_post"] == "steer"
@@ -128,7 +129,7 @@ def test_status_lists_part1_from_the_parent_ledger_and_part2_with_costs(tmp_path
     s = Study(plan, reports, tmp_path / "work", progress=False)
     assert {x.name: x.state for x in s.status()}["part1:train_turns"] == "done"
     assert s.done("part1:train_answers") and not s.done("train_sft_s0")
-    with pytest.raises(UsageError, match="plan_v2.json"):
+    with pytest.raises(UsageError, match="plan_v2c.json"):
         s.run("part1:heldout_base")
     with pytest.raises(MissingInput, match="train_sft_s0"):
         s.run("heldout_sft_s0")
@@ -314,7 +315,7 @@ def test_adapter_hash_follows_the_tensors(tmp_path):
 def test_pooled_tests_cluster_seeds_by_item_and_give_verdicts():
     """Three seeds of one item move together: the pooled interval is as wide as one turn per item would give (never
     narrowed by counting seeds as items); a clear lift passes, a flat arm is refuted against +10 points."""
-    from mechprobe.study.interventions.analysis import clustered_difference, pooled_tests
+    from mechprobe.audit.arms import clustered_difference, pooled_tests
 
     items = [f"i{k}" for k in range(100)]
     base = {i: False for i in items}

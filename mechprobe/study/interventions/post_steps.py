@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from mechprobe.audit.arms import paired_difference
 from mechprobe.errors import MissingInput, UsageError, UserError
 from mechprobe.io import JsonlStore, read_json, read_jsonl, write_json
 from mechprobe.lm.models import LoadedModel, load_model
@@ -34,7 +35,6 @@ from mechprobe.post_train.pairs import Pair
 from mechprobe.records import AssistantRecord
 from mechprobe.steering.evaluate import is_degenerate
 from mechprobe.steering.vector import SteeringVector
-from mechprobe.study.interventions.analysis import paired_difference
 from mechprobe.study.interventions.generate import user_turns
 from mechprobe.study.interventions.ledger import cpu_name
 from mechprobe.study.interventions.post import (

@@ -25,6 +25,7 @@ parent's ledger, never run here) and adds its own (:mod:`.post_steps`): ``sft_da
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +36,14 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from mechprobe.audit.arms import (
+    arm_outcomes,
+    pooled_tests,
+    read_sheet_labels,
+    study_table,
+    table_markdown,
+    verdict,
+)
 from mechprobe.errors import MissingInput, UsageError, UserError
 from mechprobe.io import JsonlStore, output_dir_lock, read_json, read_jsonl, sha256_file, write_json
 from mechprobe.judges.base import JudgeInput
@@ -45,7 +54,6 @@ from mechprobe.lm.registry import EMBEDDED, embedded_gguf_path
 from mechprobe.records import AssistantRecord
 from mechprobe.steering.evaluate import is_degenerate
 from mechprobe.steering.vector import SteeringVector, random_like
-from mechprobe.study.interventions.analysis import arm_outcomes, pooled_tests, study_table, table_markdown
 from mechprobe.study.interventions.generate import (
     STIMULUS_KINDS,
     boundary_norms,
@@ -56,7 +64,7 @@ from mechprobe.study.interventions.generate import (
 from mechprobe.study.interventions.ledger import Ledger
 from mechprobe.study.interventions.plan import Plan, load_plan
 from mechprobe.study.interventions.post_steps import PART1, PostTrainingSteps
-from mechprobe.study.interventions.sheets import read_sheet_labels, write_sheet
+from mechprobe.study.interventions.sheets import write_sheet
 from mechprobe.turns.datasets import load_dataset
 from mechprobe.turns.pipeline import ProbeConfig, assistant_answers
 
@@ -98,6 +106,66 @@ class Study(PostTrainingSteps):
         self._lm: LoadedModel | None = None
         self._store: PrefixStore | None = None
         self._adapter_lms: dict[str, LoadedModel] = {}
+        if plan.raw.get("train", {}).get("reuse_from"):
+            self._reuse(plan.train["reuse_from"], self._TRAIN_STEPS, self._TRAIN_FIELDS)
+        if plan.raw.get("reuse"):
+            self._reuse(plan.raw["reuse"], tuple(plan.raw["reuse"]["steps"]), None)
+
+    # The plan fields a train-side output depends on: equal in both plans, the outputs are this plan's own.
+    _TRAIN_FIELDS = ("model", "seed", "conversations", "train", "selection")
+    _TRAIN_STEPS = ("train_answers", "train_stimuli", "train_turns", "train_sheet")
+    # What a plan may change and still reuse an earlier plan's steps (``reuse``): its name and its story only.
+    _META_FIELDS = ("name", "written", "reason", "supersedes", "cost", "reuse")
+
+    def _reuse(self, src: dict[str, Any], steps: tuple[str, ...], fields: tuple[str, ...] | None) -> None:
+        """Take ``steps`` (and the external train labels) from the earlier plan ``src`` names, instead of running
+        them again.
+
+        ``train.reuse_from`` (``fields`` = the train side's fields) serves a plan that changes only the held-out
+        side; top-level ``reuse`` (``fields`` None: every field but the name and the story must be equal) serves a
+        plan that changes only code, e.g. a fixed detector, and redoes the steps after the ones it lists. Refused
+        unless the fields are equal and the earlier outputs still match their ledger's hashes; the copies are
+        recorded with the same hashes and the source's cost.
+        """
+        other = load_plan(Path(self.plan.path).parent / src["plan"])
+
+        def fields_of(p: Plan) -> dict[str, Any]:
+            raw = {k: v for k, v in p.raw.items() if (k in fields if fields else k not in self._META_FIELDS)}
+            if "train" in raw:
+                raw["train"] = {k: v for k, v in raw["train"].items() if k != "reuse_from"}
+            if fields:
+                raw["items"] = p.raw["items"]["train"]
+            return raw
+
+        mine, theirs = fields_of(self.plan), fields_of(other)
+        diff = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+        if other.name != src["name"] or diff:
+            raise UserError(f"reuse of {src['name']!r}: that plan differs in {', '.join(diff) or 'name'}; "
+                            f"its outputs are not this plan's")
+        src_root = self.root.parent / other.name
+        theirs_ledger = Ledger.open(src_root, other)
+        bad = theirs_ledger.verify()
+        if bad:
+            raise UserError(f"{src_root}: {', '.join(bad[:3])} no longer match(es) its ledger; restore them first")
+        for step in steps:
+            rec = theirs_ledger.steps.get(step)
+            if rec is None or self.ledger.done(step):
+                continue
+            for rel in rec.outputs:
+                (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src_root / rel, self.root / rel)
+            self.ledger.record(step, 0.0, [self.root / rel for rel in rec.outputs],
+                               {"reused_from": other.name, "source_seconds": rec.seconds, "source_cpu": rec.cpu,
+                                "source_finished": rec.finished})
+        # the external train labels, what the labellers and the author saw, and the resumable turn stores the plan
+        # names (``stores``: a step that is run again resumes from them, e.g. select recomputes its rule on the
+        # same greedy train turns): copied as they are
+        for rel in ("train/labels", "train/author_instructions.md", "codebook_as_labelled.md", *src.get("stores", ())):
+            a, b = src_root / rel, self.root / rel
+            if a.is_dir() and not b.exists():
+                shutil.copytree(a, b)
+            elif a.is_file() and not b.exists():
+                shutil.copyfile(a, b)
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -452,7 +520,7 @@ class Study(PostTrainingSteps):
         return outs
 
     def table(self) -> dict[str, Any]:
-        """The held-out table (:func:`~mechprobe.study.interventions.analysis.study_table`), written as
+        """The held-out table (:func:`~mechprobe.audit.arms.study_table`), written as
         ``table.json`` and ``table.md``; needs both labellers' files complete."""
         d = self.root / "heldout"
         k = read_json(d / "sheet.key.json")
@@ -470,6 +538,7 @@ class Study(PostTrainingSteps):
                 judges[spec] = {r["record_id"]: bool(r["genuine"]) for r in read_jsonl(f)}
         tab = study_table(k["rows"], labs, [a.name for a in self.plan.arms], judges=judges or None)
         tab["labellers"] = [f.stem for f in files]
+        tab["verdict"] = verdict(tab)
         if self.parent is not None:
             tab["part2"] = self.part2_tests(k["rows"], labs)
         write_json(self.root / "table.json", tab)

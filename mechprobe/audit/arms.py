@@ -1,4 +1,8 @@
-"""The study's table, a pure function of the held-out key and the labellers' (and judges') labels.
+"""Arms labelled blind on the same items: the table, a pure function of the sheet's key and the labellers' (and
+judges') labels; reading a labeller's filled sheet; the pre-registered tests.
+
+Why in the audit layer: the study computes the table and ``mechprobe findings`` recomputes it from the committed
+files; both must run the same code, and findings sits below the study.
 
 Pre-registered reading (plan ``metrics``): a turn counts as genuine under a reading when *both* labellers say so
 under that reading (per-labeller rates are reported beside it). Each arm holds one turn per item, so a rate's
@@ -10,16 +14,22 @@ exact McNemar p-value on the discordant items.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from mechprobe.audit.agreement import kappa_with_ci
+from mechprobe.audit.labels import read_labellers_file
+from mechprobe.audit.readings import LENIENT, STRICT, genuine_under
+from mechprobe.errors import UsageError
 from mechprobe.stats.agreement import cohen_kappa
 from mechprobe.stats.clustered import clopper_pearson
 from mechprobe.stats.paired import mcnemar_exact
+from mechprobe.taxonomy import GENUINE
 
 __all__ = ["arm_outcomes", "study_table", "paired_difference", "clustered_difference", "pooled_tests",
-           "table_markdown"]
+           "table_markdown", "read_sheet_labels", "verdict"]
 
 READINGS = ("strict", "lenient")
 
@@ -177,6 +187,77 @@ def study_table(key: Mapping[str, Mapping[str, Any]], labels: Sequence[Mapping[s
                 r["judge_rate"] = {spec: float(np.mean([v[k] for k in rows])) if rows else float("nan")
                                    for spec, v in judges.items()}
             cell[reading] = r
+        if len(labels) >= 2:
+            rows = sorted(key)
+            f = f"{reading}_genuine"
+            la, lb = ([GENUINE if lab[k][f] else "other" for k in rows] for lab in labels[:2])
+            out.setdefault("kappa_labellers", {})[reading] = kappa_with_ci(
+                la, lb, [key[k]["item_id"] for k in rows], binary=True).to_dict()
+    return out
+
+
+LIFT = 0.10  # the pre-registered lift, and the powered null's bound: 10 points
+
+
+def verdict(table: Mapping[str, Any], primary: str = "steer_audited", base: str = "base",
+            sampled: str = "base_t1") -> dict[str, Any]:
+    """The pre-registered tests on the strict reading, read off :func:`study_table`'s output.
+
+    ``lift``: ``primary`` - ``base`` >= +10 points with the paired CI excluding 0; ``floor`` / ``control``: its
+    paired CI against the answer-removed arm / the random direction excludes 0. When the lift fails, the result is
+    a *powered null* if every steering arm's CI upper bound against base is below +10 points, else
+    *inconclusive*. ``sampling``: ``sampled`` - ``base`` with its CI (reported, not a test).
+
+    Returns:
+        ``{"lift", "floor", "control": bool | None, "outcome": "effect" | "effect, not above floor/control" |
+        "powered null" | "inconclusive", "why": one line, "sampling": the difference or None}``.
+    """
+    arms = table["arms"]
+    s = arms.get(primary, {}).get("strict", {})
+
+    def excludes0(d: Mapping[str, Any] | None) -> bool | None:
+        return None if not d else bool(d["lo"] > 0)
+
+    vb = s.get("vs_base")
+    lift = None if not vb else bool(vb["diff"] >= LIFT and vb["lo"] > 0)
+    floor, control = excludes0(s.get("vs_floor")), excludes0(s.get("vs_control"))
+    steer = {a: c["strict"]["vs_base"] for a, c in arms.items() if a.startswith("steer") and "vs_base" in c["strict"]}
+    if lift:
+        outcome = "effect" if floor and control else "effect, not above floor/control"
+        why = f"{primary} - {base} = {100 * vb['diff']:+.1f} points [{100 * vb['lo']:+.1f}, {100 * vb['hi']:+.1f}]"
+    elif steer and all(d["hi"] < LIFT for d in steer.values()):
+        outcome = "powered null"
+        why = "every steering arm's strict CI upper bound against base is below +10 points: " + ", ".join(
+            f"{a} {100 * d['hi']:+.1f}" for a, d in steer.items())
+    else:
+        outcome = "inconclusive"
+        why = "no lift of +10 points with CI > 0, and not every steering arm's upper bound is below +10 points"
+    samp = arms.get(sampled, {}).get("strict", {}).get("vs_base")
+    return {"lift": lift, "floor": floor, "control": control, "outcome": outcome, "why": why, "sampling": samp}
+
+
+def read_sheet_labels(path: Path, sample_id: str, keys: set[str]) -> dict[str, dict[str, Any]]:
+    """One labeller's filled sheet: ``row -> {label, strict_genuine, lenient_genuine, borderline, note}``.
+
+    Refuses a file of another sheet, rows not on the sheet, and a ``genuine_followup`` row without its strict
+    reading: under codebook v2 every genuine row says whether it is genuine under the strict reading too, so the
+    strict rate is the labellers' own call, never a stand-in rule.
+    """
+    labs = read_labellers_file(path, kind="model")
+    if len(labs) != 1:
+        raise UsageError(f"{path}: holds {len(labs)} labellers; give each labeller their own file")
+    lab = labs[0]
+    if lab.sample_id and lab.sample_id != sample_id:
+        raise UsageError(f"{path}: labels sheet {lab.sample_id!r}, not {sample_id!r}; label the sheet beside its key")
+    out: dict[str, dict[str, Any]] = {}
+    for r in lab.rows:
+        if r.row not in keys:
+            raise UsageError(f"{path}: row {r.row!r} is not on sheet {sample_id!r}")
+        if r.label == GENUINE and r.strict is None:
+            raise UsageError(f"{path}: row {r.row} is genuine_followup without its strict reading; fill the strict "
+                             f"column (yes, or the label it gets under the strict reading)")
+        out[r.row] = {"label": r.label, "strict": r.strict, "borderline": r.borderline, "note": r.note,
+                      "lenient_genuine": genuine_under(r, LENIENT), "strict_genuine": genuine_under(r, STRICT)}
     return out
 
 
@@ -204,4 +285,17 @@ def table_markdown(table: Mapping[str, Any], model: str, judge_note: str) -> str
                      f"| {le['k']}/{le['n']} = {_pct(le['rate'])} [{_pct(le['lo'])}, {_pct(le['hi'])}] | {diff(s)} "
                      f"| {diff(le)} | {s.get('kappa_labellers', float('nan')):.2f} / "
                      f"{le.get('kappa_labellers', float('nan')):.2f} |")
+    lines += ["", "| comparison (strict reading) | points [95% CI] (McNemar p) |", "|---|---|"]
+    for arm, cell in table["arms"].items():
+        for vs in ("vs_floor", "vs_control"):
+            v = cell["strict"].get(vs)
+            if v:
+                lines.append(f"| {arm} {vs.replace('_', ' ')} | {100 * v['diff']:+.1f} [{100 * v['lo']:+.1f}, "
+                             f"{100 * v['hi']:+.1f}] (p {v['p_mcnemar']:.3g}) |")
+    for reading, k in table.get("kappa_labellers", {}).items():
+        lines.append(f"\nLabeller κ over every row, {reading} reading: {k['kappa']:.2f} [{k['lo']:.2f}, {k['hi']:.2f}] "
+                     f"({k['agree']}/{k['n']} agree; item bootstrap).")
+    if "verdict" in table:
+        v = table["verdict"]
+        lines.append(f"\n**Pre-registered outcome: {v['outcome']}** ({v['why']}).")
     return "\n".join(lines) + "\n"
