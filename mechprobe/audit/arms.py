@@ -28,7 +28,8 @@ from mechprobe.stats.clustered import clopper_pearson
 from mechprobe.stats.paired import mcnemar_exact
 from mechprobe.taxonomy import GENUINE
 
-__all__ = ["arm_outcomes", "study_table", "paired_difference", "table_markdown", "read_sheet_labels", "verdict"]
+__all__ = ["arm_outcomes", "study_table", "paired_difference", "clustered_difference", "pooled_tests",
+           "table_markdown", "read_sheet_labels", "verdict"]
 
 READINGS = ("strict", "lenient")
 
@@ -72,6 +73,70 @@ def paired_difference(a: Mapping[str, bool], b: Mapping[str, bool], n_boot: int 
     a_only = int(((x == 1) & (y == 0)).sum())
     return {"n": len(items), "diff": point, "lo": lo, "hi": hi, "b_only": b_only, "a_only": a_only,
             "p_mcnemar": mcnemar_exact(b_only, a_only), "method": f"paired item bootstrap ({n_boot} resamples)"}
+
+
+def clustered_difference(a: Mapping[str, Sequence[bool]], b: Mapping[str, Sequence[bool]], n_boot: int = 20000,
+                         seed: int = 0) -> dict[str, Any]:
+    """``mean(b) - mean(a)`` where an item may hold several turns per arm (an arm pooled over training seeds): per
+    item the mean of its turns, then the item-clustered bootstrap (resampling items, every turn of an item moving
+    with it), so seeds never count as independent items.
+
+    Example:
+        >>> r = clustered_difference({"i1": [False], "i2": [False]}, {"i1": [True, True, False], "i2": [True] * 3})
+        >>> round(r["diff"], 3), r["n"]
+        (0.833, 2)
+    """
+    items = sorted(set(a) & set(b))
+    if not items:
+        return {"n": 0, "diff": float("nan"), "lo": float("nan"), "hi": float("nan")}
+    d = np.array([np.mean(b[i]) - np.mean(a[i]) for i in items], dtype=float)
+    draws = np.random.default_rng(seed).integers(0, len(items), size=(n_boot, len(items)))
+    boots = d[draws].mean(1)
+    point = float(d.mean())
+    lo, hi = float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975))
+    return {"n": len(items), "diff": point, "lo": min(lo, point), "hi": max(hi, point),
+            "method": f"item-clustered bootstrap ({n_boot} resamples)"}
+
+
+def pooled_tests(outcomes: Mapping[str, Mapping[str, bool]], pooled: Sequence[str], base: str, control: str,
+                 floor: str, steer: str | None = None, threshold: float = 0.10, n_boot: int = 20000, seed: int = 0
+                 ) -> dict[str, Any]:
+    """Part 2's tests on one reading: the pooled arm (its seeds together) against base, control and floor, each
+    with its verdict (``pass``: CI excludes 0 and the point clears ``threshold`` where one applies; ``refuted``: the
+    CI's upper bound is below the threshold, a powered null; else ``inconclusive``), and the steering arm's lift
+    as a share of the pooled arm's (point and item-bootstrap interval; the test asks for at least half)."""
+    items = sorted(set.intersection(*(set(outcomes.get(a, {})) for a in pooled))) if pooled else []
+    pool = {i: [bool(outcomes[a][i]) for a in pooled] for i in items}
+
+    def one(arm: str) -> dict[str, list[bool]]:
+        return {i: [bool(v)] for i, v in outcomes.get(arm, {}).items()}
+
+    def verdict(r: Mapping[str, Any], thr: float) -> str:
+        if r["n"] and r["lo"] > 0 and r["diff"] >= thr:
+            return "pass"
+        return "refuted" if r["n"] and r["hi"] < thr else "inconclusive"
+
+    out: dict[str, Any] = {"pooled": list(pooled), "n_items": len(items)}
+    for name, other, thr in (("vs_base", base, threshold), ("vs_control", control, threshold), ("vs_floor", floor, 0.0)):
+        r = clustered_difference(one(other), pool, n_boot, seed)
+        out[name] = {**r, "threshold": thr, "verdict": verdict(r, thr) if thr > 0 else
+                     ("pass" if r["n"] and r["lo"] > 0 else "inconclusive")}
+    if steer is not None and outcomes.get(steer):
+        common = sorted(set(items) & set(outcomes[steer]) & set(outcomes.get(base, {})))
+        if common:
+            b = np.array([float(outcomes[base][i]) for i in common])
+            p = np.array([np.mean(pool[i]) for i in common])
+            s = np.array([float(outcomes[steer][i]) for i in common])
+            draws = np.random.default_rng(seed).integers(0, len(common), size=(n_boot, len(common)))
+            num, den = (s - b)[draws].mean(1), (p - b)[draws].mean(1)
+            ratio = np.where(np.abs(den) > 1e-12, num / np.where(den == 0, 1, den), np.nan)
+            point = float((s - b).mean() / (p - b).mean()) if abs((p - b).mean()) > 1e-12 else float("nan")
+            lo, hi = (float(x) for x in np.nanquantile(ratio, [0.025, 0.975])) if np.isfinite(ratio).any() \
+                else (float("nan"), float("nan"))
+            out["steer_share"] = {"arm": steer, "n": len(common), "share": point, "lo": lo, "hi": hi,
+                                  "verdict": "pass" if point >= 0.5 and lo > 0 else
+                                  ("refuted" if hi < 0.5 else "inconclusive")}
+    return out
 
 
 def _rate(outcome: Mapping[str, bool]) -> dict[str, Any]:
