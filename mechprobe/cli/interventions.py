@@ -7,7 +7,7 @@
     mechprobe interventions verify                 # committed outputs still match the ledger's sha256
 
 Outputs go to REPORTS/<plan name>/ (default reports/interventions/), with full texts, so each finished step can
-be committed at once. The plan (default studies/interventions/plan_v2.json, the one in force) is pinned by its sha256 in the ledger.
+be committed at once. The plan (default studies/interventions/plan_v2c.json, the one in force) is pinned by its sha256 in the ledger.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     """Add ``ACTION [STEP]``, ``--plan`` and ``--reports`` to ``p``."""
     p.add_argument("action", choices=ACTIONS, metavar="ACTION", help=f"one of {', '.join(ACTIONS)}")
     p.add_argument("step", nargs="?", default=None, metavar="STEP", help="with run: only this step")
-    p.add_argument("--plan", default="studies/interventions/plan_v2.json", help="the committed plan file in force")
+    p.add_argument("--plan", default="studies/interventions/plan_v2c.json", help="the committed plan file in force")
     p.add_argument("--reports", default="reports/interventions", help="where each step's outputs go")
     p.add_argument("--work", default="runs/interventions", help="scratch space (not committed)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -41,6 +41,7 @@ from mechprobe.stats import wilson
 from mechprobe.stats.clustered import clopper_pearson, paired_cluster_bootstrap
 from mechprobe.taxonomy import GENUINE
 
+from .interventions import intervention_values
 from .values import PERCENT, RAW, READ, RECOMPUTED, Value
 
 __all__ = ["AUDITS", "POST_TRAIN_AUDITS", "Findings", "compute_findings", "findings_markdown", "findings_json",
@@ -636,6 +637,11 @@ def compute_findings(root: str | Path = ".") -> Findings:
     _post_train(out, root)
     _relabel(out, root)
     _labelled_set(out, root)
+    vals, notes = intervention_values(root)
+    for v, committed, where in vals:
+        out.add(v)
+        out.compare(v, committed, where)
+    out.notes += notes
     out.values = dict(sorted(out.values.items()))
     return out
 

@@ -282,8 +282,8 @@ class TrainResult:
 
 
 def train_lora(model: torch.nn.Module, examples: Sequence[TrainExample], cfg: TrainConfig, out: str | Path,
-               pad_id: int, *, progress: bool = True, heldout: Sequence[TrainExample] = ()
-               ) -> tuple[Any, TrainResult]:
+               pad_id: int, *, progress: bool = True, heldout: Sequence[TrainExample] = (),
+               stop_after: int | None = None) -> tuple[Any, TrainResult]:
     """Train (or resume training) a LoRA adapter on ``examples``; returns the peft model and a summary.
 
     Resumes from ``out/checkpoints`` when one exists and ``out/train_config.json`` matches ``cfg`` (a
@@ -296,7 +296,12 @@ def train_lora(model: torch.nn.Module, examples: Sequence[TrainExample], cfg: Tr
     best adapter so far is kept (``out/best_adapter.pt``), training stops after ``cfg.patience`` evaluations
     without a new best, and the returned model carries the best step's adapter (``TrainResult.chosen_step``).
     With ``cfg.budget_minutes`` the planned step count is sized from steps 2..3's measured time (``out/plan.json``).
+    ``stop_after`` ends training after that many steps while the learning-rate schedule still runs over
+    ``cfg.steps``: a run that must take exactly the steps another run chose on its held-out curve (same schedule,
+    same steps) is that run's config with ``stop_after`` = its chosen step.
     """
+    if stop_after is not None and not 1 <= stop_after <= cfg.steps:
+        raise UsageError(f"stop_after={stop_after}: must be in 1..steps ({cfg.steps})")
     cfg.validate()
     if not examples:
         raise PostTrainError("no training examples")
@@ -363,7 +368,8 @@ def train_lora(model: torch.nn.Module, examples: Sequence[TrainExample], cfg: Tr
     bar = tqdm(total=cfg.steps, initial=step, desc="LoRA SFT", unit="step", disable=not progress)
     pm.train()
     stopped = bool(heldout) and should_stop(ho_rows, cfg.patience)
-    while step < plan["steps"] and not stopped:
+    end = plan["steps"] if stop_after is None else min(stop_after, plan["steps"])
+    while step < end and not stopped:
         idx = batch_indices(n, cfg.seed, cfg.batch_size, position)
         batch = {k: v.to(dev) for k, v in collate([examples[i] for i in idx], pad_id).items()}
         ts = time.time()
@@ -394,7 +400,8 @@ def train_lora(model: torch.nn.Module, examples: Sequence[TrainExample], cfg: Tr
             bar.total = plan["steps"]
             print(f"\nplan: {plan['steps']} steps fit {cfg.budget_minutes:g} min at {np.mean(secs):.1f} s/step "
                   f"(cap {cfg.steps})", flush=True)
-        last = step == plan["steps"]
+        end = plan["steps"] if stop_after is None else min(stop_after, plan["steps"])
+        last = step == end
         if step % cfg.checkpoint_every == 0 or last:
             if heldout:
                 evaluate(step)

@@ -26,6 +26,7 @@ added norm as ``steer(model, raw_vector, alpha)`` in the config's unit.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -158,10 +159,22 @@ def _turn_nll_chunk(lm: LoadedModel, prompts: Sequence[Sequence[int]], continuat
     return out
 
 
+_CHAR_LOOP = re.compile(r"(.{1,8}?)\1{7,}", re.DOTALL)  # a unit of <= 8 characters repeated >= 8 times
+
+
 def is_degenerate(text: str) -> bool:
-    """Empty, or a repetition loop: few distinct tokens, or one 3-gram covering much of the turn."""
+    """Empty, or a repetition loop: few distinct words, one 3-gram covering much of the turn, or a short run of
+    characters repeated over at least half of the turn's non-space characters.
+
+    Why the character check: a loop of one token with no spaces (``"2222…"``, ``"0.0000…"``) is a single *word*,
+    so the word checks alone pass it as fluent; a steering alpha chosen on the degenerate rate then looks safe.
+    """
     words = text.split()
     if not words:
+        return True
+    chars = "".join(words)
+    loop = sum(len(m.group(0)) for m in _CHAR_LOOP.finditer(chars))
+    if len(chars) >= 16 and loop * 2 >= len(chars):
         return True
     if len(words) >= 8 and len(set(words)) / len(words) < 0.35:
         return True

@@ -344,3 +344,23 @@ def test_budget_plans_steps_and_early_stop_ends_the_run(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "b" / pt.HELDOUT_LOG).read_text().splitlines()]
     assert res.stopped_early and res.steps_done < 40 and rows[-1]["step"] == res.steps_done
     assert res.chosen_step == min(rows, key=lambda r: r["heldout_loss"])["step"]
+
+
+def test_stop_after_takes_the_first_steps_of_the_same_schedule(tmp_path):
+    """``stop_after`` ends a run early while its learning rates follow the full run's schedule: a run that must take
+    the step count another run chose on its held-out curve trains exactly that run's first steps."""
+    cfg = pt.TrainConfig(steps=6, batch_size=3, lr=2e-2, checkpoint_every=10, warmup_steps=1, lora_dropout=0.0)
+    _, full = pt.train_lora(tiny_model("llama", seed=1), _toy_examples(), cfg, tmp_path / "full", pad_id=0,
+                            progress=False)
+    _, cut = pt.train_lora(tiny_model("llama", seed=1), _toy_examples(), cfg, tmp_path / "cut", pad_id=0,
+                           progress=False, stop_after=3)
+    assert (full.steps_done, cut.steps_done) == (6, 3)
+    a, b = pt.read_train_log(tmp_path / "full"), pt.read_train_log(tmp_path / "cut")
+    assert [r["lr"] for r in b] == [r["lr"] for r in a[:3]]
+    assert all(abs(x["loss"] - y["loss"]) < 1e-5 for x, y in zip(a, b))
+    assert (tmp_path / "cut" / pt.ADAPTER_DIR / "adapter_model.safetensors").exists()
+    from mechprobe.errors import UsageError
+
+    with pytest.raises(UsageError, match="stop_after"):
+        pt.train_lora(tiny_model("llama", seed=1), _toy_examples(), cfg, tmp_path / "bad", pad_id=0, progress=False,
+                      stop_after=7)

@@ -426,3 +426,23 @@ def test_steered_user_turns_with_a_scorer_over_several_batches(smol):
     assert [t.nll for t in got] == pytest.approx([t.nll for t in ref], abs=1e-4)
     prompts = [list(chat.build_probe_prompt(smol.tokenizer, x.prompt, x.response).input_ids) for x in items]
     assert [t.nll for t in ref] == pytest.approx(turn_nll(smol, prompts, [t.token_ids for t in ref]), abs=1e-6)
+
+
+@pytest.mark.parametrize("text,bad", [
+    ("2222222222222222222222222222222222222222222222222222222222222222", True),  # one token, no spaces
+    ("I666666666666666666666666666666666666666666666666666666666666666", True),
+    ("I'm not a 0.000000000000000000000000000000000000000000000000000000000", True),
+    ("abababababababababababab", True),
+    ("I'm not eating, so I'm not eating. I'm not eating. I'm not eating. I'm not eating. I'm not eating.", True),
+    ("", True),
+    ("Is it ethical to eat wild animals?<|im_end|>", False),
+    ("What is 1000000 divided by 25? I think the answer is 40000.", False),
+    ("Why did you use 3.14159265358979 there?", False),
+    ("Can you write hahahahaha more?", False),
+])
+def test_is_degenerate_catches_loops_without_spaces(text, bad):
+    """The plan's alpha rule reads this detector: a loop of one token without spaces is one 'word', and before the
+    character check it passed as fluent (the v2b select step chose alpha 2.0 on such turns)."""
+    from mechprobe.steering.evaluate import is_degenerate
+
+    assert is_degenerate(text) is bad

@@ -10,11 +10,13 @@ from __future__ import annotations
 import copy
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from mechprobe.audit.arms import read_sheet_labels
 from mechprobe.errors import UsageError, UserError
 from mechprobe.study.interventions import (
     Study,
@@ -24,7 +26,7 @@ from mechprobe.study.interventions import (
     study_table,
     used_item_ids,
 )
-from mechprobe.study.interventions.sheets import read_sheet_labels, write_sheet
+from mechprobe.study.interventions.sheets import write_sheet
 from tests.conftest import REPO, requires_smollm2
 
 PLAN = REPO / "studies" / "interventions" / "plan.json"
@@ -37,8 +39,9 @@ def test_draw_items_is_seeded_and_excludes():
     assert a != draw_items("gsm8k", 50, 10, seed=4, exclude=set(), min_index=5)
 
 
-def test_committed_plan_items_are_fresh_and_disjoint():
-    plan = load_plan(PLAN)
+@pytest.mark.parametrize("name", ["plan.json", "plan_v2.json", "plan_v2b.json", "plan_v2c.json"])
+def test_committed_plan_items_are_fresh_and_disjoint(name):
+    plan = load_plan(PLAN.parent / name)
     held = {i for ds in plan.datasets for i in plan.candidates("heldout", ds)}
     train = {i for ds in plan.datasets for i in plan.candidates("train", ds)}
     assert not held & train
@@ -254,3 +257,53 @@ def test_reusing_answers_of_a_plan_with_another_cap_is_refused(tmp_path):
     s = Study(load_plan(tmp_path / "plan_v2.json"), tmp_path / "reports", tmp_path / "work", progress=False)
     with pytest.raises(UserError, match="answers_from"):
         s.answers_dir()
+
+
+def test_a_plan_that_changes_only_the_heldout_side_reuses_the_train_side(tmp_path):
+    """plan_v2b takes v2's train outputs and labels (checked against v2's ledger), and refuses them when a field
+    the train side depends on differs or a source file was changed."""
+    src = REPO / "studies" / "interventions"
+    for name in ("plan_v2.json", "plan_v2b.json"):
+        (tmp_path / name).write_text((src / name).read_text(encoding="utf-8"), encoding="utf-8")
+    rep = tmp_path / "reports"
+    shutil.copytree(REPO / "reports" / "interventions" / "interventions-0.5b-v2", rep / "interventions-0.5b-v2")
+    s = Study(load_plan(tmp_path / "plan_v2b.json"), rep, tmp_path / "work", progress=False)
+    states = {st.name: st.state for st in s.status()}
+    assert all(states[k] == "done" for k in ("train_answers", "train_stimuli", "train_turns", "train_sheet"))
+    assert s.ledger.steps["train_turns"].info["reused_from"] == "interventions-0.5b-v2"
+    assert (rep / "interventions-0.5b-v2b" / "train" / "labels").is_dir() and not s.ledger.verify()
+    assert states["heldout_answers"] == "pending"
+
+    raw = json.loads((tmp_path / "plan_v2b.json").read_text(encoding="utf-8"))
+    raw["name"] = "other"
+    raw["train"]["min_positives"] = 31
+    (tmp_path / "plan_x.json").write_text(json.dumps(raw), encoding="utf-8")
+    with pytest.raises(UserError, match="differs in train"):
+        Study(load_plan(tmp_path / "plan_x.json"), rep, tmp_path / "work", progress=False)
+    raw["train"]["min_positives"] = 30
+    (tmp_path / "plan_x.json").write_text(json.dumps(raw), encoding="utf-8")
+    f = rep / "interventions-0.5b-v2" / "train" / "turns.jsonl"
+    f.write_text(f.read_text(encoding="utf-8") + "\n", encoding="utf-8")
+    with pytest.raises(UserError, match="no longer match"):
+        Study(load_plan(tmp_path / "plan_x.json"), rep, tmp_path / "work", progress=False)
+
+
+def test_a_plan_that_changes_only_code_reuses_the_steps_it_lists(tmp_path):
+    """plan_v2c reuses v2b's steps up to the direction and reruns select from v2b's store of train turns; any
+    change of a choice (not only the name and the story) refuses the reuse."""
+    src = REPO / "studies" / "interventions"
+    for name in ("plan_v2.json", "plan_v2b.json", "plan_v2c.json"):
+        (tmp_path / name).write_text((src / name).read_text(encoding="utf-8"), encoding="utf-8")
+    rep = tmp_path / "reports"
+    for d in ("interventions-0.5b-v2", "interventions-0.5b-v2b"):
+        shutil.copytree(REPO / "reports" / "interventions" / d, rep / d)
+    s = Study(load_plan(tmp_path / "plan_v2c.json"), rep, tmp_path / "work", progress=False)
+    states = {st.name: st.state for st in s.status()}
+    assert states["direction"] == "done" and states["heldout_base"] == "done" and states["select"] == "pending"
+    assert (rep / "interventions-0.5b-v2c" / "train" / "selection_turns.jsonl").is_file()
+    raw = json.loads((tmp_path / "plan_v2c.json").read_text(encoding="utf-8"))
+    raw["name"] = "other"
+    raw["selection"]["alphas"] = [0.5]
+    (tmp_path / "plan_x.json").write_text(json.dumps(raw), encoding="utf-8")
+    with pytest.raises(UserError, match="differs in selection"):
+        Study(load_plan(tmp_path / "plan_x.json"), rep, tmp_path / "work", progress=False)

@@ -15,11 +15,17 @@ wall time and the sha256 of its outputs, so its files can be committed as soon a
 7. ``heldout_<arm>``: each arm's user turns on the held-out conversations (one row per item); unsteered arms need
    only the held-out answers, steering arms also the frozen selection.
 8. ``heldout_sheet``, ``judge`` (verdicts beside the labels) and ``heldout_labels`` (*external*); then ``table``.
+
+A plan that *extends* another (part 2) lists the parent's steps as ``part1:<step>`` (done or pending in the
+parent's ledger, never run here) and adds its own (:mod:`.post_steps`): ``sft_data``, ``train_<adapter>``,
+``dpo_pairs``, ``post_train_turns``, ``post_direction``, ``post_select``, ``heldout_<arm>``, ``patch``,
+``accuracy_<model>``, ``accuracy``, then the sheet, the judge and the labels as above.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +36,14 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from mechprobe.audit.arms import (
+    arm_outcomes,
+    pooled_tests,
+    read_sheet_labels,
+    study_table,
+    table_markdown,
+    verdict,
+)
 from mechprobe.errors import MissingInput, UsageError, UserError
 from mechprobe.io import JsonlStore, output_dir_lock, read_json, read_jsonl, sha256_file, write_json
 from mechprobe.judges.base import JudgeInput
@@ -40,7 +54,6 @@ from mechprobe.lm.registry import EMBEDDED, embedded_gguf_path
 from mechprobe.records import AssistantRecord
 from mechprobe.steering.evaluate import is_degenerate
 from mechprobe.steering.vector import SteeringVector, random_like
-from mechprobe.study.interventions.analysis import study_table, table_markdown
 from mechprobe.study.interventions.generate import (
     STIMULUS_KINDS,
     boundary_norms,
@@ -50,7 +63,8 @@ from mechprobe.study.interventions.generate import (
 )
 from mechprobe.study.interventions.ledger import Ledger
 from mechprobe.study.interventions.plan import Plan, load_plan
-from mechprobe.study.interventions.sheets import read_sheet_labels, write_sheet
+from mechprobe.study.interventions.post_steps import PART1, PostTrainingSteps
+from mechprobe.study.interventions.sheets import write_sheet
 from mechprobe.turns.datasets import load_dataset
 from mechprobe.turns.pipeline import ProbeConfig, assistant_answers
 
@@ -67,8 +81,11 @@ class StepStatus:
     seconds: float | None = None
 
 
-class Study:
+class Study(PostTrainingSteps):
     """A plan, its output folder and its ledger; loads the model once, when a step first needs it.
+
+    For a plan that extends another, ``parent`` is the parent's Study (same reports and work roots): its
+    conversations, train labels and reused arms are read from there.
 
     Example:
         >>> from mechprobe.study.interventions import Study, load_plan
@@ -84,8 +101,71 @@ class Study:
         self.work = Path(work) / plan.name
         self.progress = progress
         self.ledger = Ledger.open(self.root, plan)
+        parent = plan.parent
+        self.parent = Study(parent, reports, work, progress) if parent is not None else None
         self._lm: LoadedModel | None = None
         self._store: PrefixStore | None = None
+        self._adapter_lms: dict[str, LoadedModel] = {}
+        if plan.raw.get("train", {}).get("reuse_from"):
+            self._reuse(plan.train["reuse_from"], self._TRAIN_STEPS, self._TRAIN_FIELDS)
+        if plan.raw.get("reuse"):
+            self._reuse(plan.raw["reuse"], tuple(plan.raw["reuse"]["steps"]), None)
+
+    # The plan fields a train-side output depends on: equal in both plans, the outputs are this plan's own.
+    _TRAIN_FIELDS = ("model", "seed", "conversations", "train", "selection")
+    _TRAIN_STEPS = ("train_answers", "train_stimuli", "train_turns", "train_sheet")
+    # What a plan may change and still reuse an earlier plan's steps (``reuse``): its name and its story only.
+    _META_FIELDS = ("name", "written", "reason", "supersedes", "cost", "reuse")
+
+    def _reuse(self, src: dict[str, Any], steps: tuple[str, ...], fields: tuple[str, ...] | None) -> None:
+        """Take ``steps`` (and the external train labels) from the earlier plan ``src`` names, instead of running
+        them again.
+
+        ``train.reuse_from`` (``fields`` = the train side's fields) serves a plan that changes only the held-out
+        side; top-level ``reuse`` (``fields`` None: every field but the name and the story must be equal) serves a
+        plan that changes only code, e.g. a fixed detector, and redoes the steps after the ones it lists. Refused
+        unless the fields are equal and the earlier outputs still match their ledger's hashes; the copies are
+        recorded with the same hashes and the source's cost.
+        """
+        other = load_plan(Path(self.plan.path).parent / src["plan"])
+
+        def fields_of(p: Plan) -> dict[str, Any]:
+            raw = {k: v for k, v in p.raw.items() if (k in fields if fields else k not in self._META_FIELDS)}
+            if "train" in raw:
+                raw["train"] = {k: v for k, v in raw["train"].items() if k != "reuse_from"}
+            if fields:
+                raw["items"] = p.raw["items"]["train"]
+            return raw
+
+        mine, theirs = fields_of(self.plan), fields_of(other)
+        diff = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+        if other.name != src["name"] or diff:
+            raise UserError(f"reuse of {src['name']!r}: that plan differs in {', '.join(diff) or 'name'}; "
+                            f"its outputs are not this plan's")
+        src_root = self.root.parent / other.name
+        theirs_ledger = Ledger.open(src_root, other)
+        bad = theirs_ledger.verify()
+        if bad:
+            raise UserError(f"{src_root}: {', '.join(bad[:3])} no longer match(es) its ledger; restore them first")
+        for step in steps:
+            rec = theirs_ledger.steps.get(step)
+            if rec is None or self.ledger.done(step):
+                continue
+            for rel in rec.outputs:
+                (self.root / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src_root / rel, self.root / rel)
+            self.ledger.record(step, 0.0, [self.root / rel for rel in rec.outputs],
+                               {"reused_from": other.name, "source_seconds": rec.seconds, "source_cpu": rec.cpu,
+                                "source_finished": rec.finished})
+        # the external train labels, what the labellers and the author saw, and the resumable turn stores the plan
+        # names (``stores``: a step that is run again resumes from them, e.g. select recomputes its rule on the
+        # same greedy train turns): copied as they are
+        for rel in ("train/labels", "train/author_instructions.md", "codebook_as_labelled.md", *src.get("stores", ())):
+            a, b = src_root / rel, self.root / rel
+            if a.is_dir() and not b.exists():
+                shutil.copytree(a, b)
+            elif a.is_file() and not b.exists():
+                shutil.copyfile(a, b)
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -111,15 +191,24 @@ class Study:
         embedded_gguf_path(self.plan.model)  # a one-line error naming the fetch command when absent
 
     def conversations(self, split: str) -> list[AssistantRecord]:
-        """The fixed conversations of ``split`` (``train``/``heldout``), in the plan's order."""
+        """The fixed conversations of ``split`` (``train``/``heldout``), in the plan's order (an extending plan's are
+        its parent's)."""
+        if self.parent is not None:
+            return self.parent.conversations(split)
         items = read_json(self.root / f"items_{split}.json")["items"]
         by_id = {r["item_id"]: r for r in read_jsonl(self.root / f"conversations_{split}.jsonl")}
         return [AssistantRecord(item_id=i, dataset=by_id[i]["dataset"], prompt=by_id[i]["query"],
                                 response=by_id[i]["answer"], stop_reason=by_id[i]["stop_reason"],
                                 n_tokens=by_id[i]["n_answer_tokens"]) for i in items]
 
+    def done(self, step: str) -> bool:
+        """Whether ``step`` is done: a ``part1:`` step in the parent's ledger, any other in this plan's."""
+        if step.startswith(PART1):
+            return self.parent is not None and self.parent.ledger.done(step[len(PART1):])
+        return self.ledger.done(step)
+
     def _need(self, *steps: str) -> None:
-        miss = [s for s in steps if not self.ledger.done(s)]
+        miss = [s for s in steps if not self.done(s)]
         if miss:
             raise MissingInput(f"step(s) {', '.join(miss)} not done yet: run `mechprobe interventions run` first")
 
@@ -386,12 +475,18 @@ class Study:
             store.append(row)
         return [out]
 
+    def _arm_path(self, arm: str) -> Path:
+        return self.arm_file(arm) if self.parent is not None else self.root / "heldout" / f"{arm}.jsonl"
+
+    def _arm_step(self, arm: Any) -> str:
+        return f"{PART1}heldout_{arm.name}" if arm.reuse == "part1" else f"heldout_{arm.name}"
+
     def step_heldout_sheet(self) -> list[Path]:
         arms = [a.name for a in self.plan.arms]
-        self._need(*[f"heldout_{a}" for a in arms])
+        self._need(*[self._arm_step(a) for a in self.plan.arms])
         rows = []
         for a in arms:
-            for r in read_jsonl(self.root / "heldout" / f"{a}.jsonl"):
+            for r in read_jsonl(self._arm_path(a)):
                 # As generated, special tokens included (the codebook reads a turn as written); every arm's turn
                 # comes from the same decoder, so the raw text reveals no arm.
                 rows.append({"turn_id": f"{r['item_id']}|{a}", "query": r["query"], "answer": r["answer"],
@@ -406,7 +501,7 @@ class Study:
         self._need("heldout_sheet")
         d = self.root / "heldout"
         key = read_json(d / "sheet.key.json")["rows"]
-        turns = {f"{r['item_id']}|{a.name}": r for a in self.plan.arms for r in read_jsonl(d / f"{a.name}.jsonl")}
+        turns = {f"{r['item_id']}|{a.name}": r for a in self.plan.arms for r in read_jsonl(self._arm_path(a.name))}
         outs = []
         for spec in self.plan.raw["labels"]["judges"]:
             judge = make_judge(spec)
@@ -425,7 +520,7 @@ class Study:
         return outs
 
     def table(self) -> dict[str, Any]:
-        """The held-out table (:func:`~mechprobe.study.interventions.analysis.study_table`), written as
+        """The held-out table (:func:`~mechprobe.audit.arms.study_table`), written as
         ``table.json`` and ``table.md``; needs both labellers' files complete."""
         d = self.root / "heldout"
         k = read_json(d / "sheet.key.json")
@@ -443,10 +538,26 @@ class Study:
                 judges[spec] = {r["record_id"]: bool(r["genuine"]) for r in read_jsonl(f)}
         tab = study_table(k["rows"], labs, [a.name for a in self.plan.arms], judges=judges or None)
         tab["labellers"] = [f.stem for f in files]
+        tab["verdict"] = verdict(tab)
+        if self.parent is not None:
+            tab["part2"] = self.part2_tests(k["rows"], labs)
         write_json(self.root / "table.json", tab)
         note = ("Judges beside the labels: " + ", ".join(f"`{j}`" for j in judges) + ".") if judges else ""
         (self.root / "table.md").write_text(table_markdown(tab, self.plan.model, note), encoding="utf-8")
         return tab
+
+    def part2_tests(self, key: dict[str, Any], labs: list[dict[str, Any]]) -> dict[str, Any]:
+        """The extending plan's tests per reading: SFT pooled over its seeds against base, the control and its
+        answer-removed floor, and the post-training steering arm's share of SFT's lift."""
+        arms = self.plan.arms
+        ad = self.plan.adapters
+        sft = [a.name for a in arms if a.kind == "adapter" and ad[a.adapter]["method"] == "sft"
+               and ad[a.adapter]["data"] == "human"]
+        control = next(a.name for a in arms if a.kind == "adapter" and ad[a.adapter].get("data") == "control")
+        floor = next(a.name for a in arms if a.kind == "no_response")
+        steer = next((a.name for a in arms if a.kind == "steer"), None)
+        return {r: pooled_tests(arm_outcomes(key, labs, r), sft, "base", control, floor, steer, seed=self.plan.seed)
+                for r in ("strict", "lenient")}
 
     # ------------------------------------------------------------------ the ledger
     def steps(self) -> list[tuple[str, Callable[[], list[Path]] | None, tuple[str, ...]]]:
@@ -455,6 +566,8 @@ class Study:
         The model's held-out conversations and the unsteered arms need nothing from the train side, so they run
         while the train sheet is being labelled; the steering arms need the frozen selection.
         """
+        if self.parent is not None:
+            return self._extending_steps()
         arms = self.plan.arms
         free = [a for a in arms if a.kind != "steer"]
         steered = [a for a in arms if a.kind == "steer"]
@@ -477,10 +590,73 @@ class Study:
                 ("judge", self.step_judge, ("heldout_sheet",)), ("heldout_labels", None, ("heldout_sheet",))]
         return out
 
+    def _extending_steps(self) -> list[tuple[str, Callable[[], list[Path]] | None, tuple[str, ...]]]:
+        """Part 2's steps after the parent's (listed as ``part1:<step>``, never run here)."""
+        assert self.parent is not None
+        Step = tuple[str, Callable[[], list[Path]] | None, tuple[str, ...]]
+        out: list[Step] = [(PART1 + n, None, tuple(PART1 + d for d in deps)) for n, _, deps in self.parent.steps()]
+        ad = self.plan.adapters
+        sel = next(n for n, s in ad.items() if s.get("steps") == "select")
+
+        def train(n: str) -> Callable[[], list[Path]]:
+            return lambda: self.step_train(n)
+
+        out.append(("sft_data", self.step_sft_data, ()))
+        out.append((f"train_{sel}", train(sel), ("sft_data",)))
+        out += [(f"train_{n}", train(n), ("sft_data", f"train_{sel}")) for n, s in ad.items()
+                if s["method"] == "sft" and n != sel]
+        if any(s["method"] == "dpo" for s in ad.values()):
+            out.append(("dpo_pairs", self.step_dpo_pairs, (PART1 + "train_labels",)))
+            out += [(f"train_{n}", train(n), ("dpo_pairs",)) for n, s in ad.items() if s["method"] == "dpo"]
+        dad = self.plan.raw["direction"]["adapter"]
+        out += [("post_train_turns", self.step_post_train_turns, (f"train_{dad}", PART1 + "train_answers")),
+                ("post_direction", self.step_post_direction, (f"train_{dad}", PART1 + "train_answers")),
+                ("post_select", self.step_post_select, ("post_direction", "post_train_turns"))]
+
+        def arm(n: str) -> Callable[[], list[Path]]:
+            return lambda: self.step_heldout_post(n)
+
+        pad = self.plan.raw["patching"]["adapter"]
+        patch_turns = next(f"heldout_{a.name}" for a in self.plan.arms if a.kind == "adapter" and a.adapter == pad)
+        late: list[Step] = []
+        for a in self.plan.arms:
+            if a.reuse:
+                continue
+            needs = [PART1 + "heldout_answers"] + ([f"train_{a.adapter}"] if a.adapter else [])
+            if a.kind == "steer":
+                needs.append("post_select")
+            if a.kind == "patch":
+                late.append((f"heldout_{a.name}", arm(a.name), (*needs, "patch")))
+            else:
+                out.append((f"heldout_{a.name}", arm(a.name), tuple(needs)))
+        out.append(("patch", self.step_patch, (patch_turns,)))
+        out += late
+
+        def acc(m: str) -> Callable[[], list[Path]]:
+            return lambda: self.step_accuracy_answers(m)
+
+        models = list(self.plan.raw["accuracy"]["models"])
+        out += [(f"accuracy_{m}", acc(m), () if m == "base" else (f"train_{m}",)) for m in models]
+        out.append(("accuracy", self.step_accuracy, tuple(f"accuracy_{m}" for m in models)))
+        out += [("heldout_sheet", self.step_heldout_sheet, tuple(self._arm_step(a) for a in self.plan.arms)),
+                ("judge", self.step_judge, ("heldout_sheet",)), ("heldout_labels", None, ("heldout_sheet",))]
+        return out
+
     def status(self) -> list[StepStatus]:
-        """Each step: done (with its wall seconds), external (labels awaited) or pending."""
+        """Each step: done (with its wall seconds), external (labels awaited) or pending; an extending plan's
+        ``part1:`` steps are done or ``part1`` (pending under the parent plan, which runs them)."""
         res = []
+        cost = self.plan.raw.get("cost", {})
         for name, fn, _ in self.steps():
+            if name.startswith(PART1):
+                assert self.parent is not None
+                prec = self.parent.ledger.steps.get(name[len(PART1):])
+                if prec is not None:
+                    res.append(StepStatus(name, "done", f"reused from {self.parent.plan.path.name}'s ledger",
+                                          prec.seconds))
+                else:
+                    res.append(StepStatus(name, "part1", f"runs under {self.parent.plan.path.name}, not here"))
+                continue
             rec = self.ledger.steps.get(name)
             if rec is not None:
                 res.append(StepStatus(name, "done", f"{len(rec.outputs)} file(s), {rec.cpu}", rec.seconds))
@@ -492,7 +668,7 @@ class Study:
             elif fn is None:
                 res.append(StepStatus(name, "external", "two labellers fill heldout/labels/<name>.csv"))
             else:
-                res.append(StepStatus(name, "pending", str(self.plan.raw.get("cost", {}).get(name, ""))))
+                res.append(StepStatus(name, "pending", str(cost.get(name, cost.get(_cost_key(name), "")))))
         return res
 
     def run(self, only: str | None = None) -> list[str]:
@@ -504,9 +680,14 @@ class Study:
             raise UsageError(f"unknown step {only!r}; steps: {', '.join(names)}")
         with output_dir_lock(self.root, "interventions run", "reports"):
             for name, fn, needs in self.steps():
+                if name.startswith(PART1):
+                    if only == name:
+                        raise UsageError(f"{name} is a step of {self.parent.plan.path.name if self.parent else 'the parent'}"
+                                         f": run it under that plan, not this one")
+                    continue
                 if (only is not None and name != only) or self.ledger.done(name):
                     continue
-                if not all(self.ledger.done(n) for n in needs):
+                if not all(self.done(n) for n in needs):
                     if only is not None:
                         self._need(*needs)
                     continue
@@ -532,6 +713,20 @@ class Study:
     def verify(self) -> list[str]:
         """Committed outputs whose bytes changed since their step recorded them."""
         return self.ledger.verify()
+
+
+def _cost_key(step: str) -> str:
+    """The plan's cost entry that covers ``step`` when it has none of its own (``train_sft_s1`` -> ``train_sft``,
+    ``heldout_sft_s2`` -> ``heldout_arm``, ``accuracy_dpo`` -> ``accuracy_model``)."""
+    if step.startswith("train_sft") or step == "train_control":
+        return "train_sft"
+    if step.startswith("heldout_patch"):
+        return "heldout_patch"
+    if step.startswith("heldout_"):
+        return "heldout_arm"
+    if step.startswith("accuracy_"):
+        return "accuracy_model"
+    return step
 
 
 def _grouped_cv_auroc(x: np.ndarray, y: np.ndarray, groups: np.ndarray, seed: int, folds: int = 5) -> float:

@@ -1,4 +1,4 @@
-"""Blind labelling sheets for the study, and reading the labellers' files back.
+"""Blind labelling sheets for the study (the labellers' files are read back by :func:`mechprobe.audit.arms.read_sheet_labels`).
 
 Why a sheet per batch with a separate key: labellers (people or model-written labellers) see only an opaque
 row key, the query, the real answer and the user turn, never the arm, the split or any judge's verdict. The
@@ -16,13 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mechprobe.audit.labels import read_labellers_file
-from mechprobe.audit.readings import LENIENT, STRICT, genuine_under
-from mechprobe.errors import UsageError
 from mechprobe.io import write_json, write_text_atomic
-from mechprobe.taxonomy import GENUINE
 
-__all__ = ["row_key", "write_sheet", "read_sheet_labels", "SHEET_COLUMNS"]
+__all__ = ["row_key", "write_sheet", "SHEET_COLUMNS"]
 
 SHEET_COLUMNS = ("sample_id", "row", "query", "answer", "user_turn", "label", "strict", "borderline", "note")
 
@@ -62,28 +58,3 @@ def write_sheet(rows: Sequence[dict[str, Any]], sheet: Path, key: Path, *, sampl
     write_text_atomic(sheet, buf.getvalue())
     write_json(key, {"sample_id": sample_id, "rows": keymap})
     return len(order)
-
-
-def read_sheet_labels(path: Path, sample_id: str, keys: set[str]) -> dict[str, dict[str, Any]]:
-    """One labeller's filled sheet: ``row -> {label, strict_genuine, lenient_genuine, borderline, note}``.
-
-    Refuses a file of another sheet, rows not on the sheet, and a ``genuine_followup`` row without its strict
-    reading: under codebook v2 every genuine row says whether it is genuine under the strict reading too, so the
-    strict rate is the labellers' own call, never a stand-in rule.
-    """
-    labs = read_labellers_file(path, kind="model")
-    if len(labs) != 1:
-        raise UsageError(f"{path}: holds {len(labs)} labellers; give each labeller their own file")
-    lab = labs[0]
-    if lab.sample_id and lab.sample_id != sample_id:
-        raise UsageError(f"{path}: labels sheet {lab.sample_id!r}, not {sample_id!r}; label the sheet beside its key")
-    out: dict[str, dict[str, Any]] = {}
-    for r in lab.rows:
-        if r.row not in keys:
-            raise UsageError(f"{path}: row {r.row!r} is not on sheet {sample_id!r}")
-        if r.label == GENUINE and r.strict is None:
-            raise UsageError(f"{path}: row {r.row} is genuine_followup without its strict reading; fill the strict "
-                             f"column (yes, or the label it gets under the strict reading)")
-        out[r.row] = {"label": r.label, "strict": r.strict, "borderline": r.borderline, "note": r.note,
-                      "lenient_genuine": genuine_under(r, LENIENT), "strict_genuine": genuine_under(r, STRICT)}
-    return out

@@ -1,0 +1,104 @@
+"""The intervention study's numbers are recomputed from its committed per-turn files and bound to keys."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from pathlib import Path
+
+from mechprobe.audit.arms import read_sheet_labels, study_table, table_markdown, verdict
+from mechprobe.findings.compute import Findings
+from mechprobe.findings.interventions import intervention_values, study_key
+from mechprobe.study.interventions.sheets import write_sheet
+
+ARMS = ["base", "base_t1", "answer_removed", "steer_audited", "steer_random"]
+
+
+def _study(root: Path, p_steer: float = 0.5, n: int = 30) -> Path:
+    """A committed-looking study folder: sheet key, two labellers' files, one judge's verdicts, table.json."""
+    d = root / "reports" / "interventions" / "interventions-0.5b-v9"
+    held = d / "heldout"
+    rows = [{"turn_id": f"i{k}|{a}", "query": f"q{k}", "answer": f"a{k}", "turn": f"t{k}{a}", "item_id": f"i{k}",
+             "arm": a} for k in range(n) for a in ARMS]
+    write_sheet(rows, held / "sheet.csv", held / "sheet.key.json", sample_id="S", seed=0)
+    key = json.loads((held / "sheet.key.json").read_text(encoding="utf-8"))["rows"]
+    rng = random.Random(0)
+    truth = {r: rng.random() < (p_steer if m["arm"] == "steer_audited" else 0.05) for r, m in key.items()}
+    with (held / "sheet.csv").open(encoding="utf-8", newline="") as f:
+        sheet = list(csv.DictReader(f))
+    for name, flip in (("labeller-a", 0.0), ("labeller-b", 0.1)):
+        out = held / "labels" / f"{name}.csv"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("w", encoding="utf-8", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(sheet[0]))
+            w.writeheader()
+            for r in sheet:
+                g = truth[r["row"]] != (rng.random() < flip)
+                w.writerow({**r, "label": "genuine_followup" if g else "new_query", "strict": "yes" if g else "",
+                            "borderline": "0"})
+    with (held / "verdicts_offline.jsonl").open("w", encoding="utf-8") as f:
+        for r in key:
+            f.write(json.dumps({"record_id": r, "genuine": truth[r] or rng.random() < 0.2}) + "\n")
+    labs = [read_sheet_labels(held / "labels" / f"{n}.csv", "S", set(key)) for n in ("labeller-a", "labeller-b")]
+    judges = {"offline": {json.loads(x)["record_id"]: json.loads(x)["genuine"]
+                          for x in (held / "verdicts_offline.jsonl").read_text(encoding="utf-8").splitlines()}}
+    tab = study_table(key, labs, ARMS, judges=judges)
+    tab["verdict"] = verdict(tab)
+    (d / "table.json").write_text(json.dumps(tab), encoding="utf-8")
+    return d
+
+
+def _findings(root: Path) -> Findings:
+    out = Findings()
+    vals, notes = intervention_values(root)
+    for v, committed, where in vals:
+        out.add(v)
+        out.compare(v, committed, where)
+    out.notes += notes
+    return out
+
+
+def test_committed_study_reproduces_under_its_keys(tmp_path):
+    _study(tmp_path)
+    f = _findings(tmp_path)
+    assert not f.mismatches
+    pre = f"interventions.{study_key('interventions-0.5b-v9')}"
+    assert pre == "interventions.0.5b_v9"
+    v = f.values[f"{pre}.steer_audited.strict"]
+    assert v.n == 30 and v.lo <= v.point <= v.hi
+    assert f.values[f"{pre}.steer_audited.strict.vs_base"].signed
+    assert f"{pre}.steer_audited.strict.vs_floor" in f.values and f"{pre}.steer_audited.strict.vs_control" in f.values
+    assert f"{pre}.base.strict.labeller-b" in f.values and f"{pre}.kappa.strict.labellers" in f.values
+    assert f"{pre}.answer_removed.lenient.judge_kappa.offline" in f.values
+
+
+def test_a_table_that_does_not_follow_from_the_labels_is_a_mismatch(tmp_path):
+    d = _study(tmp_path)
+    tab = json.loads((d / "table.json").read_text(encoding="utf-8"))
+    tab["arms"]["steer_audited"]["strict"]["rate"] += 0.1  # a table edited by hand, or a label file changed after
+    (d / "table.json").write_text(json.dumps(tab), encoding="utf-8")
+    f = _findings(tmp_path)
+    assert any("steer_audited.strict:" in m for m in f.mismatches)
+
+
+def test_a_study_still_being_labelled_is_skipped_with_a_note(tmp_path):
+    d = _study(tmp_path)
+    (d / "table.json").unlink()
+    f = _findings(tmp_path)
+    assert not f.values and any("no table.json" in n for n in f.notes)
+
+
+def test_verdict_follows_the_preregistered_tests(tmp_path):
+    d = _study(tmp_path, p_steer=0.6, n=60)
+    tab = json.loads((d / "table.json").read_text(encoding="utf-8"))
+    v = verdict(tab)
+    assert v["lift"] and v["outcome"].startswith("effect")
+    null = _study(tmp_path / "null", p_steer=0.05, n=60)
+    v0 = verdict(json.loads((null / "table.json").read_text(encoding="utf-8")))
+    assert v0["lift"] is False and v0["outcome"] in ("powered null", "inconclusive")
+    tab.pop("verdict")
+    md = table_markdown(tab, "m", "")
+    assert "Pre-registered outcome" not in md  # table_markdown states the outcome only once it is in the table
+    tab["verdict"] = v
+    assert "Pre-registered outcome: effect" in table_markdown(tab, "m", "")
