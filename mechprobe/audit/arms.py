@@ -29,7 +29,7 @@ from mechprobe.stats.paired import mcnemar_exact
 from mechprobe.taxonomy import GENUINE
 
 __all__ = ["arm_outcomes", "study_table", "paired_difference", "clustered_difference", "pooled_tests",
-           "table_markdown", "read_sheet_labels", "verdict"]
+           "table_markdown", "read_sheet_labels", "study_outcome"]
 
 READINGS = ("strict", "lenient")
 
@@ -111,7 +111,7 @@ def pooled_tests(outcomes: Mapping[str, Mapping[str, bool]], pooled: Sequence[st
     def one(arm: str) -> dict[str, list[bool]]:
         return {i: [bool(v)] for i, v in outcomes.get(arm, {}).items()}
 
-    def verdict(r: Mapping[str, Any], thr: float) -> str:
+    def _verdict(r: Mapping[str, Any], thr: float) -> str:
         if r["n"] and r["lo"] > 0 and r["diff"] >= thr:
             return "pass"
         return "refuted" if r["n"] and r["hi"] < thr else "inconclusive"
@@ -119,7 +119,7 @@ def pooled_tests(outcomes: Mapping[str, Mapping[str, bool]], pooled: Sequence[st
     out: dict[str, Any] = {"pooled": list(pooled), "n_items": len(items)}
     for name, other, thr in (("vs_base", base, threshold), ("vs_control", control, threshold), ("vs_floor", floor, 0.0)):
         r = clustered_difference(one(other), pool, n_boot, seed)
-        out[name] = {**r, "threshold": thr, "verdict": verdict(r, thr) if thr > 0 else
+        out[name] = {**r, "threshold": thr, "verdict": _verdict(r, thr) if thr > 0 else
                      ("pass" if r["n"] and r["lo"] > 0 else "inconclusive")}
     if steer is not None and outcomes.get(steer):
         common = sorted(set(items) & set(outcomes[steer]) & set(outcomes.get(base, {})))
@@ -199,7 +199,7 @@ def study_table(key: Mapping[str, Mapping[str, Any]], labels: Sequence[Mapping[s
 LIFT = 0.10  # the pre-registered lift, and the powered null's bound: 10 points
 
 
-def verdict(table: Mapping[str, Any], primary: str = "steer_audited", base: str = "base",
+def study_outcome(table: Mapping[str, Any], primary: str = "steer_audited", base: str = "base",
             sampled: str = "base_t1") -> dict[str, Any]:
     """The pre-registered tests on the strict reading, read off :func:`study_table`'s output.
 
@@ -295,7 +295,7 @@ def table_markdown(table: Mapping[str, Any], model: str, judge_note: str) -> str
     for reading, k in table.get("kappa_labellers", {}).items():
         lines.append(f"\nLabeller κ over every row, {reading} reading: {k['kappa']:.2f} [{k['lo']:.2f}, {k['hi']:.2f}] "
                      f"({k['agree']}/{k['n']} agree; item bootstrap).")
-    if "verdict" in table:
-        v = table["verdict"]
+    if "study_outcome" in table:
+        v = table["study_outcome"]
         lines.append(f"\n**Pre-registered outcome: {v['outcome']}** ({v['why']}).")
     return "\n".join(lines) + "\n"

@@ -7,7 +7,7 @@ import json
 import random
 from pathlib import Path
 
-from mechprobe.audit.arms import read_sheet_labels, study_table, table_markdown, verdict
+from mechprobe.audit.arms import read_sheet_labels, study_outcome, study_table, table_markdown
 from mechprobe.findings.compute import Findings
 from mechprobe.findings.interventions import intervention_values, study_key
 from mechprobe.study.interventions.sheets import write_sheet
@@ -44,7 +44,7 @@ def _study(root: Path, p_steer: float = 0.5, n: int = 30) -> Path:
     judges = {"offline": {json.loads(x)["record_id"]: json.loads(x)["genuine"]
                           for x in (held / "verdicts_offline.jsonl").read_text(encoding="utf-8").splitlines()}}
     tab = study_table(key, labs, ARMS, judges=judges)
-    tab["verdict"] = verdict(tab)
+    tab["study_outcome"] = study_outcome(tab)
     (d / "table.json").write_text(json.dumps(tab), encoding="utf-8")
     return d
 
@@ -92,13 +92,13 @@ def test_a_study_still_being_labelled_is_skipped_with_a_note(tmp_path):
 def test_verdict_follows_the_preregistered_tests(tmp_path):
     d = _study(tmp_path, p_steer=0.6, n=60)
     tab = json.loads((d / "table.json").read_text(encoding="utf-8"))
-    v = verdict(tab)
+    v = study_outcome(tab)
     assert v["lift"] and v["outcome"].startswith("effect")
     null = _study(tmp_path / "null", p_steer=0.05, n=60)
-    v0 = verdict(json.loads((null / "table.json").read_text(encoding="utf-8")))
+    v0 = study_outcome(json.loads((null / "table.json").read_text(encoding="utf-8")))
     assert v0["lift"] is False and v0["outcome"] in ("powered null", "inconclusive")
-    tab.pop("verdict")
+    tab.pop("study_outcome")
     md = table_markdown(tab, "m", "")
     assert "Pre-registered outcome" not in md  # table_markdown states the outcome only once it is in the table
-    tab["verdict"] = v
+    tab["study_outcome"] = v
     assert "Pre-registered outcome: effect" in table_markdown(tab, "m", "")

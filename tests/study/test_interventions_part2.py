@@ -16,7 +16,8 @@ import torch
 from safetensors.torch import save_file
 
 from mechprobe.errors import MissingInput, UsageError
-from mechprobe.lm.models import LoadedModel, tiny_model
+from mechprobe.lm.forward import tiny_model
+from mechprobe.lm.models import LoadedModel
 from mechprobe.lm.prefix import PrefixStore
 from mechprobe.post_train import train as pt
 from mechprobe.records import AssistantRecord

@@ -40,9 +40,9 @@ from mechprobe.audit.arms import (
     arm_outcomes,
     pooled_tests,
     read_sheet_labels,
+    study_outcome,
     study_table,
     table_markdown,
-    verdict,
 )
 from mechprobe.errors import MissingInput, UsageError, UserError
 from mechprobe.io import JsonlStore, output_dir_lock, read_json, read_jsonl, sha256_file, write_json
@@ -538,7 +538,7 @@ class Study(PostTrainingSteps):
                 judges[spec] = {r["record_id"]: bool(r["genuine"]) for r in read_jsonl(f)}
         tab = study_table(k["rows"], labs, [a.name for a in self.plan.arms], judges=judges or None)
         tab["labellers"] = [f.stem for f in files]
-        tab["verdict"] = verdict(tab)
+        tab["study_outcome"] = study_outcome(tab)
         if self.parent is not None:
             tab["part2"] = self.part2_tests(k["rows"], labs)
         write_json(self.root / "table.json", tab)
