@@ -37,7 +37,7 @@ from mechprobe.taxonomy import DEFINITIONS, GENUINE
 from .readings import LENIENT, STRICT, STRICT_YES, parse_strict
 
 __all__ = ["BlindTurn", "BlindLabel", "Verdict", "Source", "SOURCES", "STIMULUS_ARMS", "SPLITS", "BlindSets", "load_blind_sets",
-           "consensus", "item_key", "split_of_item", "genuine_of"]
+           "consensus", "item_key", "split_of_item", "genuine_of", "judge_spec"]
 
 STIMULUS_ARMS = frozenset({"react", "ignore"})  # LM-authored user turns (stimuli), not subject-model turns
 SPLITS = ("train", "dev", "test")
@@ -129,6 +129,11 @@ def _turn_id(model: str, query: str, answer: str, turn: str) -> str:
     return "t" + h[:12]
 
 
+def judge_spec(spec: str) -> str:
+    """One name per judge in the table: ``hybrid2:M`` is the accepted alias of ``hybrid-voice:M`` (the same judge)."""
+    return "hybrid-voice:" + spec.split(":", 1)[1] if spec.startswith("hybrid2:") else spec
+
+
 def _flag(v: Any) -> bool:
     return str(v).strip().lower() in {"1", "true", "yes", "y", "x"}
 
@@ -173,7 +178,7 @@ def _labelled_set(src: Source, d: Path) -> tuple[list[BlindTurn], list[BlindLabe
         for line in (d / "judges.jsonl").read_text(encoding="utf-8").splitlines():
             r = json.loads(line) if line.strip() else None
             if r:
-                verdicts.append(Verdict(r["turn_id"], r["spec"], None, r["label"] == GENUINE,
+                verdicts.append(Verdict(r["turn_id"], judge_spec(r["spec"]), None, r["label"] == GENUINE,
                                         f"{src.path}/judges.jsonl"))
     return turns, labels, verdicts
 
@@ -233,7 +238,7 @@ def _sheets(src: Source, d: Path) -> tuple[list[BlindTurn], list[BlindLabel], li
             for line in f.read_text(encoding="utf-8").splitlines():
                 r = json.loads(line) if line.strip() else None
                 if r and r.get("record_id") in ids:
-                    verdicts.append(Verdict(ids[r["record_id"]], spec, None, bool(r["genuine"]), f"{src.path}/{f.name}"))
+                    verdicts.append(Verdict(ids[r["record_id"]], judge_spec(spec), None, bool(r["genuine"]), f"{src.path}/{f.name}"))
     return turns, labels, verdicts
 
 

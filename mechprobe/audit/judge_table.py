@@ -63,9 +63,10 @@ def read_verdicts(path: str | Path) -> list[Verdict]:
 
 
 def _verdict_map(verdicts: Iterable[Verdict]) -> dict[tuple[str, str | None], dict[str, bool]]:
+    """(judge, reading) -> turn -> verdict; where two files give one judge's verdict on a turn, the first stands."""
     out: dict[tuple[str, str | None], dict[str, bool]] = {}
     for v in verdicts:
-        out.setdefault((v.judge, v.reading), {})[v.turn_id] = v.genuine
+        out.setdefault((v.judge, v.reading), {}).setdefault(v.turn_id, v.genuine)
     return out
 
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +40,7 @@ from mechprobe.audit.readings import READINGS
 from mechprobe.errors import UsageError
 from mechprobe.io import write_json
 from mechprobe.judges.base import JudgeInput
+from mechprobe.judges.factory import make_judge
 from mechprobe.judges.offline import Embedder, OfflineJudge
 from mechprobe.judges.textfit import (
     DEFAULT_WEIGHTS,
@@ -55,7 +58,7 @@ from mechprobe.judges.turn_features import TEXT_FEATURES
 from mechprobe.taxonomy import GENUINE
 
 __all__ = ["JudgeEvalConfig", "JudgeEvalResult", "run_judge_eval", "fit_heads", "judge_inputs", "cached_features",
-           "HARD_NEGATIVE_ARMS", "TEXTFIT", "OFFLINE", "table_markdown"]
+           "HARD_NEGATIVE_ARMS", "TEXTFIT", "OFFLINE", "table_markdown", "measure_speed", "cpu_description"]
 
 TEXTFIT, OFFLINE = "textfit", "offline"
 HARD_NEGATIVE_ARMS = frozenset({"answer_removed"})
@@ -77,6 +80,9 @@ class JudgeEvalConfig:
         cache: where feature rows are cached (a scratch folder, relative to ``root``).
         splits: the splits the table shows (the test split is the result; dev is what selection saw).
         n_boot: bootstrap draws per kappa interval.
+        speed_turns: when > 0, time each of ``speed_judges`` on this many test turns (the same turns, one judge
+            after another, after one warm-up turn each) and append the rows to ``speed.jsonl``.
+        speed_judges: the judge specs timed.
     """
 
     root: str = "."
@@ -86,6 +92,8 @@ class JudgeEvalConfig:
     cache: str = "runs/judge_eval"
     splits: tuple[str, ...] = ("dev", "test")
     n_boot: int = 500
+    speed_turns: int = 0
+    speed_judges: tuple[str, ...] = (TEXTFIT, "hybrid2:qwen2.5-coder-1.5b-instruct")
 
 
 @dataclass
@@ -318,17 +326,24 @@ def run_judge_eval(cfg: JudgeEvalConfig, progress: Callable[[str], None] | None 
         thr = float(w["heads"][head]["threshold"])
         verdicts += [Verdict(t, TEXTFIT, head, p >= thr, "") for t, p in zip(tids, probs)]
     verdicts += [Verdict(t, OFFLINE, None, bool(feats[t]["offline_genuine"]), "") for t in tids]
+    verdicts += _trained_verdicts(root)  # committed here too: the findings recompute the table from files alone
     vfile = root / VERDICTS_FILE
     vfile.parent.mkdir(parents=True, exist_ok=True)
     vfile.write_text("".join(json.dumps({"turn_id": v.turn_id, "judge": v.judge, "reading": v.reading,
                                          "genuine": v.genuine}) + "\n" for v in verdicts), encoding="utf-8")
-    committed = blind.verdicts + _trained_verdicts(root)
-    rows = judge_table(blind, read_verdicts(vfile) + committed, splits=cfg.splits, n_boot=cfg.n_boot)
+    rows = judge_table(blind, read_verdicts(vfile) + blind.verdicts, splits=cfg.splits, n_boot=cfg.n_boot)
     split_file = {"format": "mechprobe-judge-split-v1",
                   "rule": "mechprobe.audit.blind_sets.split_of_item (query hash; the labelled set's test rule)",
                   "items": {t.item: split_of_item(t.item) for t in sorted(blind.turns.values(), key=lambda t: t.item)}}
     write_json(out / "split.json", split_file)
     speed_path = out / "speed.jsonl"
+    if cfg.speed_turns > 0:
+        sample = [inputs[t] for t in tids if split_of_item(blind.turns[t].item) == "test"][:cfg.speed_turns + 1]
+        rows_s = measure_speed(cfg.speed_judges, sample, make_judge, cpu_description(),
+                               note=f"{len(sample) - 1} test turns after 1 warm-up; load average "
+                                    f"{os.getloadavg()[0]:.1f} at start")
+        with speed_path.open("a", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in rows_s)
     speed = [json.loads(x) for x in speed_path.read_text(encoding="utf-8").splitlines() if x.strip()] \
         if speed_path.is_file() else []
     res = JudgeEvalResult(rows=rows, inventory=blind.counts(), selection=selection,
@@ -340,14 +355,30 @@ def run_judge_eval(cfg: JudgeEvalConfig, progress: Callable[[str], None] | None 
     return res
 
 
+def cpu_description() -> str:
+    """The CPU's model name and the cores this process may use (for every speed row: a time names its CPU)."""
+    name = platform.processor() or "unknown CPU"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+        name = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), name)
+        flags = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+        extra = [f for f in ("amx_bf16", "avx512_bf16") if f" {f}" in flags]
+        name += f" ({'/'.join(extra)})" if extra else ""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return f"{name}, {cores} cores"
+
+
 def measure_speed(specs: Sequence[str], inputs: Sequence[JudgeInput], make: Callable[[str], Any],
                   cpu: str, note: str = "") -> list[dict[str, Any]]:
     """Turns per second of each judge spec on the same ``inputs`` (one after another, in this process)."""
     rows = []
+    warm, timed = list(inputs[:1]), list(inputs[1:])
     for spec in specs:
         judge = make(spec)
+        list(judge.label_many(warm))  # loads what the judge loads lazily (the encoder, the LM's prefix cache)
         t0 = time.perf_counter()
-        n = sum(1 for _ in judge.label_many(list(inputs)))
+        n = sum(1 for _ in judge.label_many(timed))
         dt = time.perf_counter() - t0
         rows.append({"judge": spec, "turns": n, "seconds": round(dt, 2), "turns_per_s": round(n / dt, 3),
                      "cpu": cpu, "note": note})

@@ -134,3 +134,26 @@ def test_key_names():
     assert model_short("smollm2-135m-instruct") == "smollm135m"
     assert cell_key("hybrid2:qwen2.5-coder-1.5b-instruct", MODEL, "all", "strict", "test") == \
         "judge_table.hybrid2_qwen2_5-coder-1_5b-instruct.qwen0.5b.all.strict.test"
+
+
+def test_heldout_layout_with_the_study_judges_verdicts(tmp_path):
+    """The study's held-out folder: one sheet, labels/<name>.csv, verdicts_<spec>.jsonl keyed by sheet row."""
+    d = tmp_path / "heldout"
+    (d / "labels").mkdir(parents=True)
+    with (d / "sheet.csv").open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(COLS)
+        w.writerow(["h", "r1", "Q?", "A 5.", "Why 5?", "", "", "", ""])
+        w.writerow(["h", "r2", "Q2?", "A 6.", "Tell me a joke", "", "", "", ""])
+    (d / "sheet.key.json").write_text(json.dumps({"sample_id": "h", "rows": {
+        "r1": {"arm": "base", "item_id": "gsm8k-1", "turn_id": "gsm8k-1|base"},
+        "r2": {"arm": "answer_removed", "item_id": "gsm8k-2", "turn_id": "gsm8k-2|answer_removed"}}}))
+    for who in ("labeller-c", "labeller-d"):
+        (d / "labels" / f"{who}.csv").write_text("sample_id,row,label,strict,borderline,note\n"
+                                                 "h,r1,genuine_followup,yes,0,\nh,r2,new_query,,0,\n")
+    (d / "verdicts_hybrid-voice_qwen2.5-coder-1.5b-instruct.jsonl").write_text(
+        json.dumps({"record_id": "r1", "genuine": True}) + "\n" + json.dumps({"record_id": "r2", "genuine": True}))
+    b = load_blind_sets(tmp_path, [Source("held", "sheets", "heldout", "v2", MODEL)])
+    assert sorted(t.arm for t in b.turns.values()) == ["answer_removed", "base"]
+    assert {v.judge for v in b.verdicts} == {"hybrid-voice:qwen2.5-coder-1.5b-instruct"} and len(b.verdicts) == 2
+    assert sorted(consensus(b.labels_of(t), "strict") for t in b.turns) == [False, True]
