@@ -103,7 +103,7 @@ def judge_table(blind: BlindSets, verdicts: Sequence[Verdict], splits: Sequence[
                              "n": len(tids), "items": len(set(items)), "kappa": _num(k.kappa), "lo": _num(k.lo),
                              "hi": _num(k.hi), "agree": k.agree, "tp": tp, "fp": fp, "fn": fn,
                              "tn": len(tids) - tp - fp - fn, "labellers_genuine": sum(y), "judge_genuine": sum(p),
-                             "key": cell_key(judge, model, ds, reading, sp)})
+                             "finding": cell_key(judge, model, ds, reading, sp)})
     return rows
 
 

@@ -597,18 +597,18 @@ def _judge_table(out: Findings, root: Path) -> None:
     blind = load_blind_sets(root)
     committed = {}
     if (root / JUDGE_TABLE).exists():
-        committed = {r["key"]: r for r in read_json(root / JUDGE_TABLE)["rows"] if r["dataset"] == "all"}
+        committed = {r["finding"]: r for r in read_json(root / JUDGE_TABLE)["rows"] if r["dataset"] == "all"}
     rows = judge_table(blind, read_verdicts(vfile) + blind.verdicts, splits=("test",), n_boot=N_BOOT_KAPPA,
                        seed=SEED)
     for r in rows:
         if r["dataset"] != "all":
             continue
         nan = float("nan")
-        v = Value(r["key"], nan if r["kappa"] is None else r["kappa"], nan if r["lo"] is None else r["lo"],
+        v = Value(r["finding"], nan if r["kappa"] is None else r["kappa"], nan if r["lo"] is None else r["lo"],
                   nan if r["hi"] is None else r["hi"], r["agree"], r["n"], RAW, RECOMPUTED,
                   f"{VERDICTS_FILE} + the blind-labelled sets", "cohen kappa, binary; item bootstrap",
                   items=r["items"])
-        c = committed.get(r["key"])
+        c = committed.get(r["finding"])
         if c is not None and c["kappa"] is not None:
             out.compare(v, {"kappa": c["kappa"], "lo": c["lo"], "hi": c["hi"]}, JUDGE_TABLE)
         out.add(v)

@@ -93,7 +93,7 @@ class JudgeEvalConfig:
     splits: tuple[str, ...] = ("dev", "test")
     n_boot: int = 500
     speed_turns: int = 0
-    speed_judges: tuple[str, ...] = (TEXTFIT, "hybrid2:qwen2.5-coder-1.5b-instruct")
+    speed_judges: tuple[str, ...] = (TEXTFIT, "hybrid-voice:qwen2.5-coder-1.5b-instruct")
 
 
 @dataclass
@@ -129,8 +129,9 @@ def cached_features(inputs: dict[str, JudgeInput], cache: Path, embed: bool = Tr
     if todo:
         if progress:
             progress(f"features of {len(todo)} turns (rules + MiniLM)")
-        rows, verdicts = feature_rows([inputs[t] for t in todo], OfflineJudge(embed=embed),
-                                      Embedder() if embed else None)
+        offline, embedder = OfflineJudge(embed=embed), Embedder() if embed else None
+        offline._embedder = embedder  # one encoder and one memo (as in TextFitJudge)
+        rows, verdicts = feature_rows([inputs[t] for t in todo], offline, embedder)
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a", encoding="utf-8") as fh:
             for tid, row, v in zip(todo, rows, verdicts):
@@ -309,7 +310,8 @@ def run_judge_eval(cfg: JudgeEvalConfig, progress: Callable[[str], None] | None 
     out = root / cfg.out
     blind = load_blind_sets(root)
     if not blind.turns:
-        raise UsageError(f"no blind-labelled turns under {root}/reports; run from the repository root or pass --root")
+        raise UsageError(f"no blind-labelled turns under {root}/reports; run from the repository root or pass "
+                         "root=REPO")
     inputs = judge_inputs(blind)
     feats = cached_features(inputs, root / cfg.cache, embed=True, progress=progress)
     selection: list[dict[str, Any]] = []

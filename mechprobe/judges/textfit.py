@@ -78,7 +78,7 @@ def _finite(x: Any) -> bool:
 
 def check_weights(w: Any, where: str) -> dict[str, Any]:
     """Refuse a weights dict that would judge wrongly without failing (``where`` names the file)."""
-    fix = "refit with mechprobe judge-eval --fit (never edit the weights by hand)"
+    fix = "refit with the judge-eval driver, fit=True (never edit the weights by hand)"
     if not isinstance(w, dict) or w.get("format") != WEIGHTS_FORMAT:
         raise UsageError(f"{where}: not a {WEIGHTS_FORMAT} file; {fix}")
     names = w.get("features")
@@ -116,17 +116,19 @@ def load_weights(path: str | Path | None = None) -> dict[str, Any]:
     if path is None:
         ref = resources.files("mechprobe") / "data" / DEFAULT_WEIGHTS
         if not ref.is_file():
-            raise UsageError(f"no fitted weights in the package ({DEFAULT_WEIGHTS}); run mechprobe judge-eval --fit")
+            raise UsageError(f"no fitted weights in the package ({DEFAULT_WEIGHTS}); refit with the judge-eval "
+                             "driver, fit=True")
         where, raw = f"mechprobe/data/{DEFAULT_WEIGHTS}", ref.read_bytes()
     else:
         p = Path(path)
         if not p.is_file():
-            raise UsageError(f"{p}: textfit weights not found; pass the JSON mechprobe judge-eval --fit wrote")
+            raise UsageError(f"{p}: textfit weights not found; pass the JSON the judge-eval driver wrote with "
+                             "fit=True")
         where, raw = str(p), p.read_bytes()
     try:
         w = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
-        raise UsageError(f"{where}: not valid UTF-8 JSON; refit with mechprobe judge-eval --fit") from None
+        raise UsageError(f"{where}: not valid UTF-8 JSON; refit with the judge-eval driver, fit=True") from None
     return check_weights(w, where)
 
 
@@ -176,6 +178,7 @@ class TextFitJudge:
         """P(genuine) under the judge's head, and the offline verdicts, of ``inputs`` in order."""
         if self.weights["embed"] and self._embedder is None:
             self._embedder = Embedder()
+            self.offline._embedder = self._embedder  # one encoder and one memo: each text is encoded once
         rows, offline = feature_rows(inputs, self.offline, self._embedder)
         return head_proba(self.weights, self.reading, rows), offline
 

@@ -20,6 +20,7 @@ from mechprobe.audit.blind_sets import (
 )
 from mechprobe.audit.judge_table import cell_key, judge_table, model_short, read_verdicts
 from mechprobe.errors import UsageError
+from mechprobe.io import redact
 
 MODEL = "qwen2.5-coder-0.5b-instruct"
 COLS = ["sample_id", "row", "query", "answer", "user_turn", "label", "strict", "borderline", "note"]
@@ -115,7 +116,8 @@ def test_judge_table_kappa_confusion_and_rates(tmp_path):
         else:
             assert r["tp"] == r["tn"] == 0
     assert set(alls) == {"oracle", "contrary"}
-    assert rows[0]["key"].startswith("judge_table.")
+    assert rows[0]["finding"].startswith("judge_table.")
+    assert redact(rows) == rows  # no field the JSON writer would blank as a secret (a field named "key" was)
 
 
 def test_verdicts_file_round_trip_and_bad_row(tmp_path):
