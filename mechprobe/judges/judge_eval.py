@@ -250,8 +250,8 @@ def table_markdown(res: JudgeEvalResult, speed: list[dict[str, Any]], chosen: di
              "carry codebook v2's strict field. Items are split train / dev / test by the query's hash; the "
              "text-fit heads were fit on train and chosen on dev; test was scored once.", "",
              "## Inventory", "",
-             "| subject model | source | turns | labels | lenient consensus (genuine) | split | "
-             "strict consensus (genuine) | split |", "|---|---|---|---|---|---|---|---|"]
+             "| subject model | source | turns | labels | lenient consensus (genuine) | labellers split | "
+             "strict consensus (genuine) | labellers split |", "|---|---|---|---|---|---|---|---|"]
     for r in res.inventory:
         lines.append(f"| {r['model']} | {r['source']} | {r['turns']} | {r['labels']} | {r['lenient_consensus']} "
                      f"({r['lenient_genuine']}) | {r['lenient_split']} | {r['strict_consensus']} "
