@@ -7,6 +7,7 @@
     mechprobe probes RUN                                         # linear probes per layer
     mechprobe steer RUN --alpha 4                                # steering vectors, with controls
     mechprobe agreement A B                                      # agreement between two label sources
+    mechprobe judge-eval [--fit]                                 # judges vs every blind-labelled set, per model
     mechprobe audit RUN --n 80 --by condition                    # blind audit sheet; --labels F.json: corrected rates
     mechprobe post-train --model NAME                            # LoRA SFT or DPO, then before/after evaluation
     mechprobe study [--quick]                                    # the paper's studies over every embedded model
@@ -36,6 +37,7 @@ from mechprobe.cli import (
     interventions,
     judge,
     judges,
+    judge_eval,
     linear_probe,
     models,
     post_train,
@@ -52,7 +54,7 @@ COMMANDS: dict[str, ModuleType] = {
     "probe": probe, "judge": judge, "judges": judges, "cache": cache, "probes": linear_probe, "steer": steer,
     "agreement": agreement, "audit": audit, "post-train": post_train, "study": study,
     "relabel-steering": relabel_steering, "serve": serve, "models": models, "findings": findings,
-    "interventions": interventions,
+    "interventions": interventions, "judge-eval": judge_eval,
 }
 
 

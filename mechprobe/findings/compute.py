@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from mechprobe.audit.agreement import kappa_with_ci
+from mechprobe.audit.blind_sets import load_blind_sets
 from mechprobe.audit.estimate import audit_only_difference, audit_only_rate
+from mechprobe.audit.judge_table import VERDICTS_FILE, judge_table, read_verdicts
 from mechprobe.audit.labels import LabellerLabels, read_labellers_file
 from mechprobe.audit.readings import STRICT, genuine_under
 from mechprobe.audit.sample import AuditSample
@@ -63,6 +65,7 @@ POST_TRAIN_AUDITS: dict[str, str] = {arm: f"{POST_TRAIN_PREFIX}_audit/{d}-gsm8k"
                                                     ("pairs", "pairs"))}
 RELABEL_DIR = "reports/relabel_v2"
 LABELLED_SET = "reports/labelled_turns"
+JUDGE_TABLE = "reports/judge/table.json"
 BASE = "none"  # the unsteered condition of a steering audit
 ALPHA = 0.05
 N_BOOT_KAPPA, N_BOOT_RATE, SEED = 500, 2000, 0  # what `mechprobe audit` uses, so a recomputation is draw for draw
@@ -585,6 +588,33 @@ def _relabel_kappas(rows: list[dict[str, Any]]) -> dict[str, Value]:
     return out
 
 
+def _judge_table(out: Findings, root: Path) -> None:
+    """The judge table's test cells (all datasets), recomputed from the committed blind labels and verdicts
+    (:mod:`mechprobe.audit.judge_table`) and compared with the committed ``reports/judge/table.json``."""
+    vfile = root / VERDICTS_FILE
+    if not vfile.exists():
+        out.notes.append(f"judge_table: {VERDICTS_FILE} not found (run mechprobe judge-eval); skipped")
+        return
+    blind = load_blind_sets(root)
+    committed = {}
+    if (root / JUDGE_TABLE).exists():
+        committed = {r["finding"]: r for r in read_json(root / JUDGE_TABLE)["rows"] if r["dataset"] == "all"}
+    rows = judge_table(blind, read_verdicts(vfile) + blind.verdicts, splits=("test",), n_boot=N_BOOT_KAPPA,
+                       seed=SEED)
+    for r in rows:
+        if r["dataset"] != "all":
+            continue
+        nan = float("nan")
+        v = Value(r["finding"], nan if r["kappa"] is None else r["kappa"], nan if r["lo"] is None else r["lo"],
+                  nan if r["hi"] is None else r["hi"], r["agree"], r["n"], RAW, RECOMPUTED,
+                  f"{VERDICTS_FILE} + the blind-labelled sets", "cohen kappa, binary; item bootstrap",
+                  items=r["items"])
+        c = committed.get(r["finding"])
+        if c is not None and c["kappa"] is not None:
+            out.compare(v, {"kappa": c["kappa"], "lo": c["lo"], "hi": c["hi"]}, JUDGE_TABLE)
+        out.add(v)
+
+
 def _labelled_set(out: Findings, root: Path) -> None:
     """Labeller a vs b kappa on the committed labelled set, overall and per subject model (as in its labels.md)."""
     d = root / LABELLED_SET
@@ -642,6 +672,7 @@ def compute_findings(root: str | Path = ".") -> Findings:
         out.add(v)
         out.compare(v, committed, where)
     out.notes += notes
+    _judge_table(out, root)
     out.values = dict(sorted(out.values.items()))
     return out
 

@@ -1,0 +1,388 @@
+"""Fit, select and score judges on every committed blind-labelled set: the per-model judge table.
+
+Why: the linear probes predict judged follow-up, so where the judge disagrees with the labellers a null probe
+says nothing. This driver (``mechprobe judge-eval``) puts every committed blind label in one place
+(:mod:`mechprobe.audit.blind_sets`), splits by item (train / dev / test, the same rule for every model), fits the
+text-fit judge's heads on train and chooses on dev only (``--fit``), writes every judge's verdict per turn to
+``reports/judge/verdicts.jsonl``, and writes the table (:mod:`mechprobe.audit.judge_table`) as markdown and JSON.
+
+Selection (``--fit``), per head (one head per reading): every candidate is a feature set (the rules' verdict and
+lexical cues; the same plus MiniLM similarities), a training target (the lenient or the strict consensus: the
+strict head may learn from the more plentiful lenient labels), an L2 strength C and a decision threshold; the
+logistic model is fit on the train items (class-balanced), turns of an ``answer_removed`` arm are hard negatives
+(written without the answer, so they fit any answer and are not genuine), and the candidate with the highest mean
+dev kappa over the subject models whose dev turns hold a positive wins. The test split is scored, never chosen on.
+
+Verdicts of judges that need a language model (the hybrid and trained judges) are not recomputed: the committed
+ones are read (the labelled set's ``judges.jsonl``, the study's ``verdicts_*.jsonl``; the trained judge's from
+the labelled set's committed feature rows and the package's weights).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import cohen_kappa_score
+
+from mechprobe.audit.blind_sets import BlindSets, Verdict, consensus, load_blind_sets, split_of_item
+from mechprobe.audit.judge_table import VERDICTS_FILE, judge_table, read_verdicts
+from mechprobe.audit.readings import READINGS
+from mechprobe.errors import UsageError
+from mechprobe.io import write_json
+from mechprobe.judges.base import JudgeInput
+from mechprobe.judges.factory import make_judge
+from mechprobe.judges.offline import Embedder, OfflineJudge
+from mechprobe.judges.textfit import (
+    DEFAULT_WEIGHTS,
+    HEADS,
+    TEXTFIT_FEATURES,
+    WEIGHTS_FORMAT,
+    feature_rows,
+    head_proba,
+    load_weights,
+    weights_digest,
+)
+from mechprobe.judges.trained import load_weights as trained_weights
+from mechprobe.judges.trained import predict_proba as trained_proba
+from mechprobe.judges.turn_features import TEXT_FEATURES
+from mechprobe.taxonomy import GENUINE
+
+__all__ = ["JudgeEvalConfig", "JudgeEvalResult", "run_judge_eval", "fit_heads", "judge_inputs", "cached_features",
+           "HARD_NEGATIVE_ARMS", "TEXTFIT", "OFFLINE", "table_markdown", "measure_speed", "cpu_description"]
+
+TEXTFIT, OFFLINE = "textfit", "offline"
+HARD_NEGATIVE_ARMS = frozenset({"answer_removed"})
+FEATURE_SETS: dict[str, tuple[str, ...]] = {"rules+lexical": TEXT_FEATURES, "rules+lexical+minilm": TEXTFIT_FEATURES}
+C_GRID = (0.01, 0.03, 0.1, 0.3, 1.0)
+THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(2, 19))
+VERSION = "textfit-v1"
+
+
+@dataclass(frozen=True)
+class JudgeEvalConfig:
+    """What ``mechprobe judge-eval`` does.
+
+    Attributes:
+        root: the repository (its ``reports/`` holds the labelled sets).
+        out: the report folder, relative to ``root``.
+        fit: refit the text-fit heads (selection on dev) and write ``weights``; else use the existing weights.
+        weights: the text-fit weights file; None = the package's (``mechprobe/data/textfit_judge.json``).
+        cache: where feature rows are cached (a scratch folder, relative to ``root``).
+        splits: the splits the table shows (the test split is the result; dev is what selection saw).
+        n_boot: bootstrap draws per kappa interval.
+        speed_turns: when > 0, time each of ``speed_judges`` on this many test turns (the same turns, one judge
+            after another, after one warm-up turn each) and append the rows to ``speed.jsonl``.
+        speed_judges: the judge specs timed.
+    """
+
+    root: str = "."
+    out: str = "reports/judge"
+    fit: bool = False
+    weights: str | None = None
+    cache: str = "runs/judge_eval"
+    splits: tuple[str, ...] = ("dev", "test")
+    n_boot: int = 500
+    speed_turns: int = 0
+    speed_judges: tuple[str, ...] = (TEXTFIT, "hybrid-voice:qwen2.5-coder-1.5b-instruct")
+
+
+@dataclass
+class JudgeEvalResult:
+    """What was written, the table rows, the inventory and the selection (when fit)."""
+
+    rows: list[dict[str, Any]]
+    inventory: list[dict[str, Any]]
+    selection: list[dict[str, Any]] = field(default_factory=list)
+    written: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    markdown: str = ""
+
+
+def judge_inputs(blind: BlindSets) -> dict[str, JudgeInput]:
+    """What a judge sees of each blind turn (what the labellers saw: query, answer, the turn as written)."""
+    return {tid: JudgeInput(record_id=tid, prompt=t.query, response=t.answer, raw_text=t.turn, dataset=t.dataset,
+                            item_id=t.item) for tid, t in blind.turns.items()}
+
+
+def cached_features(inputs: dict[str, JudgeInput], cache: Path, embed: bool = True,
+                    progress: Callable[[str], None] | None = None) -> dict[str, dict[str, float]]:
+    """Feature rows (:data:`~mechprobe.judges.textfit.TEXTFIT_FEATURES` + ``offline_label``) per turn id, computed
+    once and kept in ``cache/features-<variant>.jsonl`` (keyed by turn id, which is a content hash)."""
+    path = cache / f"features-{'minilm' if embed else 'lexical'}.jsonl"
+    have: dict[str, dict[str, float]] = {}
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                r = json.loads(line)
+                have[r["turn_id"]] = r["features"]
+    todo = [tid for tid in inputs if tid not in have]
+    if todo:
+        if progress:
+            progress(f"features of {len(todo)} turns (rules + MiniLM)")
+        offline, embedder = OfflineJudge(embed=embed), Embedder() if embed else None
+        offline._embedder = embedder  # one encoder and one memo (as in TextFitJudge)
+        rows, verdicts = feature_rows([inputs[t] for t in todo], offline, embedder)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as fh:
+            for tid, row, v in zip(todo, rows, verdicts):
+                row = row | {"offline_genuine": float(v.label == GENUINE)}
+                have[tid] = row
+                fh.write(json.dumps({"turn_id": tid, "features": row}) + "\n")
+    return {t: have[t] for t in inputs}
+
+
+def _kappa(y: Sequence[bool], p: Sequence[bool]) -> float:
+    if len(set(y)) < 2 and len(set(p)) < 2:
+        return math.nan
+    return float(cohen_kappa_score(list(y), list(p)))
+
+
+def _targets(blind: BlindSets) -> dict[str, dict[str, bool | None]]:
+    out: dict[str, dict[str, bool | None]] = {r: {} for r in READINGS}
+    for tid, t in blind.turns.items():
+        labs = blind.labels_of(tid)
+        for r in READINGS:
+            out[r][tid] = False if t.arm in HARD_NEGATIVE_ARMS and labs else consensus(labs, r)
+    return out
+
+
+def fit_heads(blind: BlindSets, feats: dict[str, dict[str, float]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Fit every candidate on the train items, choose each head's on dev (see the module docstring).
+
+    Returns:
+        the weights dict (:data:`~mechprobe.judges.textfit.WEIGHTS_FORMAT`) and one row per candidate (its dev
+        kappa per model and the mean that chose it).
+    Raises:
+        UsageError: no train turn of both classes, or no dev turn with a positive (nothing to choose on).
+    """
+    names = list(TEXTFIT_FEATURES)
+    tids = sorted(blind.turns)
+    split = {t: split_of_item(blind.turns[t].item) for t in tids}
+    X = np.array([[feats[t][n] for n in names] for t in tids], dtype=float)
+    train = [i for i, t in enumerate(tids) if split[t] == "train"]
+    mean, scale = X[train].mean(0), X[train].std(0)
+    scale = np.where(scale > 1e-9, scale, 1.0)
+    Z = (X - mean) / scale
+    targets = _targets(blind)
+    truth = {r: {t: consensus(blind.labels_of(t), r) for t in tids} for r in READINGS}
+    models = sorted({t.model for t in blind.turns.values()})
+    dev = {(r, m): [i for i, t in enumerate(tids) if split[t] == "dev" and blind.turns[t].model == m
+                    and truth[r][t] is not None] for r in READINGS for m in models}
+    selection: list[dict[str, Any]] = []
+    best: dict[str, tuple[float, dict[str, Any]]] = {}
+    for fs_name, fs in FEATURE_SETS.items():
+        cols = [names.index(n) for n in fs]
+        for target in READINGS:
+            tr = [i for i in train if targets[target][tids[i]] is not None]
+            y = [bool(targets[target][tids[i]]) for i in tr]
+            if len(set(y)) < 2:
+                continue
+            for C in C_GRID:
+                clf = LogisticRegression(C=C, class_weight="balanced", max_iter=5000).fit(Z[np.ix_(tr, cols)], y)
+                prob = clf.predict_proba(Z[:, cols])[:, 1]
+                for head in HEADS:
+                    for thr in THRESHOLDS:
+                        per = {}
+                        for m in models:
+                            idx = dev[(head, m)]
+                            yy = [bool(truth[head][tids[i]]) for i in idx]
+                            if any(yy):
+                                per[m] = _kappa(yy, [bool(prob[i] >= thr) for i in idx])
+                        ks = [k for k in per.values() if math.isfinite(k)]
+                        if not ks:
+                            continue
+                        score = float(np.mean(ks))
+                        coef = np.zeros(len(names))
+                        coef[cols] = clf.coef_[0]
+                        row = {"head": head, "features": fs_name, "target": target, "C": C, "threshold": thr,
+                               "dev_mean_kappa": score, "dev_kappa": per,
+                               "coef": [float(c) for c in coef], "intercept": float(clf.intercept_[0])}
+                        selection.append({k: v for k, v in row.items() if k not in ("coef", "intercept")})
+                        # ties keep the earlier (fewer features, stronger regularisation, lower threshold)
+                        if head not in best or score > best[head][0] + 1e-12:
+                            best[head] = (score, row)
+    missing = [h for h in HEADS if h not in best]
+    if missing:
+        raise UsageError(f"no dev turn with a genuine consensus under {', '.join(missing)}: nothing to choose a "
+                         "head on; add labelled turns (a source in mechprobe.audit.blind_sets.SOURCES)")
+    heads = {h: {"coef": best[h][1]["coef"], "intercept": best[h][1]["intercept"], "threshold": best[h][1]["threshold"],
+                 "chosen": {k: best[h][1][k] for k in ("features", "target", "C", "dev_mean_kappa", "dev_kappa")}}
+             for h in HEADS}
+    w: dict[str, Any] = {"format": WEIGHTS_FORMAT, "version": VERSION, "features": names,
+                         "mean": [float(x) for x in mean], "scale": [float(x) for x in scale], "heads": heads,
+                         "embed": True,
+                         "fit": {"train_turns": len(train), "rule": "mechprobe judge-eval --fit: train items fit, "
+                                 "dev items choose (mean dev kappa over models), test items never seen",
+                                 "hard_negative_arms": sorted(HARD_NEGATIVE_ARMS)}}
+    w["weights_sha256"] = weights_digest(w)
+    return w, selection
+
+
+def _trained_verdicts(root: Path) -> list[Verdict]:
+    """The trained judge's verdicts from the labelled set's committed feature rows and the package's weights."""
+    path = root / "reports/labelled_turns/features.jsonl"
+    if not path.is_file():
+        return []
+    w = trained_weights()
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    probs = trained_proba(w, [r["features"] for r in rows])
+    spec = f"trained:{w['scoring_model']}"
+    return [Verdict(r["turn_id"], spec, None, p >= float(w["threshold"]), str(path)) for r, p in zip(rows, probs)]
+
+
+def table_markdown(res: JudgeEvalResult, speed: list[dict[str, Any]], chosen: dict[str, Any]) -> str:
+    """The report: inventory, the per-model table (test, then dev), the chosen heads and the speed rows."""
+    lines = ["# Judges against blind labels, per subject model", "",
+             "Written by `mechprobe judge-eval` from committed labels and verdicts (`reports/judge/verdicts.jsonl`, "
+             "the labelled sets' own judge files). Labels are model-written: two language-model labellers per turn, "
+             "blind to model, condition and judge. Reference: the labellers' consensus (both say genuine, or both "
+             "say not, under the reading); turns they split on are left out. `strict` exists only where the labels "
+             "carry codebook v2's strict field. Items are split train / dev / test by the query's hash; the "
+             "text-fit heads were fit on train and chosen on dev; test was scored once.", "",
+             "## Inventory", "",
+             "| subject model | source | turns | labels | lenient consensus (genuine) | labellers split | "
+             "strict consensus (genuine) | labellers split |", "|---|---|---|---|---|---|---|---|"]
+    for r in res.inventory:
+        lines.append(f"| {r['model']} | {r['source']} | {r['turns']} | {r['labels']} | {r['lenient_consensus']} "
+                     f"({r['lenient_genuine']}) | {r['lenient_split']} | {r['strict_consensus']} "
+                     f"({r['strict_genuine']}) | {r['strict_split']} |")
+    for sp in ("test", "dev"):
+        rows = [r for r in res.rows if r["split"] == sp and r["dataset"] == "all"]
+        if not rows:
+            continue
+        lines += ["", f"## {sp} items, all datasets", "",
+                  "| judge | subject model | reading | n (items) | κ [95% CI, item bootstrap] | "
+                  "TP / FP / FN / TN | judge genuine | labellers genuine |", "|---|---|---|---|---|---|---|---|"]
+        for r in sorted(rows, key=lambda r: (r["model"], r["reading"], r["judge"])):
+            lines.append(f"| {r['judge']} | {r['model']} | {r['reading']} | {r['n']} ({r['items']}) | "
+                         f"{_kappa_text(r)} | {r['tp']} / {r['fp']} / {r['fn']} / {r['tn']} | "
+                         f"{_rate(r['judge_genuine'], r['n'])} | {_rate(r['labellers_genuine'], r['n'])} |")
+    per_ds = [r for r in res.rows if r["split"] == "test" and r["dataset"] != "all"]
+    if per_ds:
+        lines += ["", "## test items, per dataset", "",
+                  "| judge | subject model | dataset | reading | n (items) | κ [95% CI] | judge / labellers genuine |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in sorted(per_ds, key=lambda r: (r["model"], r["dataset"], r["reading"], r["judge"])):
+            lines.append(f"| {r['judge']} | {r['model']} | {r['dataset']} | {r['reading']} | {r['n']} ({r['items']}) "
+                         f"| {_kappa_text(r)} | {r['judge_genuine']} / {r['labellers_genuine']} |")
+    if chosen:
+        lines += ["", "## Text-fit heads (chosen on dev)", "", "| head | features | target | C | threshold | "
+                  "mean dev κ | dev κ per model |", "|---|---|---|---|---|---|---|"]
+        for h, c in chosen.items():
+            per = ", ".join(f"{m} {k:.2f}" for m, k in c["chosen"]["dev_kappa"].items())
+            lines.append(f"| {h} | {c['chosen']['features']} | {c['chosen']['target']} | {c['chosen']['C']} | "
+                         f"{c['threshold']} | {c['chosen']['dev_mean_kappa']:.2f} | {per} |")
+    if speed:
+        lines += ["", "## Speed (`reports/judge/speed.jsonl`)", "", "| judge | turns | seconds | turns/s | CPU | note |",
+                  "|---|---|---|---|---|---|"]
+        for s in speed:
+            lines.append(f"| {s['judge']} | {s['turns']} | {s['seconds']:.1f} | {s['turns_per_s']:.2f} | {s['cpu']} | "
+                         f"{s.get('note', '')} |")
+    if res.notes:
+        lines += ["", "Notes: " + "; ".join(res.notes)]
+    return "\n".join(lines) + "\n"
+
+
+def _kappa_text(r: dict[str, Any]) -> str:
+    if r["kappa"] is None:
+        return f"n/a ({r['agree']}/{r['n']} agree)"
+    ci = f" [{r['lo']:.2f}, {r['hi']:.2f}]" if r["lo"] is not None and r["hi"] is not None else ""
+    return f"{r['kappa']:.2f}{ci} ({r['agree']}/{r['n']} agree)"
+
+
+def _rate(k: int, n: int) -> str:
+    return f"{k}/{n} = {100 * k / n:.1f}%" if n else "n/a"
+
+
+def run_judge_eval(cfg: JudgeEvalConfig, progress: Callable[[str], None] | None = None) -> JudgeEvalResult:
+    """Load the blind sets, (re)fit when asked, write verdicts, split, table and report; return the result."""
+    root = Path(cfg.root)
+    out = root / cfg.out
+    blind = load_blind_sets(root)
+    if not blind.turns:
+        raise UsageError(f"no blind-labelled turns under {root}/reports; run from the repository root or pass "
+                         "root=REPO")
+    inputs = judge_inputs(blind)
+    feats = cached_features(inputs, root / cfg.cache, embed=True, progress=progress)
+    selection: list[dict[str, Any]] = []
+    weights_path = Path(cfg.weights) if cfg.weights else root / "mechprobe" / "data" / DEFAULT_WEIGHTS
+    if cfg.fit:
+        w, selection = fit_heads(blind, feats)
+        write_json(weights_path, w)
+        write_json(out / "selection.json", {"candidates": selection})
+    w = load_weights(weights_path if (cfg.fit or cfg.weights) else None)
+    tids = sorted(inputs)
+    verdicts: list[Verdict] = []
+    for head in w["heads"]:
+        probs = head_proba(w, head, [feats[t] for t in tids])
+        thr = float(w["heads"][head]["threshold"])
+        verdicts += [Verdict(t, TEXTFIT, head, p >= thr, "") for t, p in zip(tids, probs)]
+    verdicts += [Verdict(t, OFFLINE, None, bool(feats[t]["offline_genuine"]), "") for t in tids]
+    verdicts += _trained_verdicts(root)  # committed here too: the findings recompute the table from files alone
+    vfile = root / VERDICTS_FILE
+    vfile.parent.mkdir(parents=True, exist_ok=True)
+    vfile.write_text("".join(json.dumps({"turn_id": v.turn_id, "judge": v.judge, "reading": v.reading,
+                                         "genuine": v.genuine}) + "\n" for v in verdicts), encoding="utf-8")
+    rows = judge_table(blind, read_verdicts(vfile) + blind.verdicts, splits=cfg.splits, n_boot=cfg.n_boot)
+    split_file = {"format": "mechprobe-judge-split-v1",
+                  "rule": "mechprobe.audit.blind_sets.split_of_item (query hash; the labelled set's test rule)",
+                  "items": {t.item: split_of_item(t.item) for t in sorted(blind.turns.values(), key=lambda t: t.item)}}
+    write_json(out / "split.json", split_file)
+    speed_path = out / "speed.jsonl"
+    if cfg.speed_turns > 0:
+        sample = [inputs[t] for t in tids if split_of_item(blind.turns[t].item) == "test"][:cfg.speed_turns + 1]
+        rows_s = measure_speed(cfg.speed_judges, sample, make_judge, cpu_description(),
+                               note=f"{len(sample) - 1} test turns after 1 warm-up; load average "
+                                    f"{os.getloadavg()[0]:.1f} at start")
+        with speed_path.open("a", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in rows_s)
+    speed = [json.loads(x) for x in speed_path.read_text(encoding="utf-8").splitlines() if x.strip()] \
+        if speed_path.is_file() else []
+    res = JudgeEvalResult(rows=rows, inventory=blind.counts(), selection=selection,
+                          notes=[n for n in blind.notes if "not found" in n])
+    res.markdown = table_markdown(res, speed, w["heads"])
+    write_json(out / "table.json", {"rows": rows, "inventory": res.inventory, "weights_sha256": w["weights_sha256"]})
+    (out / "table.md").write_text(res.markdown, encoding="utf-8")
+    res.written = [vfile, out / "split.json", out / "table.json", out / "table.md"]
+    return res
+
+
+def cpu_description() -> str:
+    """The CPU's model name and the cores this process may use (for every speed row: a time names its CPU)."""
+    name = platform.processor() or "unknown CPU"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+        name = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), name)
+        flags = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+        extra = [f for f in ("amx_bf16", "avx512_bf16") if f" {f}" in flags]
+        name += f" ({'/'.join(extra)})" if extra else ""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return f"{name}, {cores} cores"
+
+
+def measure_speed(specs: Sequence[str], inputs: Sequence[JudgeInput], make: Callable[[str], Any],
+                  cpu: str, note: str = "") -> list[dict[str, Any]]:
+    """Turns per second of each judge spec on the same ``inputs`` (one after another, in this process)."""
+    rows = []
+    warm, timed = list(inputs[:1]), list(inputs[1:])
+    for spec in specs:
+        judge = make(spec)
+        list(judge.label_many(warm))  # loads what the judge loads lazily (the encoder, the LM's prefix cache)
+        t0 = time.perf_counter()
+        n = sum(1 for _ in judge.label_many(timed))
+        dt = time.perf_counter() - t0
+        rows.append({"judge": spec, "turns": n, "seconds": round(dt, 2), "turns_per_s": round(n / dt, 3),
+                     "cpu": cpu, "note": note})
+    return rows
+
