@@ -221,7 +221,7 @@ def fit_heads(blind: BlindSets, feats: dict[str, dict[str, float]]) -> tuple[dic
     w: dict[str, Any] = {"format": WEIGHTS_FORMAT, "version": VERSION, "features": names,
                          "mean": [float(x) for x in mean], "scale": [float(x) for x in scale], "heads": heads,
                          "embed": True,
-                         "fit": {"train_turns": len(train), "rule": "mechprobe judge-eval --fit: train items fit, "
+                         "fit": {"train_turns": len(train), "rule": "judge_eval with fit=True: train items fit, "
                                  "dev items choose (mean dev kappa over models), test items never seen",
                                  "hard_negative_arms": sorted(HARD_NEGATIVE_ARMS)}}
     w["weights_sha256"] = weights_digest(w)
