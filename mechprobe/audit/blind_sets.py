@@ -36,8 +36,8 @@ from mechprobe.taxonomy import DEFINITIONS, GENUINE
 
 from .readings import LENIENT, STRICT, STRICT_YES, parse_strict
 
-__all__ = ["BlindTurn", "BlindLabel", "Verdict", "Source", "SOURCES", "STIMULUS_ARMS", "SPLITS", "BlindSets", "load_blind_sets",
-           "consensus", "item_key", "split_of_item", "genuine_of", "judge_spec"]
+__all__ = ["BlindTurn", "BlindLabel", "JudgeVerdict", "Source", "SOURCES", "STIMULUS_ARMS", "SPLITS", "BlindSets", "load_blind_sets",
+           "consensus", "query_item_key", "split_of_item", "genuine_of", "judge_spec"]
 
 STIMULUS_ARMS = frozenset({"react", "ignore"})  # LM-authored user turns (stimuli), not subject-model turns
 SPLITS = ("train", "dev", "test")
@@ -74,7 +74,7 @@ class BlindLabel:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class JudgeVerdict:
     """A judge's binary verdict on one turn: ``reading`` None when one verdict stands for both readings (a judge
     with one decision), else the reading whose head gave it; ``where`` the committed file it comes from."""
 
@@ -106,7 +106,7 @@ SOURCES: tuple[Source, ...] = (
 )
 
 
-def item_key(query: str) -> str:
+def query_item_key(query: str) -> str:
     """The item of a turn: the hash of its whitespace-normalised query (the labelled set's ``item_key``)."""
     return hashlib.sha256(" ".join(query.split()).encode()).hexdigest()[:16]
 
@@ -115,7 +115,7 @@ def split_of_item(item: str) -> str:
     """``train``, ``dev`` or ``test`` for an item key: deterministic, label-blind, the same for every model.
 
     Example:
-        >>> split_of_item(item_key("What is 12 * 7?")) in SPLITS
+        >>> split_of_item(query_item_key("What is 12 * 7?")) in SPLITS
         True
     """
     if split_of("labelled-turns|" + item, TEST_FRACTION) == "heldout":
@@ -160,12 +160,12 @@ def _json(path: Path) -> Any:
         raise UsageError(f"{path}: not readable JSON ({type(e).__name__}); restore it from git") from None
 
 
-def _labelled_set(src: Source, d: Path) -> tuple[list[BlindTurn], list[BlindLabel], list[Verdict]]:
+def _labelled_set(src: Source, d: Path) -> tuple[list[BlindTurn], list[BlindLabel], list[JudgeVerdict]]:
     turns = []
     for line in (d / "turns.jsonl").read_text(encoding="utf-8").splitlines():
         if line.strip():
             r = json.loads(line)
-            turns.append(BlindTurn(r["turn_id"], src.name, r["model"], r["dataset"], item_key(r["query"]),
+            turns.append(BlindTurn(r["turn_id"], src.name, r["model"], r["dataset"], query_item_key(r["query"]),
                                    r["condition"], r["query"], r["answer"], r["turn"]))
     labels = []
     for f in sorted((d / "labels").glob("labeller-*.json")):
@@ -178,12 +178,12 @@ def _labelled_set(src: Source, d: Path) -> tuple[list[BlindTurn], list[BlindLabe
         for line in (d / "judges.jsonl").read_text(encoding="utf-8").splitlines():
             r = json.loads(line) if line.strip() else None
             if r:
-                verdicts.append(Verdict(r["turn_id"], judge_spec(r["spec"]), None, r["label"] == GENUINE,
+                verdicts.append(JudgeVerdict(r["turn_id"], judge_spec(r["spec"]), None, r["label"] == GENUINE,
                                         f"{src.path}/judges.jsonl"))
     return turns, labels, verdicts
 
 
-def _relabel(src: Source, d: Path) -> tuple[list[BlindTurn], list[BlindLabel], list[Verdict]]:
+def _relabel(src: Source, d: Path) -> tuple[list[BlindTurn], list[BlindLabel], list[JudgeVerdict]]:
     key = _json(d / "key.json")
     model, dataset, rows = key["model"], key["dataset"], key["rows"]
     turns, labels = [], []
@@ -191,7 +191,7 @@ def _relabel(src: Source, d: Path) -> tuple[list[BlindTurn], list[BlindLabel], l
     for r in _csv(d / "sheet.csv"):
         tid = rows.get(r["row"]) or _turn_id(model, r["query"], r["answer"], r["user_turn"])
         ids[r["row"]] = tid
-        turns.append(BlindTurn(tid, src.name, model, dataset, item_key(r["query"]), "", r["query"], r["answer"],
+        turns.append(BlindTurn(tid, src.name, model, dataset, query_item_key(r["query"]), "", r["query"], r["answer"],
                                r["user_turn"]))
     for f in sorted((d / "labels").glob("labeller-*.csv")):
         labels += _csv_labels(src, f, ids)
@@ -210,7 +210,7 @@ def _csv_labels(src: Source, f: Path, ids: dict[str, str]) -> list[BlindLabel]:
     return out
 
 
-def _sheets(src: Source, d: Path) -> tuple[list[BlindTurn], list[BlindLabel], list[Verdict]]:
+def _sheets(src: Source, d: Path) -> tuple[list[BlindTurn], list[BlindLabel], list[JudgeVerdict]]:
     """The study's layout: ``sheets/<batch>.csv`` + ``.key.json`` with ``labels/<batch>/*.csv`` (train), or
     ``sheet.csv`` + ``sheet.key.json`` with ``labels/*.csv`` (held out)."""
     pairs = [(s, s.with_suffix(".key.json"), d / "labels" / s.stem) for s in sorted((d / "sheets").glob("*.csv"))]
@@ -228,7 +228,7 @@ def _sheets(src: Source, d: Path) -> tuple[list[BlindTurn], list[BlindLabel], li
             dataset = str(meta.get("item_id", "")).split("-")[0]
             tid = _turn_id(src.model, r["query"], r["answer"], r["user_turn"])
             ids[r["row"]] = tid
-            turns.append(BlindTurn(tid, src.name, src.model, dataset, item_key(r["query"]), arm, r["query"],
+            turns.append(BlindTurn(tid, src.name, src.model, dataset, query_item_key(r["query"]), arm, r["query"],
                                    r["answer"], r["user_turn"]))
         if labdir.is_dir():
             for f in sorted(labdir.glob("*.csv")):
@@ -238,7 +238,7 @@ def _sheets(src: Source, d: Path) -> tuple[list[BlindTurn], list[BlindLabel], li
             for line in f.read_text(encoding="utf-8").splitlines():
                 r = json.loads(line) if line.strip() else None
                 if r and r.get("record_id") in ids:
-                    verdicts.append(Verdict(ids[r["record_id"]], judge_spec(spec), None, bool(r["genuine"]), f"{src.path}/{f.name}"))
+                    verdicts.append(JudgeVerdict(ids[r["record_id"]], judge_spec(spec), None, bool(r["genuine"]), f"{src.path}/{f.name}"))
     return turns, labels, verdicts
 
 
@@ -252,7 +252,7 @@ class BlindSets:
     turns: dict[str, BlindTurn]
     labels: list[BlindLabel]
     notes: list[str]
-    verdicts: list[Verdict] = field(default_factory=list)
+    verdicts: list[JudgeVerdict] = field(default_factory=list)
     _by_turn: dict[str, list[BlindLabel]] | None = field(default=None, repr=False)
 
     def labels_of(self, turn_id: str) -> list[BlindLabel]:
@@ -323,7 +323,7 @@ def load_blind_sets(root: str | Path = ".", sources: Iterable[Source] = SOURCES)
     root = Path(root)
     turns: dict[str, BlindTurn] = {}
     labels: list[BlindLabel] = []
-    verdicts: list[Verdict] = []
+    verdicts: list[JudgeVerdict] = []
     notes = []
     for src in sources:
         d = root / src.path

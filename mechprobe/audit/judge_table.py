@@ -23,7 +23,7 @@ from mechprobe.errors import UsageError
 from mechprobe.taxonomy import GENUINE
 
 from .agreement import kappa_with_ci
-from .blind_sets import BlindSets, Verdict, consensus, split_of_item
+from .blind_sets import BlindSets, JudgeVerdict, consensus, split_of_item
 from .readings import READINGS
 
 __all__ = ["VERDICTS_FILE", "read_verdicts", "judge_table", "cell_key", "model_short"]
@@ -44,7 +44,7 @@ def cell_key(judge: str, model: str, dataset: str, reading: str, split: str) -> 
     return f"judge_table.{j}.{model_short(model)}.{dataset}.{reading}.{split}"
 
 
-def read_verdicts(path: str | Path) -> list[Verdict]:
+def read_verdicts(path: str | Path) -> list[JudgeVerdict]:
     """The verdicts file ``mechprobe judge-eval`` writes (one JSON object per turn, judge and reading)."""
     path = Path(path)
     if not path.is_file():
@@ -55,14 +55,14 @@ def read_verdicts(path: str | Path) -> list[Verdict]:
             continue
         try:
             r = json.loads(line)
-            out.append(Verdict(str(r["turn_id"]), str(r["judge"]), r.get("reading"), bool(r["genuine"]), str(path)))
+            out.append(JudgeVerdict(str(r["turn_id"]), str(r["judge"]), r.get("reading"), bool(r["genuine"]), str(path)))
         except (ValueError, KeyError, TypeError):
             raise UsageError(f"{path}:{i}: not a verdict row (turn_id, judge, reading, genuine); rerun "
                              "mechprobe judge-eval") from None
     return out
 
 
-def _verdict_map(verdicts: Iterable[Verdict]) -> dict[tuple[str, str | None], dict[str, bool]]:
+def _verdict_map(verdicts: Iterable[JudgeVerdict]) -> dict[tuple[str, str | None], dict[str, bool]]:
     """(judge, reading) -> turn -> verdict; where two files give one judge's verdict on a turn, the first stands."""
     out: dict[tuple[str, str | None], dict[str, bool]] = {}
     for v in verdicts:
@@ -70,7 +70,7 @@ def _verdict_map(verdicts: Iterable[Verdict]) -> dict[tuple[str, str | None], di
     return out
 
 
-def judge_table(blind: BlindSets, verdicts: Sequence[Verdict], splits: Sequence[str] = ("test",),
+def judge_table(blind: BlindSets, verdicts: Sequence[JudgeVerdict], splits: Sequence[str] = ("test",),
                 readings: Sequence[str] = READINGS, n_boot: int = 500, seed: int = 0) -> list[dict[str, Any]]:
     """One row per (judge, model, dataset or ``all``, reading, split) with at least one scored turn.
 

@@ -34,7 +34,7 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import cohen_kappa_score
 
-from mechprobe.audit.blind_sets import BlindSets, Verdict, consensus, load_blind_sets, split_of_item
+from mechprobe.audit.blind_sets import BlindSets, JudgeVerdict, consensus, load_blind_sets, split_of_item
 from mechprobe.audit.judge_table import VERDICTS_FILE, judge_table, read_verdicts
 from mechprobe.audit.readings import READINGS
 from mechprobe.errors import UsageError
@@ -58,7 +58,7 @@ from mechprobe.judges.turn_features import TEXT_FEATURES
 from mechprobe.taxonomy import GENUINE
 
 __all__ = ["JudgeEvalConfig", "JudgeEvalResult", "run_judge_eval", "fit_heads", "judge_inputs", "cached_features",
-           "HARD_NEGATIVE_ARMS", "TEXTFIT", "OFFLINE", "table_markdown", "measure_speed", "cpu_description"]
+           "HARD_NEGATIVE_ARMS", "TEXTFIT", "OFFLINE", "judge_table_markdown", "measure_speed", "cpu_description"]
 
 TEXTFIT, OFFLINE = "textfit", "offline"
 HARD_NEGATIVE_ARMS = frozenset({"answer_removed"})
@@ -228,7 +228,7 @@ def fit_heads(blind: BlindSets, feats: dict[str, dict[str, float]]) -> tuple[dic
     return w, selection
 
 
-def _trained_verdicts(root: Path) -> list[Verdict]:
+def _trained_verdicts(root: Path) -> list[JudgeVerdict]:
     """The trained judge's verdicts from the labelled set's committed feature rows and the package's weights."""
     path = root / "reports/labelled_turns/features.jsonl"
     if not path.is_file():
@@ -237,10 +237,10 @@ def _trained_verdicts(root: Path) -> list[Verdict]:
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     probs = trained_proba(w, [r["features"] for r in rows])
     spec = f"trained:{w['scoring_model']}"
-    return [Verdict(r["turn_id"], spec, None, p >= float(w["threshold"]), str(path)) for r, p in zip(rows, probs)]
+    return [JudgeVerdict(r["turn_id"], spec, None, p >= float(w["threshold"]), str(path)) for r, p in zip(rows, probs)]
 
 
-def table_markdown(res: JudgeEvalResult, speed: list[dict[str, Any]], chosen: dict[str, Any]) -> str:
+def judge_table_markdown(res: JudgeEvalResult, speed: list[dict[str, Any]], chosen: dict[str, Any]) -> str:
     """The report: inventory, the per-model table (test, then dev), the chosen heads and the speed rows."""
     lines = ["# Judges against blind labels, per subject model", "",
              "Written by `mechprobe judge-eval` from committed labels and verdicts (`reports/judge/verdicts.jsonl`, "
@@ -322,12 +322,12 @@ def run_judge_eval(cfg: JudgeEvalConfig, progress: Callable[[str], None] | None 
         write_json(out / "selection.json", {"candidates": selection})
     w = load_weights(weights_path if (cfg.fit or cfg.weights) else None)
     tids = sorted(inputs)
-    verdicts: list[Verdict] = []
+    verdicts: list[JudgeVerdict] = []
     for head in w["heads"]:
         probs = head_proba(w, head, [feats[t] for t in tids])
         thr = float(w["heads"][head]["threshold"])
-        verdicts += [Verdict(t, TEXTFIT, head, p >= thr, "") for t, p in zip(tids, probs)]
-    verdicts += [Verdict(t, OFFLINE, None, bool(feats[t]["offline_genuine"]), "") for t in tids]
+        verdicts += [JudgeVerdict(t, TEXTFIT, head, p >= thr, "") for t, p in zip(tids, probs)]
+    verdicts += [JudgeVerdict(t, OFFLINE, None, bool(feats[t]["offline_genuine"]), "") for t in tids]
     verdicts += _trained_verdicts(root)  # committed here too: the findings recompute the table from files alone
     vfile = root / VERDICTS_FILE
     vfile.parent.mkdir(parents=True, exist_ok=True)
@@ -350,7 +350,7 @@ def run_judge_eval(cfg: JudgeEvalConfig, progress: Callable[[str], None] | None 
         if speed_path.is_file() else []
     res = JudgeEvalResult(rows=rows, inventory=blind.counts(), selection=selection,
                           notes=[n for n in blind.notes if "not found" in n])
-    res.markdown = table_markdown(res, speed, w["heads"])
+    res.markdown = judge_table_markdown(res, speed, w["heads"])
     write_json(out / "table.json", {"rows": rows, "inventory": res.inventory, "weights_sha256": w["weights_sha256"]})
     (out / "table.md").write_text(res.markdown, encoding="utf-8")
     res.written = [vfile, out / "split.json", out / "table.json", out / "table.md"]

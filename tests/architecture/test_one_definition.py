@@ -25,6 +25,8 @@ from tests.architecture.test_layers import PKG
 COMMAND_PROTOCOL = {"add_args", "build_parser", "config_from_args", "main", "run", "show"}
 # "This package's report / sheet / argument check", one per package that writes or checks one.
 PER_PACKAGE = {"build_report", "report", "report_markdown", "validate_args", "write_report", "write_sheet"}
+# A fitted judge kind's own weights file: each kind with weights defines these for its own format (judges/ only).
+JUDGE_KIND_PROTOCOL = {"feature_rows", "weights_digest", "check_weights", "load_weights"}
 
 
 def public_definitions(root: Path) -> dict[str, list[str]]:
@@ -46,6 +48,8 @@ def duplicated(root: Path) -> dict[str, list[str]]:
             continue
         if name in COMMAND_PROTOCOL:
             mods = [m for m in mods if not m.startswith("cli/")]
+        if name in JUDGE_KIND_PROTOCOL:
+            mods = [m for m in mods if not m.startswith("judges/")]
         if len(mods) > 1:
             out[name] = mods
     return out

@@ -10,12 +10,12 @@ import pytest
 
 from mechprobe.audit.blind_sets import (
     BlindLabel,
+    JudgeVerdict,
     Source,
-    Verdict,
     consensus,
     genuine_of,
-    item_key,
     load_blind_sets,
+    query_item_key,
     split_of_item,
 )
 from mechprobe.audit.judge_table import cell_key, judge_table, model_short, read_verdicts
@@ -47,12 +47,12 @@ def test_strict_is_never_inferred_from_a_v1_label():
 
 
 def test_split_is_deterministic_label_blind_and_keeps_the_labelled_set_test_rule():
-    keys = [item_key(f"question {i}") for i in range(400)]
+    keys = [query_item_key(f"question {i}") for i in range(400)]
     splits = [split_of_item(k) for k in keys]
     assert splits == [split_of_item(k) for k in keys]
     share = {s: splits.count(s) / len(splits) for s in ("train", "dev", "test")}
     assert 0.3 < share["test"] < 0.5 and 0.08 < share["dev"] < 0.25 and share["train"] > 0.35
-    assert item_key("What  is\n2+2?") == item_key("What is 2+2?")  # whitespace does not make a new item
+    assert query_item_key("What  is\n2+2?") == query_item_key("What is 2+2?")  # whitespace does not make a new item
 
 
 def _sheet_source(tmp: Path) -> Source:
@@ -103,8 +103,8 @@ def test_judge_table_kappa_confusion_and_rates(tmp_path):
     b = load_blind_sets(tmp_path, [_sheet_source(tmp_path)])
     tids = sorted(b.turns)
     truth = {t: consensus(b.labels_of(t), "strict") for t in tids}
-    perfect = [Verdict(t, "oracle", None, bool(truth[t]), "") for t in tids]
-    flipped = [Verdict(t, "contrary", "strict", not truth[t], "") for t in tids]
+    perfect = [JudgeVerdict(t, "oracle", None, bool(truth[t]), "") for t in tids]
+    flipped = [JudgeVerdict(t, "contrary", "strict", not truth[t], "") for t in tids]
     splits = sorted({split_of_item(t.item) for t in b.turns.values()})
     rows = judge_table(b, perfect + flipped, splits=splits, readings=("strict",), n_boot=50)
     alls = {r["judge"]: r for r in rows if r["dataset"] == "all"}

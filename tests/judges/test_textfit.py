@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from mechprobe.audit.blind_sets import BlindLabel, BlindSets, BlindTurn, item_key, split_of_item
+from mechprobe.audit.blind_sets import BlindLabel, BlindSets, BlindTurn, query_item_key, split_of_item
 from mechprobe.errors import UsageError
 from mechprobe.judges.base import JudgeInput
 from mechprobe.judges.factory import make_judge, spec_of_judge_name
@@ -94,7 +94,7 @@ def _blind(n_items: int = 80) -> tuple[BlindSets, dict[str, dict[str, float]]]:
             tid = f"t{i}{model}"
             genuine = i % 3 == 0
             arm = "answer_removed" if i % 9 == 3 else "greedy"
-            turns[tid] = BlindTurn(tid, "toy", model, "gsm8k", item_key(q), arm, q, "answer", "turn")
+            turns[tid] = BlindTurn(tid, "toy", model, "gsm8k", query_item_key(q), arm, q, "answer", "turn")
             for who in ("labeller-a", "labeller-b"):
                 lab = GENUINE if genuine or arm == "answer_removed" else "new_query"
                 labels.append(BlindLabel(tid, "toy", "v2", who, lab, "yes" if lab == GENUINE else None, False))
