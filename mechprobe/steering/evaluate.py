@@ -26,7 +26,6 @@ added norm as ``steer(model, raw_vector, alpha)`` in the config's unit.
 from __future__ import annotations
 
 import contextlib
-import re
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from mechprobe.lm.models import LoadedModel
 from mechprobe.records import AssistantRecord
 from mechprobe.splits import split_of
 from mechprobe.stats import paired_outcomes, wilson
+from mechprobe.steering.degenerate import is_degenerate
 from mechprobe.steering.vector import SteeringVector, steer
 from mechprobe.turns.scoring import score
 from mechprobe.turns.stock_turns import template_kind
@@ -157,29 +157,6 @@ def _turn_nll_chunk(lm: LoadedModel, prompts: Sequence[Sequence[int]], continuat
         rows = torch.arange(keep - len(c) - 1, keep - 1, device=dev)  # positions t-len(c)-1 .. t-2 of the row
         out.append(float(-logp[i, rows, tgt].mean()))
     return out
-
-
-_CHAR_LOOP = re.compile(r"(.{1,8}?)\1{7,}", re.DOTALL)  # a unit of <= 8 characters repeated >= 8 times
-
-
-def is_degenerate(text: str) -> bool:
-    """Empty, or a repetition loop: few distinct words, one 3-gram covering much of the turn, or a short run of
-    characters repeated over at least half of the turn's non-space characters.
-
-    Why the character check: a loop of one token with no spaces (``"2222…"``, ``"0.0000…"``) is a single *word*,
-    so the word checks alone pass it as fluent; a steering alpha chosen on the degenerate rate then looks safe.
-    """
-    words = text.split()
-    if not words:
-        return True
-    chars = "".join(words)
-    loop = sum(len(m.group(0)) for m in _CHAR_LOOP.finditer(chars))
-    if len(chars) >= 16 and loop * 2 >= len(chars):
-        return True
-    if len(words) >= 8 and len(set(words)) / len(words) < 0.35:
-        return True
-    grams = Counter(tuple(words[i:i + 3]) for i in range(len(words) - 2))
-    return bool(grams) and len(words) >= 12 and grams.most_common(1)[0][1] * 3 / len(words) > 0.5
 
 
 def summarize(turns: Sequence[SteeredTurn], labels: dict[str, str], key: str,

@@ -443,6 +443,7 @@ def test_steered_user_turns_with_a_scorer_over_several_batches(smol):
 def test_is_degenerate_catches_loops_without_spaces(text, bad):
     """The plan's alpha rule reads this detector: a loop of one token without spaces is one 'word', and before the
     character check it passed as fluent (the v2b select step chose alpha 2.0 on such turns)."""
-    from mechprobe.steering.evaluate import is_degenerate
+    from mechprobe.steering.degenerate import degenerate_rate, is_degenerate
 
     assert is_degenerate(text) is bad
+    assert degenerate_rate([text, "Why 40?"]) == (0.5 if bad else 0.0)

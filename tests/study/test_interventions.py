@@ -307,3 +307,21 @@ def test_a_plan_that_changes_only_code_reuses_the_steps_it_lists(tmp_path):
     (tmp_path / "plan_x.json").write_text(json.dumps(raw), encoding="utf-8")
     with pytest.raises(UserError, match="differs in selection"):
         Study(load_plan(tmp_path / "plan_x.json"), rep, tmp_path / "work", progress=False)
+
+
+def test_the_committed_selection_follows_from_its_committed_train_turns():
+    """v2c's frozen alpha is the plan's rule applied to the committed steered train turns (it fails if the
+    degenerate detector or the rule changes what was chosen)."""
+    from mechprobe.steering.degenerate import degenerate_rate, largest_safe_alpha
+
+    root = REPO / "reports" / "interventions" / "interventions-0.5b-v2c"
+    plan = load_plan(REPO / "studies" / "interventions" / "plan_v2c.json")
+    sel = json.loads((root / "selection.json").read_text(encoding="utf-8"))
+    turns: dict[float, list[str]] = {}
+    for line in (root / "train" / "selection_turns.jsonl").read_text(encoding="utf-8").splitlines():
+        r = json.loads(line)
+        turns.setdefault(float(r["alpha"]), []).append(r["turn"])
+    chosen, base, tried = largest_safe_alpha(plan.selection["alphas"], lambda a: degenerate_rate(turns[a]),
+                                             float(plan.selection["max_degenerate_increase"]))
+    assert (chosen, base, tried) == (sel["alpha"], sel["degenerate_rate_base"], sel["degenerate_rate_by_alpha"])
+    assert chosen == 0.5 and tried["2.0"] == 1.0  # the one-token loops at alpha 2.0 count as degenerate

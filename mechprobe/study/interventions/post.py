@@ -208,47 +208,48 @@ def boundary_states(model: Any, prompts: Sequence[Sequence[int]], layers: Sequen
 
 
 @contextmanager
-def patch_boundary(model: Any, layer: int, value: torch.Tensor, position: int) -> Iterator[None]:
-    """While open, the output of block ``layer - 1`` at sequence ``position`` of every forward is ``value``
-    (a ``[d_model]`` tensor): one residual position of another model written into this one."""
+def _edit_block_output(model: Any, layer: int, edit: Any, what: str) -> Iterator[None]:
+    """While open, every forward's output of block ``layer - 1`` (residual index ``layer``) is ``edit(h)``; the
+    hook is removed on exit, also after an exception."""
     blocks = get_blocks(model)
     if not 1 <= layer <= len(blocks):
-        raise UsageError(f"patch layer {layer}: residual indices 1..{len(blocks)} (the output of a block)")
+        raise UsageError(f"{what} layer {layer}: residual indices 1..{len(blocks)} (the output of a block)")
 
     def hook(_m: Any, _inp: Any, out: Any) -> Any:
-        h = out if isinstance(out, torch.Tensor) else out[0]
+        h = edit(out if isinstance(out, torch.Tensor) else out[0])
+        return h if isinstance(out, torch.Tensor) else (h, *out[1:])
+
+    handle = blocks[layer - 1].register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def patch_boundary(model: Any, layer: int, value: torch.Tensor, position: int) -> Any:
+    """While open, the output of block ``layer - 1`` at sequence ``position`` of every forward is ``value``
+    (a ``[d_model]`` tensor): one residual position of another model written into this one."""
+
+    def edit(h: torch.Tensor) -> torch.Tensor:
         if h.shape[1] > position:
             h = h.clone()
             h[:, position] = value.to(h.dtype).to(h.device)
-        return h if isinstance(out, torch.Tensor) else (h, *out[1:])
+        return h
 
-    handle = blocks[layer - 1].register_forward_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
+    return _edit_block_output(model, layer, edit, "patch")
 
 
-@contextmanager
-def add_from(model: Any, layer: int, vector: torch.Tensor, start: int) -> Iterator[None]:
+def add_from(model: Any, layer: int, vector: torch.Tensor, start: int) -> Any:
     """While open, ``vector`` is added to the output of block ``layer - 1`` at every position from ``start`` on:
     steering at the boundary and every turn position of a teacher-forced forward (what generation's
     ``boundary+generated`` does over the decode steps)."""
-    blocks = get_blocks(model)
-    if not 1 <= layer <= len(blocks):
-        raise UsageError(f"steer layer {layer}: residual indices 1..{len(blocks)} (the output of a block)")
 
-    def hook(_m: Any, _inp: Any, out: Any) -> Any:
-        h = out if isinstance(out, torch.Tensor) else out[0]
+    def edit(h: torch.Tensor) -> torch.Tensor:
         h = h.clone()
         h[:, start:] += vector.to(h.dtype).to(h.device)
-        return h if isinstance(out, torch.Tensor) else (h, *out[1:])
+        return h
 
-    handle = blocks[layer - 1].register_forward_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
+    return _edit_block_output(model, layer, edit, "steer")
 
 
 @torch.inference_mode()

@@ -33,7 +33,7 @@ from mechprobe.post_train import train as pt
 from mechprobe.post_train.dpo import DPOTrainConfig, train_dpo
 from mechprobe.post_train.pairs import Pair
 from mechprobe.records import AssistantRecord
-from mechprobe.steering.evaluate import is_degenerate
+from mechprobe.steering.degenerate import degenerate_rate, largest_safe_alpha
 from mechprobe.steering.vector import SteeringVector
 from mechprobe.study.interventions.generate import user_turns
 from mechprobe.study.interventions.ledger import cpu_name
@@ -294,15 +294,10 @@ class PostTrainingSteps:
                 store.append({"turn_id": f"{row['item_id']}|{tag}", **row})
                 have.add(f"{row['item_id']}|{tag}")
             got = [r for r in read_jsonl(out) if r["turn_id"].endswith(f"|{tag}")]
-            return float(np.mean([is_degenerate(r["turn"]) or not r["turn"].strip() for r in got]))
+            return degenerate_rate(r["turn"] for r in got)
 
-        base_rate = bad_rate(0.0)
-        tried: dict[str, float] = {}
-        chosen = None
-        for a in sorted(float(x) for x in spec["alphas"]):
-            tried[str(a)] = bad_rate(a)
-            if tried[str(a)] <= base_rate + float(spec["max_degenerate_increase"]):
-                chosen = a
+        chosen, base_rate, tried = largest_safe_alpha(spec["alphas"], bad_rate,
+                                                      float(spec["max_degenerate_increase"]))
         if chosen is None:
             raise UserError(f"no alpha in {spec['alphas']} keeps degenerate turns within "
                             f"+{spec['max_degenerate_increase']} of unsteered on train items ({tried})")

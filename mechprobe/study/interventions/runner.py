@@ -52,7 +52,7 @@ from mechprobe.lm.models import LoadedModel, load_model
 from mechprobe.lm.prefix import PrefixStore
 from mechprobe.lm.registry import EMBEDDED, embedded_gguf_path
 from mechprobe.records import AssistantRecord
-from mechprobe.steering.evaluate import is_degenerate
+from mechprobe.steering.degenerate import degenerate_rate, largest_safe_alpha
 from mechprobe.steering.vector import SteeringVector, random_like
 from mechprobe.study.interventions.generate import (
     STIMULUS_KINDS,
@@ -438,15 +438,9 @@ class Study(PostTrainingSteps):
                 store.append({"turn_id": f"{row['item_id']}|{name}", **row})
                 have.add(f"{row['item_id']}|{name}")
             rows = [r for r in read_jsonl(out) if r["turn_id"].endswith(f"|{name}")]
-            return float(np.mean([is_degenerate(r["turn"]) or not r["turn"].strip() for r in rows]))
+            return degenerate_rate(r["turn"] for r in rows)
 
-        base = bad_rate(0.0)
-        tried = {}
-        chosen = None
-        for a in sorted(float(x) for x in sel["alphas"]):
-            tried[str(a)] = bad_rate(a)
-            if tried[str(a)] <= base + float(sel["max_degenerate_increase"]):
-                chosen = a
+        chosen, base, tried = largest_safe_alpha(sel["alphas"], bad_rate, float(sel["max_degenerate_increase"]))
         if chosen is None:
             raise UserError(f"no alpha in {sel['alphas']} keeps degenerate turns within +{sel['max_degenerate_increase']}"
                             f" of unsteered on train items ({tried}); the plan's rule selects nothing")
