@@ -38,7 +38,8 @@ from mechprobe.post_train.pairs import Pair
 from mechprobe.records import AssistantRecord
 
 __all__ = ["human_turn_split", "control_pairing", "paired_examples", "adapter_sha256", "audited_pairs",
-           "probe_ids", "boundary_states", "turn_logliks", "patch_boundary", "add_from", "recovered_fraction", "turn_ids"]
+           "probe_ids", "boundary_states", "turn_logliks", "patch_boundary", "add_from", "recovered_fraction", "turn_ids",
+           "target_logprobs", "merge_error"]
 
 
 def human_turn_split(sources: Sequence[str], held_out_fraction: float, data_path: str | Path | None = None,
@@ -291,3 +292,37 @@ def recovered_fraction(base: Sequence[float], post: Sequence[float], patched: Se
     lo, hi = np.nanpercentile(boots, [2.5, 97.5])
     return {"fraction": float((x - b).sum() / gap.sum()), "lo": float(lo), "hi": float(hi), "n": len(gap),
             "gap": float(gap.mean())}
+
+
+@torch.inference_mode()
+def target_logprobs(model: Any, examples: Sequence[pt.TrainExample]) -> torch.Tensor:
+    """Log-probability of every target token (label != -100) of ``examples``, one unpadded forward each,
+    concatenated in order: what a training example says the model should write, as the model scores it."""
+    dev = next(model.parameters()).device
+    out = []
+    for e in examples:
+        ids = torch.tensor([list(e.input_ids)], device=dev)
+        lab = torch.tensor(list(e.labels), device=dev)
+        pos = torch.nonzero(lab[1:] != pt.IGNORE).flatten()
+        logits = model(input_ids=ids, use_cache=False).logits[0, pos].float()
+        out.append(torch.log_softmax(logits, -1).gather(1, lab[pos + 1][:, None])[:, 0].cpu())
+    return torch.cat(out) if out else torch.zeros(0)
+
+
+def merge_error(base: torch.Tensor, unmerged: torch.Tensor, merged: torch.Tensor) -> dict[str, float]:
+    """How much of an adapter's effect merging it into low-precision weights loses: the relative error
+    ||merged - unmerged|| / ||unmerged - base|| over target-token log-probabilities (0 = merged is the trained
+    model; 1 = the error is as large as the whole effect), and the share of the mean log-probability gain kept.
+
+    Example:
+        >>> r = merge_error(torch.zeros(4), torch.ones(4), torch.full((4,), 0.9))
+        >>> round(r["relative_error"], 3), round(r["gain_kept"], 3)
+        (0.1, 0.9)
+    """
+    effect = float((unmerged - base).norm())
+    err = float((merged - unmerged).norm())
+    gain = float((unmerged - base).mean())
+    return {"relative_error": err / effect if effect > 0 else float("inf"),
+            "gain_kept": float((merged - base).mean()) / gain if gain != 0 else float("nan"),
+            "effect_norm": effect, "error_norm": err, "n_tokens": int(base.numel()),
+            "error_rms_per_token": err / max(1, base.numel()) ** 0.5}

@@ -44,10 +44,12 @@ from mechprobe.study.interventions.post import (
     boundary_states,
     control_pairing,
     human_turn_split,
+    merge_error,
     paired_examples,
     patch_boundary,
     probe_ids,
     recovered_fraction,
+    target_logprobs,
     turn_ids,
     turn_logliks,
 )
@@ -74,6 +76,7 @@ class PostTrainingSteps:
     progress: bool
     parent: Any
     _adapter_lms: dict[str, LoadedModel]
+    _adapter_stores: dict[str, PrefixStore]
 
     # The base model and its prefix store, and the conversations, come from the Study.
     lm: LoadedModel
@@ -157,11 +160,13 @@ class PostTrainingSteps:
                                  warmup_steps=int(dp["warmup_steps"]), beta=float(dp["beta"]), lora_r=int(hp["lora_r"]),
                                  lora_alpha=int(hp["lora_alpha"]), lora_dropout=float(hp["lora_dropout"]),
                                  target_modules=str(hp["target_modules"]), seed=int(spec["seed"]))
-            _pm, res = train_dpo(base.model, base.tokenizer, pairs, cfg, work, progress=self.progress)
+            pm, res = train_dpo(base.model, base.tokenizer, pairs, cfg, work, progress=self.progress)
             info.update({"n_pairs": len(pairs), "steps_done": res.steps_done, "chosen_step": res.steps_done,
                          "seconds": round(res.seconds, 1)})
             files = [pt.TRAIN_LOG, "dpo_config.json"]
         info["adapter_sha256"] = adapter_sha256(Path(work) / pt.ADAPTER_DIR)
+        if self.merge_rule is not None:
+            info["merge_check"] = self.merge_check(pm)
         outs = []
         for f in files:
             if (Path(work) / f).exists():
@@ -169,6 +174,33 @@ class PostTrainingSteps:
                 outs.append(dest / f)
         write_json(dest / "adapter.json", info)
         return [*outs, dest / "adapter.json"]
+
+    @property
+    def merge_rule(self) -> dict[str, Any] | None:
+        """The plan's rule for merging adapters into the weights (``post_training.merge``); None = run unmerged."""
+        return self.plan.post_training.get("merge")
+
+    def merge_check(self, pm: Any) -> dict[str, Any]:
+        """The plan's merge check on a freshly trained adapter: target-token log-probabilities of the first
+        ``examples`` held-out human-turn examples (never a study item) under the base (adapter disabled), the
+        adapter unmerged and the adapter merged into the weights' dtype; merged is used when it keeps the share
+        ``gain_kept`` of the mean gain (nothing systematic rounded away) and its relative error is at most
+        ``max_relative_error`` (bf16 numerics alone give a few hundredths of a nat per token). Merges ``pm`` in
+        place (call it last)."""
+        rule = self.merge_rule or {}
+        ex = self.post_examples()["human"][1][: int(rule["examples"])]
+        pm.eval()
+        with pm.disable_adapter():
+            lp_base = target_logprobs(pm, ex)
+        lp_un = target_logprobs(pm, ex)
+        merged = pm.merge_and_unload()
+        lp_m = target_logprobs(merged, ex)
+        res = merge_error(lp_base, lp_un, lp_m)
+        lo, hi = (float(x) for x in rule["gain_kept"])
+        res["rule"] = {"gain_kept": [lo, hi], "max_relative_error": float(rule["max_relative_error"])}
+        res["use_merged"] = bool(lo <= res["gain_kept"] <= hi and res["relative_error"] <= float(rule["max_relative_error"]))
+        res["examples"] = len(ex)
+        return res
 
     def step_dpo_pairs(self) -> list[Path]:
         """Pairs from part 1's blind train labels (:func:`~mechprobe.study.interventions.post.audited_pairs`)."""
@@ -204,16 +236,25 @@ class PostTrainingSteps:
         base = load_model(self.plan.model, dtype=self.plan.dtype)
         pm = PeftModel.from_pretrained(base.model, str(path))
         pm.eval()
-        model = pm.base_model.model  # the HF model with LoRA layers inside: a plain causal LM to every caller
-        wh = hashlib.sha256(f"{base.weight_hash}|{info['adapter_sha256']}".encode()).hexdigest()
+        merged = self.merge_rule is not None and bool(info.get("merge_check", {}).get("use_merged"))
+        # merged: LoRA folded into the weights (the plan's merge check passed), the base's cost, own prefix store;
+        # else the HF model with LoRA layers inside: a plain causal LM to every caller
+        model = pm.merge_and_unload() if merged else pm.base_model.model
+        tag = "|merged" if merged else ""
+        wh = hashlib.sha256(f"{base.weight_hash}|{info['adapter_sha256']}{tag}".encode()).hexdigest()
         lm = LoadedModel(model=model, tokenizer=base.tokenizer, name=f"{self.plan.model}+{name}", weight_hash=wh,
                          device=base.device, dtype=base.dtype)
+        if merged:
+            self._adapter_stores[name] = PrefixStore(lm, disk_dir=self.work / f"prefix_{name}", progress=self.progress)
         self._adapter_lms[name] = lm
         return lm
 
     def store_for(self, lm: LoadedModel) -> PrefixStore | None:
-        """The base model's prefix store for the base model; None for any other weights (never reused there)."""
-        return self.store if lm is self.lm else None
+        """The base model's prefix store for the base model, a merged adapter's own store for that model; None for
+        an unmerged adapter (a store is never shared between weights: the store refuses another weight hash)."""
+        if lm is self.lm:
+            return self.store
+        return next((self._adapter_stores.get(n) for n, m in self._adapter_lms.items() if m is lm), None)
 
     # ------------------------------------------------------------------ the post-training direction
     def step_post_train_turns(self) -> list[Path]:
@@ -226,7 +267,7 @@ class PostTrainingSteps:
         have = {r["item_id"] for r in read_jsonl(out)}
         for row in user_turns(lm, self.conversations("train"), arm=f"train_{name}", kind="decode",
                               seed=self.plan.seed, max_new_tokens=self.plan.user_tokens, done=have,
-                              progress=self.progress, prefix_store=None):
+                              progress=self.progress, prefix_store=self.store_for(lm)):
             store.append(row)
         return [out]
 

@@ -106,6 +106,7 @@ class Study(PostTrainingSteps):
         self._lm: LoadedModel | None = None
         self._store: PrefixStore | None = None
         self._adapter_lms: dict[str, LoadedModel] = {}
+        self._adapter_stores: dict[str, PrefixStore] = {}
         if plan.raw.get("train", {}).get("reuse_from"):
             self._reuse(plan.train["reuse_from"], self._TRAIN_STEPS, self._TRAIN_FIELDS)
         if plan.raw.get("reuse"):
