@@ -1,8 +1,8 @@
 """Every committed blind-labelled set of model turns, as one table: one record per (turn, labeller).
 
 Why one loader: a judge is the linear probes' target, so its agreement with blind labels has to be measured per
-subject model on turns it never saw; the committed labels sit in four layouts (the labelled set, a codebook-v2
-relabel, the intervention study's train sheets and, when it lands, its held-out sheet). Each layout is one
+subject model on turns it never saw; the committed labels sit in three layouts (the labelled set, a codebook-v2
+relabel, the intervention study's sheets: train batches and each plan's held-out sheet). Each layout is one
 entry of :data:`SOURCES`; a missing folder is skipped with a note, so a new source is one more entry and the
 judge table (``mechprobe judge-eval``) is recomputed by one command.
 
@@ -101,7 +101,9 @@ SOURCES: tuple[Source, ...] = (
     Source("relabel_v2_mt_bench_1.5b", "relabel", "reports/relabel_v2/qwen2.5-coder-1.5b-instruct-mt_bench", "v2"),
     Source("interventions_v2_train", "sheets", "reports/interventions/interventions-0.5b-v2/train", "v2",
            "qwen2.5-coder-0.5b-instruct"),
-    Source("interventions_v2_heldout", "sheets", "reports/interventions/interventions-0.5b-v2/heldout", "v2",
+    Source("interventions_v2c_heldout", "sheets", "reports/interventions/interventions-0.5b-v2c/heldout", "v2",
+           "qwen2.5-coder-0.5b-instruct"),
+    Source("interventions_v3b_heldout", "sheets", "reports/interventions/interventions-0.5b-v3b/heldout", "v2",
            "qwen2.5-coder-0.5b-instruct"),
 )
 

@@ -26,9 +26,11 @@ from .agreement import kappa_with_ci
 from .blind_sets import BlindSets, JudgeVerdict, consensus, split_of_item
 from .readings import READINGS
 
-__all__ = ["VERDICTS_FILE", "read_verdicts", "judge_table", "cell_key", "model_short"]
+__all__ = ["VERDICTS_FILE", "ROUNDS_FILE", "read_verdicts", "judge_table", "cell_key", "model_short", "round_group",
+           "round_groups"]
 
 VERDICTS_FILE = "reports/judge/verdicts.jsonl"
+ROUNDS_FILE = "reports/judge/test_rounds.json"  # per fit of the text-fit weights: the test items it scored first
 _NOT = "not_genuine"
 
 
@@ -42,6 +44,25 @@ def cell_key(judge: str, model: str, dataset: str, reading: str, split: str) -> 
     """The findings key of one cell's kappa: ``judge_table.<judge>.<model>.<dataset>.<reading>.<split>``."""
     j = judge.replace(":", "_").replace(".", "_")
     return f"judge_table.{j}.{model_short(model)}.{dataset}.{reading}.{split}"
+
+
+def round_group(r: dict[str, Any]) -> str:
+    """The table's split name for a fit's round: ``test_<version>`` (the test items that fit scored first)."""
+    return f"test_{r['weights']}"
+
+
+def round_groups(path: str | Path) -> dict[str, set[str]]:
+    """Each fit's once-scored test items by group name (:func:`round_group`), from the committed rounds file;
+    empty when there is none."""
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    try:
+        rounds = json.loads(path.read_text(encoding="utf-8"))["rounds"]
+        return {round_group(r): set(r["fresh_items"]) for r in rounds}
+    except (ValueError, KeyError, TypeError):
+        raise UsageError(f"{path}: not a rounds file (rounds: weights, fresh_items); rerun mechprobe judge-eval "
+                         "--fit or restore it from git") from None
 
 
 def read_verdicts(path: str | Path) -> list[JudgeVerdict]:
@@ -71,11 +92,15 @@ def _verdict_map(verdicts: Iterable[JudgeVerdict]) -> dict[tuple[str, str | None
 
 
 def judge_table(blind: BlindSets, verdicts: Sequence[JudgeVerdict], splits: Sequence[str] = ("test",),
-                readings: Sequence[str] = READINGS, n_boot: int = 500, seed: int = 0) -> list[dict[str, Any]]:
+                readings: Sequence[str] = READINGS, n_boot: int = 500, seed: int = 0,
+                groups: dict[str, set[str]] | None = None) -> list[dict[str, Any]]:
     """One row per (judge, model, dataset or ``all``, reading, split) with at least one scored turn.
 
     A judge's verdict under a reading is the one it gave for that reading, else its single verdict (reading None).
+    ``groups``: extra "splits" by item, e.g. ``{"test_fresh": items}`` for the test items first scored by the
+    current weights (a refit judge re-reads the older test items; only the fresh ones are scored once).
     """
+    groups = groups or {}
     vmap = _verdict_map(verdicts)
     judges = sorted({j for j, _ in vmap})
     truth = {r: {t: consensus(blind.labels_of(t), r) for t in blind.turns} for r in readings}
@@ -85,11 +110,12 @@ def judge_table(blind: BlindSets, verdicts: Sequence[JudgeVerdict], splits: Sequ
             got = vmap.get((judge, reading)) or vmap.get((judge, None)) or {}
             cells: dict[tuple[str, str, str], list[str]] = {}
             for tid, t in blind.turns.items():
-                sp = split_of_item(t.item)
-                if sp not in splits or truth[reading][tid] is None or tid not in got:
+                if truth[reading][tid] is None or tid not in got:
                     continue
-                for ds in ("all", t.dataset):
-                    cells.setdefault((t.model, ds, sp), []).append(tid)
+                sps = [split_of_item(t.item)] + [g for g, items in groups.items() if t.item in items]
+                for sp in (x for x in sps if x in splits or x in groups):
+                    for ds in ("all", t.dataset):
+                        cells.setdefault((t.model, ds, sp), []).append(tid)
             for (model, ds, sp), tids in sorted(cells.items()):
                 y = [truth[reading][t] for t in tids]
                 p = [got[t] for t in tids]

@@ -33,7 +33,7 @@ from typing import Any
 from mechprobe.audit.agreement import kappa_with_ci
 from mechprobe.audit.blind_sets import load_blind_sets
 from mechprobe.audit.estimate import audit_only_difference, audit_only_rate
-from mechprobe.audit.judge_table import VERDICTS_FILE, judge_table, read_verdicts
+from mechprobe.audit.judge_table import ROUNDS_FILE, VERDICTS_FILE, judge_table, read_verdicts, round_groups
 from mechprobe.audit.labels import LabellerLabels, read_labellers_file
 from mechprobe.audit.readings import STRICT, genuine_under
 from mechprobe.audit.sample import AuditSample
@@ -589,7 +589,7 @@ def _relabel_kappas(rows: list[dict[str, Any]]) -> dict[str, Value]:
 
 
 def _judge_table(out: Findings, root: Path) -> None:
-    """The judge table's test cells (all datasets), recomputed from the committed blind labels and verdicts
+    """The judge table's test cells and each fit's once-scored test cells (all datasets), recomputed from the committed blind labels and verdicts
     (:mod:`mechprobe.audit.judge_table`) and compared with the committed ``reports/judge/table.json``."""
     vfile = root / VERDICTS_FILE
     if not vfile.exists():
@@ -600,7 +600,7 @@ def _judge_table(out: Findings, root: Path) -> None:
     if (root / JUDGE_TABLE).exists():
         committed = {r["finding"]: r for r in read_json(root / JUDGE_TABLE)["rows"] if r["dataset"] == "all"}
     rows = judge_table(blind, read_verdicts(vfile) + blind.verdicts, splits=("test",), n_boot=N_BOOT_KAPPA,
-                       seed=SEED)
+                       seed=SEED, groups=round_groups(root / ROUNDS_FILE))
     for r in rows:
         if r["dataset"] != "all":
             continue

@@ -35,7 +35,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import cohen_kappa_score
 
 from mechprobe.audit.blind_sets import BlindSets, JudgeVerdict, consensus, load_blind_sets, split_of_item
-from mechprobe.audit.judge_table import VERDICTS_FILE, judge_table, read_verdicts
+from mechprobe.audit.judge_table import ROUNDS_FILE, VERDICTS_FILE, judge_table, read_verdicts, round_group
 from mechprobe.audit.readings import READINGS
 from mechprobe.errors import UsageError
 from mechprobe.io import write_json
@@ -58,14 +58,15 @@ from mechprobe.judges.turn_features import TEXT_FEATURES
 from mechprobe.taxonomy import GENUINE
 
 __all__ = ["JudgeEvalConfig", "JudgeEvalResult", "run_judge_eval", "fit_heads", "judge_inputs", "cached_features",
-           "HARD_NEGATIVE_ARMS", "TEXTFIT", "OFFLINE", "judge_table_markdown", "measure_speed", "cpu_description"]
+           "HARD_NEGATIVE_ARMS", "TEXTFIT", "OFFLINE", "fit_rounds", "archive_weights",
+           "archived_weights", "judge_table_markdown", "measure_speed", "cpu_description"]
 
 TEXTFIT, OFFLINE = "textfit", "offline"
 HARD_NEGATIVE_ARMS = frozenset({"answer_removed"})
 FEATURE_SETS: dict[str, tuple[str, ...]] = {"rules+lexical": TEXT_FEATURES, "rules+lexical+minilm": TEXTFIT_FEATURES}
 C_GRID = (0.01, 0.03, 0.1, 0.3, 1.0)
 THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(2, 19))
-VERSION = "textfit-v1"
+VERSION = "textfit-v2"
 
 
 @dataclass(frozen=True)
@@ -248,7 +249,9 @@ def judge_table_markdown(res: JudgeEvalResult, speed: list[dict[str, Any]], chos
              "blind to model, condition and judge. Reference: the labellers' consensus (both say genuine, or both "
              "say not, under the reading); turns they split on are left out. `strict` exists only where the labels "
              "carry codebook v2's strict field. Items are split train / dev / test by the query's hash; the "
-             "text-fit heads were fit on train and chosen on dev; test was scored once.", "",
+             "text-fit heads were fit on train and chosen on dev. Each fit's fresh test items (no earlier fit's "
+             "test held them; `reports/judge/test_rounds.json`) are its once-scored test; earlier fits' weights are "
+             "kept (`reports/judge/weights/`) and scored under their version's name.", "",
              "## Inventory", "",
              "| subject model | source | turns | labels | lenient consensus (genuine) | labellers split | "
              "strict consensus (genuine) | labellers split |", "|---|---|---|---|---|---|---|---|"]
@@ -256,11 +259,15 @@ def judge_table_markdown(res: JudgeEvalResult, speed: list[dict[str, Any]], chos
         lines.append(f"| {r['model']} | {r['source']} | {r['turns']} | {r['labels']} | {r['lenient_consensus']} "
                      f"({r['lenient_genuine']}) | {r['lenient_split']} | {r['strict_consensus']} "
                      f"({r['strict_genuine']}) | {r['strict_split']} |")
-    for sp in ("test", "dev"):
+    groups = sorted({r["split"] for r in res.rows if r["split"].startswith("test_")}, reverse=True)
+    titles = {g: f"test items first scored by {g[5:]} (no earlier fit's test held them: scored once)" for g in groups}
+    titles.update({"test": "test items, all datasets (each fit scores them all; a later fit re-reads earlier ones)",
+                   "dev": "dev items, all datasets"})
+    for sp in (*groups, "test", "dev"):
         rows = [r for r in res.rows if r["split"] == sp and r["dataset"] == "all"]
         if not rows:
             continue
-        lines += ["", f"## {sp} items, all datasets", "",
+        lines += ["", f"## {titles[sp]}", "",
                   "| judge | subject model | reading | n (items) | κ [95% CI, item bootstrap] | "
                   "TP / FP / FN / TN | judge genuine | labellers genuine |", "|---|---|---|---|---|---|---|---|"]
         for r in sorted(rows, key=lambda r: (r["model"], r["reading"], r["judge"])):
@@ -317,23 +324,31 @@ def run_judge_eval(cfg: JudgeEvalConfig, progress: Callable[[str], None] | None 
     selection: list[dict[str, Any]] = []
     weights_path = Path(cfg.weights) if cfg.weights else root / "mechprobe" / "data" / DEFAULT_WEIGHTS
     if cfg.fit:
+        archive_weights(out, load_weights(weights_path if cfg.weights else None))
         w, selection = fit_heads(blind, feats)
         write_json(weights_path, w)
         write_json(out / "selection.json", {"candidates": selection})
     w = load_weights(weights_path if (cfg.fit or cfg.weights) else None)
+    rounds = fit_rounds(root / ROUNDS_FILE, w, blind, record=cfg.fit)
     tids = sorted(inputs)
     verdicts: list[JudgeVerdict] = []
     for head in w["heads"]:
         probs = head_proba(w, head, [feats[t] for t in tids])
         thr = float(w["heads"][head]["threshold"])
         verdicts += [JudgeVerdict(t, TEXTFIT, head, p >= thr, "") for t, p in zip(tids, probs)]
+    for old_w in archived_weights(out, w):  # earlier fits, scored under their version's name (textfit-v1, ...)
+        for head in old_w["heads"]:
+            probs = head_proba(old_w, head, [feats[t] for t in tids])
+            thr = float(old_w["heads"][head]["threshold"])
+            verdicts += [JudgeVerdict(t, str(old_w["version"]), head, p >= thr, "") for t, p in zip(tids, probs)]
     verdicts += [JudgeVerdict(t, OFFLINE, None, bool(feats[t]["offline_genuine"]), "") for t in tids]
     verdicts += _trained_verdicts(root)  # committed here too: the findings recompute the table from files alone
     vfile = root / VERDICTS_FILE
     vfile.parent.mkdir(parents=True, exist_ok=True)
     vfile.write_text("".join(json.dumps({"turn_id": v.turn_id, "judge": v.judge, "reading": v.reading,
                                          "genuine": v.genuine}) + "\n" for v in verdicts), encoding="utf-8")
-    rows = judge_table(blind, read_verdicts(vfile) + blind.verdicts, splits=cfg.splits, n_boot=cfg.n_boot)
+    rows = judge_table(blind, read_verdicts(vfile) + blind.verdicts, splits=cfg.splits, n_boot=cfg.n_boot,
+                       groups={round_group(r): set(r["fresh_items"]) for r in rounds})
     split_file = {"format": "mechprobe-judge-split-v1",
                   "rule": "mechprobe.audit.blind_sets.split_of_item (query hash; the labelled set's test rule)",
                   "items": {t.item: split_of_item(t.item) for t in sorted(blind.turns.values(), key=lambda t: t.item)}}
@@ -355,6 +370,43 @@ def run_judge_eval(cfg: JudgeEvalConfig, progress: Callable[[str], None] | None 
     (out / "table.md").write_text(res.markdown, encoding="utf-8")
     res.written = [vfile, out / "split.json", out / "table.json", out / "table.md"]
     return res
+
+
+WEIGHTS_ARCHIVE = "weights"  # reports/judge/weights/<version>.json: every earlier fit's weights, kept
+
+
+def archive_weights(out: Path, w: dict[str, Any]) -> None:
+    """Keep the weights a refit replaces (``out/weights/<version>.json``), so their table rows stay computable."""
+    dest = out / WEIGHTS_ARCHIVE / f"{w['version']}.json"
+    if not dest.is_file():
+        write_json(dest, w)
+
+
+def archived_weights(out: Path, current: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every archived fit but the current one, oldest version first."""
+    files = sorted((out / WEIGHTS_ARCHIVE).glob("*.json")) if (out / WEIGHTS_ARCHIVE).is_dir() else []
+    ws = [load_weights(f) for f in files]
+    return [x for x in ws if x["weights_sha256"] != current["weights_sha256"]]
+
+
+def fit_rounds(path: Path, w: dict[str, Any], blind: BlindSets, record: bool) -> list[dict[str, Any]]:
+    """Every fit's round: its weights and the test items it was the first to score (no earlier fit's test held them).
+
+    Why: a refit judge scores every test item again, and the older ones were scored by the earlier weights; only
+    the items no fit has seen before are a test scored once by the new weights. ``record`` (a fit) appends the
+    round of ``w`` to ``path`` (``reports/judge/test_rounds.json``) unless it is there. The table reports each
+    round's items as a group (:func:`round_group`), so each fit keeps its once-scored cells.
+    """
+    rounds = json.loads(path.read_text(encoding="utf-8"))["rounds"] if path.is_file() else []
+    if record and not any(r["weights_sha256"] == w["weights_sha256"] for r in rounds):
+        seen = {i for r in rounds for i in r["fresh_items"]}
+        test = {t.item for t in blind.turns.values() if split_of_item(t.item) == "test"}
+        rounds.append({"weights": w.get("version"), "weights_sha256": w["weights_sha256"],
+                       "fresh_items": sorted(test - seen), "test_items": len(test)})
+        write_json(path, {"format": "mechprobe-judge-test-rounds-v1",
+                          "rule": "per fit: the test items no earlier fit's test held (scored once by that fit)",
+                          "rounds": rounds})
+    return rounds
 
 
 def cpu_description() -> str:

@@ -389,3 +389,46 @@ def test_part2_steps_run_on_the_embedded_model(tmp_path):
     assert sorted(x.name for x in (tmp_path / "reports" / parent.name).iterdir()) == sorted(
         ["conversations_train.jsonl", "items_train.json", "conversations_heldout.jsonl", "items_heldout.json",
          "ledger.json"])  # part 2 wrote nothing into part 1's folder
+
+
+def test_merge_check_measures_what_merging_keeps():
+    """Merged in fp32 the adapter is the same model (relative error ~0, all the gain kept): merged is used; the
+    check's arithmetic follows merge_error."""
+    peft = pytest.importorskip("peft")
+    from mechprobe.study.interventions.post import merge_error, target_logprobs
+
+    torch.manual_seed(0)
+    model = tiny_model("llama", seed=0).float().eval()
+    cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], lora_dropout=0.0)
+    pm = peft.get_peft_model(model, cfg)
+    for n, p in pm.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.2)
+    ex = [pt.TrainExample(str(i), [1, 5, 7, 9, 11, 13], [-100, -100, -100, 9, 11, 13], (3, 6))
+          for i in range(3)]
+    with pm.disable_adapter():
+        lb = target_logprobs(pm, ex)
+    lu = target_logprobs(pm, ex)
+    lm_ = target_logprobs(pm.merge_and_unload(), ex)
+    r = merge_error(lb, lu, lm_)
+    assert r["n_tokens"] == 9 and r["effect_norm"] > 1e-3
+    assert r["relative_error"] < 1e-3 and abs(r["gain_kept"] - 1) < 1e-3
+    # an error as large as the effect, or a lost gain, shows
+    assert merge_error(lb, lu, lb)["gain_kept"] == pytest.approx(0.0, abs=1e-9)
+    assert merge_error(lb, lu, lb)["relative_error"] == pytest.approx(1.0)
+
+
+def test_a_merged_adapter_gets_its_own_store_and_never_the_bases(tmp_path):
+    plan = load_plan(_plans(tmp_path))
+    s = Study(plan, tmp_path / "reports", tmp_path / "work", progress=False)
+    base = _lm(tiny_model("llama", seed=0).eval(), "0" * 64)
+    s._lm = base
+    s._store = PrefixStore(base, progress=False)
+    merged = _lm(tiny_model("llama", seed=1).eval(), "2" * 64)
+    unmerged = _lm(tiny_model("llama", seed=2).eval(), "3" * 64)
+    s._adapter_lms = {"sft_s0": merged, "control": unmerged}
+    s._adapter_stores = {"sft_s0": PrefixStore(merged, progress=False)}
+    assert s.store_for(merged) is s._adapter_stores["sft_s0"] and s.store_for(merged) is not s.store
+    assert s.store_for(unmerged) is None
+    with pytest.raises(UsageError, match="another model"):
+        s._adapter_stores["sft_s0"].check(base)
