@@ -4,7 +4,7 @@ Why one loader: a judge is the linear probes' target, so its agreement with blin
 subject model on turns it never saw; the committed labels sit in three layouts (the labelled set, a codebook-v2
 relabel, the intervention study's sheets: train batches and each plan's held-out sheet). Each layout is one
 entry of :data:`SOURCES`; a missing folder is skipped with a note, so a new source is one more entry and the
-judge table (``mechprobe judge-eval``) is recomputed by one command.
+judge table (``mechprobe judges evaluate``) is recomputed by one command.
 
 Readings: ``lenient`` is the label as given; ``strict`` exists only where the labels carry codebook v2's
 ``strict`` field (never inferred from a v1 label). The consensus of a turn under a reading

@@ -61,12 +61,12 @@ def round_groups(path: str | Path) -> dict[str, set[str]]:
         rounds = json.loads(path.read_text(encoding="utf-8"))["rounds"]
         return {round_group(r): set(r["fresh_items"]) for r in rounds}
     except (ValueError, KeyError, TypeError):
-        raise UsageError(f"{path}: not a rounds file (rounds: weights, fresh_items); rerun mechprobe judge-eval "
+        raise UsageError(f"{path}: not a rounds file (rounds: weights, fresh_items); rerun mechprobe judges evaluate "
                          "--fit or restore it from git") from None
 
 
 def read_verdicts(path: str | Path) -> list[JudgeVerdict]:
-    """The verdicts file ``mechprobe judge-eval`` writes (one JSON object per turn, judge and reading)."""
+    """The verdicts file ``mechprobe judges evaluate`` writes (one JSON object per turn, judge and reading)."""
     path = Path(path)
     if not path.is_file():
         return []
@@ -79,7 +79,7 @@ def read_verdicts(path: str | Path) -> list[JudgeVerdict]:
             out.append(JudgeVerdict(str(r["turn_id"]), str(r["judge"]), r.get("reading"), bool(r["genuine"]), str(path)))
         except (ValueError, KeyError, TypeError):
             raise UsageError(f"{path}:{i}: not a verdict row (turn_id, judge, reading, genuine); rerun "
-                             "mechprobe judge-eval") from None
+                             "mechprobe judges evaluate") from None
     return out
 
 

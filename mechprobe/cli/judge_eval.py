@@ -1,9 +1,11 @@
 """Judges against every committed blind-labelled set: the per-model table (kappa with item-clustered CIs, the
 confusion, the positive rate each judge implies beside the labellers'), from committed labels and verdicts.
 
-    mechprobe judge-eval                   # recompute reports/judge/ (verdicts, split, table.md, table.json)
-    mechprobe judge-eval --fit             # refit the textfit judge: train items fit, dev items choose
-    mechprobe judge-eval --speed 20        # also time textfit and the research default on 20 test turns
+    mechprobe judges evaluate              # recompute reports/judge/ (verdicts, split, table.md, table.json)
+    mechprobe judges evaluate --fit        # refit the textfit judge: train items fit, dev items choose
+    mechprobe judges evaluate --speed 20   # also time textfit and the research default on 20 test turns
+
+`mechprobe judge-eval` is the same command (its older name).
 
 The labelled sets are listed in mechprobe.audit.blind_sets.SOURCES (a missing folder is skipped and named in
 the report), so a new set of blind labels is one more entry and this one command recomputes the table. Items are

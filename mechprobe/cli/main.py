@@ -2,12 +2,11 @@
 
     mechprobe probe runs/smol-gsm8k --dataset gsm8k             # generate assistant + user turns
     mechprobe judge RUN [--judge openai:MODEL]                   # label the user turns
-    mechprobe judges features | fit [SET]                        # fit the trained judge on labelled turns
+    mechprobe judges evaluate [--fit] | features | fit [SET]     # judges vs blind labels per model; fit judges
     mechprobe cache RUN [--layers 0 6 12]                        # residual activations at the boundary
     mechprobe probes RUN                                         # linear probes per layer
     mechprobe steer RUN --alpha 4                                # steering vectors, with controls
     mechprobe agreement A B                                      # agreement between two label sources
-    mechprobe judge-eval [--fit]                                 # judges vs every blind-labelled set, per model
     mechprobe audit RUN --n 80 --by condition                    # blind audit sheet; --labels F.json: corrected rates
     mechprobe post-train --model NAME                            # LoRA SFT or DPO, then before/after evaluation
     mechprobe study [--quick]                                    # the paper's studies over every embedded model

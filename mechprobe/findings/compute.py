@@ -593,7 +593,7 @@ def _judge_table(out: Findings, root: Path) -> None:
     (:mod:`mechprobe.audit.judge_table`) and compared with the committed ``reports/judge/table.json``."""
     vfile = root / VERDICTS_FILE
     if not vfile.exists():
-        out.notes.append(f"judge_table: {VERDICTS_FILE} not found (run mechprobe judge-eval); skipped")
+        out.notes.append(f"judge_table: {VERDICTS_FILE} not found (run mechprobe judges evaluate); skipped")
         return
     blind = load_blind_sets(root)
     committed = {}

@@ -1,7 +1,7 @@
 """Fit, select and score judges on every committed blind-labelled set: the per-model judge table.
 
 Why: the linear probes predict judged follow-up, so where the judge disagrees with the labellers a null probe
-says nothing. This driver (``mechprobe judge-eval``) puts every committed blind label in one place
+says nothing. This driver (``mechprobe judges evaluate``) puts every committed blind label in one place
 (:mod:`mechprobe.audit.blind_sets`), splits by item (train / dev / test, the same rule for every model), fits the
 text-fit judge's heads on train and chooses on dev only (``--fit``), writes every judge's verdict per turn to
 ``reports/judge/verdicts.jsonl``, and writes the table (:mod:`mechprobe.audit.judge_table`) as markdown and JSON.
@@ -71,7 +71,7 @@ VERSION = "textfit-v2"
 
 @dataclass(frozen=True)
 class JudgeEvalConfig:
-    """What ``mechprobe judge-eval`` does.
+    """What ``mechprobe judges evaluate`` does.
 
     Attributes:
         root: the repository (its ``reports/`` holds the labelled sets).
@@ -244,7 +244,7 @@ def _trained_verdicts(root: Path) -> list[JudgeVerdict]:
 def judge_table_markdown(res: JudgeEvalResult, speed: list[dict[str, Any]], chosen: dict[str, Any]) -> str:
     """The report: inventory, the per-model table (test, then dev), the chosen heads and the speed rows."""
     lines = ["# Judges against blind labels, per subject model", "",
-             "Written by `mechprobe judge-eval` from committed labels and verdicts (`reports/judge/verdicts.jsonl`, "
+             "Written by `mechprobe judges evaluate` from committed labels and verdicts (`reports/judge/verdicts.jsonl`, "
              "the labelled sets' own judge files). Labels are model-written: two language-model labellers per turn, "
              "blind to model, condition and judge. Reference: the labellers' consensus (both say genuine, or both "
              "say not, under the reading); turns they split on are left out. `strict` exists only where the labels "
@@ -394,18 +394,26 @@ def fit_rounds(path: Path, w: dict[str, Any], blind: BlindSets, record: bool) ->
 
     Why: a refit judge scores every test item again, and the older ones were scored by the earlier weights; only
     the items no fit has seen before are a test scored once by the new weights. ``record`` (a fit) appends the
-    round of ``w`` to ``path`` (``reports/judge/test_rounds.json``) unless it is there. The table reports each
-    round's items as a group (:func:`round_group`), so each fit keeps its once-scored cells.
+    round of ``w`` to ``path`` (``reports/judge/test_rounds.json``) unless it is there; the newest fit's round
+    also takes in test items of labelled sets added after it (it never saw them). The table reports each round's
+    items as a group (:func:`~mechprobe.audit.judge_table.round_group`), so each fit keeps its once-scored cells.
     """
     rounds = json.loads(path.read_text(encoding="utf-8"))["rounds"] if path.is_file() else []
-    if record and not any(r["weights_sha256"] == w["weights_sha256"] for r in rounds):
-        seen = {i for r in rounds for i in r["fresh_items"]}
-        test = {t.item for t in blind.turns.values() if split_of_item(t.item) == "test"}
-        rounds.append({"weights": w.get("version"), "weights_sha256": w["weights_sha256"],
-                       "fresh_items": sorted(test - seen), "test_items": len(test)})
-        write_json(path, {"format": "mechprobe-judge-test-rounds-v1",
-                          "rule": "per fit: the test items no earlier fit's test held (scored once by that fit)",
-                          "rounds": rounds})
+    test = {t.item for t in blind.turns.values() if split_of_item(t.item) == "test"}
+    new = record and not any(r["weights_sha256"] == w["weights_sha256"] for r in rounds)
+    if new:
+        rounds.append({"weights": w.get("version"), "weights_sha256": w["weights_sha256"], "fresh_items": []})
+    last = rounds[-1] if rounds else None
+    if last is not None and last["weights_sha256"] == w["weights_sha256"]:
+        # the newest fit has seen no test item outside earlier rounds, including labelled sets added since it was
+        # fit: its round grows with them (never shrinks); an earlier fit's round is frozen when a new fit is made
+        seen = {i for r in rounds[:-1] for i in r["fresh_items"]}
+        grown = sorted(set(last["fresh_items"]) | (test - seen))
+        if new or grown != last["fresh_items"]:
+            last.update(fresh_items=grown, test_items=len(test))
+            write_json(path, {"format": "mechprobe-judge-test-rounds-v1",
+                              "rule": "per fit: the test items no earlier fit's test held (scored once by that fit)",
+                              "rounds": rounds})
     return rounds
 
 

@@ -6,7 +6,7 @@ run at about a quarter of a turn per second).
 
 Why: the linear probes predict *judged* follow-up, so the judge is their target. The trained judge
 (:mod:`mechprobe.judges.trained`) weighed the hybrid judge's LM features with few labelled turns of the Qwen
-models; this judge is fit by ``mechprobe judge-eval --fit`` on every committed blind-labelled turn
+models; this judge is fit by ``mechprobe judges evaluate --fit`` on every committed blind-labelled turn
 (:mod:`mechprobe.audit.blind_sets`) of the train and dev items, with one head per reading (lenient, strict), and
 is scored once on the test items. Its weights (``mechprobe/data/textfit_judge.json``) hold the features, the
 standardisation, one coefficient vector and decision threshold per head, and a digest of those numbers.
@@ -78,7 +78,7 @@ def _finite(x: Any) -> bool:
 
 def check_weights(w: Any, where: str) -> dict[str, Any]:
     """Refuse a weights dict that would judge wrongly without failing (``where`` names the file)."""
-    fix = "refit with the judge-eval driver, fit=True (never edit the weights by hand)"
+    fix = "refit with mechprobe judges evaluate --fit (never edit the weights by hand)"
     if not isinstance(w, dict) or w.get("format") != WEIGHTS_FORMAT:
         raise UsageError(f"{where}: not a {WEIGHTS_FORMAT} file; {fix}")
     names = w.get("features")
@@ -116,19 +116,19 @@ def load_weights(path: str | Path | None = None) -> dict[str, Any]:
     if path is None:
         ref = resources.files("mechprobe") / "data" / DEFAULT_WEIGHTS
         if not ref.is_file():
-            raise UsageError(f"no fitted weights in the package ({DEFAULT_WEIGHTS}); refit with the judge-eval "
-                             "driver, fit=True")
+            raise UsageError(f"no fitted weights in the package ({DEFAULT_WEIGHTS}); refit with mechprobe judges "
+                             "evaluate --fit")
         where, raw = f"mechprobe/data/{DEFAULT_WEIGHTS}", ref.read_bytes()
     else:
         p = Path(path)
         if not p.is_file():
-            raise UsageError(f"{p}: textfit weights not found; pass the JSON the judge-eval driver wrote with "
-                             "fit=True")
+            raise UsageError(f"{p}: textfit weights not found; pass the JSON that mechprobe judges "
+                             "evaluate --fit --weights PATH wrote")
         where, raw = str(p), p.read_bytes()
     try:
         w = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
-        raise UsageError(f"{where}: not valid UTF-8 JSON; refit with the judge-eval driver, fit=True") from None
+        raise UsageError(f"{where}: not valid UTF-8 JSON; refit with mechprobe judges evaluate --fit") from None
     return check_weights(w, where)
 
 

@@ -15,3 +15,9 @@ def test_no_labelled_sets_is_one_line_and_exit_2(tmp_path, capsys):
 def test_negative_n_boot_is_refused(tmp_path, capsys):
     assert main(["judge-eval", "--root", str(tmp_path), "--n-boot", "0"]) == 2
     assert "--n-boot" in capsys.readouterr().err
+
+
+def test_judges_evaluate_is_the_same_command(tmp_path):
+    """``judges evaluate`` and ``judge-eval`` parse the same flags and refuse the same bad input."""
+    assert main(["judges", "evaluate", "--root", str(tmp_path)]) == 2
+    assert main(["judges", "evaluate", "--root", str(tmp_path), "--n-boot", "0"]) == 2

@@ -49,10 +49,14 @@ def test_a_refit_scores_once_only_the_test_items_no_earlier_fit_held(tmp_path):
     r2 = fit_rounds(path, _w("v2", 1.0), _blind(first + later), record=True)
     fresh = set(r2[1]["fresh_items"])
     assert fresh == {query_item_key(q) for q in later}
-    # reading back (no fit) changes nothing; recording the same weights again adds no round
-    assert fit_rounds(path, _w("v2", 1.0), _blind(first + later + _test_queries(2, 20_000)), record=True) == r2
-    groups = round_groups(path)
-    assert groups == {"test_v1": {query_item_key(q) for q in first}, "test_v2": fresh}
+    assert round_groups(path) == {"test_v1": {query_item_key(q) for q in first}, "test_v2": fresh}
+    # a labelled set added after v2's fit: v2 never saw it, so v2's round takes it in; v1's round stays frozen
+    added = _test_queries(2, start=20_000)
+    r3 = fit_rounds(path, _w("v2", 1.0), _blind(first + later + added), record=False)
+    assert len(r3) == 2 and set(r3[1]["fresh_items"]) == fresh | {query_item_key(q) for q in added}
+    assert set(r3[0]["fresh_items"]) == {query_item_key(q) for q in first}
+    # weights that are not the newest fit (e.g. from elsewhere) record nothing
+    assert fit_rounds(path, _w("v0", 5.0), _blind(first + later + added), record=False) == r3
 
 
 def test_round_groups_become_table_splits(tmp_path):
