@@ -35,16 +35,23 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 
 # Keys whose values must never be written anywhere (logs, manifests, caches).
-_SECRET_KEYS = ("api_key", "apikey", "key", "token", "secret", "password", "authorization")
+# Names of fields that hold a secret (exact, or as a ``_suffix``: ``openai_api_key``, ``hf_token``). A bare ``key``
+# is not one (row keys, cell keys), and only text is a secret: a number in a ``*_per_token`` field is data.
+_SECRET_KEYS = ("api_key", "apikey", "token", "secret", "password", "authorization")
 
 
 def redact(obj: Any) -> Any:
-    """Return a copy of ``obj`` with secret-looking keys replaced, so configs can be logged safely."""
+    """Return a copy of ``obj`` with the text of secret-looking fields replaced, so configs can be logged safely.
+
+    Example:
+        >>> redact({"api_key": "sk-1", "error_rms_per_token": 0.04, "key": "r1"})
+        {'api_key': '<redacted>', 'error_rms_per_token': 0.04, 'key': 'r1'}
+    """
     if isinstance(obj, dict):
         out = {}
         for k, v in obj.items():
             lk = str(k).lower()
-            if any(lk == s or lk.endswith("_" + s) for s in _SECRET_KEYS) and v is not None:
+            if any(lk == s or lk.endswith("_" + s) for s in _SECRET_KEYS) and isinstance(v, str) and v:
                 out[k] = "<redacted>"
             else:
                 out[k] = redact(v)

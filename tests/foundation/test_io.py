@@ -42,6 +42,15 @@ def test_secrets_never_written(tmp_path):
         assert "sk-SECRET123" not in f.read_text()
 
 
+def test_redaction_keeps_data_that_only_looks_like_a_secret_name(tmp_path):
+    """A number in a ``*_per_token`` field and a row ``key`` are data; the text of ``hf_token`` is a secret."""
+    row = {"error_rms_per_token": 0.046, "key": "r6a85", "n_tokens": 467, "hf_token": "hf_SECRETVALUE"}
+    write_json(tmp_path / "r.json", row)
+    got = json.loads((tmp_path / "r.json").read_text())
+    assert got["error_rms_per_token"] == 0.046 and got["key"] == "r6a85" and got["n_tokens"] == 467
+    assert "hf_SECRETVALUE" not in json.dumps(got)
+
+
 def test_user_turn_record_roundtrip():
     r = UserTurnRecord(record_id=make_record_id("gsm8k-0001", "sample", 1.0, 2), item_id="gsm8k-0001",
                        dataset="gsm8k", decoding="sample", temperature=1.0, sample_index=2, seed=5,
