@@ -61,8 +61,8 @@ def round_groups(path: str | Path) -> dict[str, set[str]]:
         rounds = json.loads(path.read_text(encoding="utf-8"))["rounds"]
         return {round_group(r): set(r["fresh_items"]) for r in rounds}
     except (ValueError, KeyError, TypeError):
-        raise UsageError(f"{path}: not a rounds file (rounds: weights, fresh_items); rerun mechprobe judges evaluate "
-                         "--fit or restore it from git") from None
+        raise UsageError(f"{path}: not a rounds file (rounds: weights, fresh_items); rerun the judges evaluate "
+                         "command with fit=True or restore it from git") from None
 
 
 def read_verdicts(path: str | Path) -> list[JudgeVerdict]:

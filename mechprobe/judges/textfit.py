@@ -78,7 +78,7 @@ def _finite(x: Any) -> bool:
 
 def check_weights(w: Any, where: str) -> dict[str, Any]:
     """Refuse a weights dict that would judge wrongly without failing (``where`` names the file)."""
-    fix = "refit with mechprobe judges evaluate --fit (never edit the weights by hand)"
+    fix = "refit with the judges evaluate command, fit=True (never edit the weights by hand)"
     if not isinstance(w, dict) or w.get("format") != WEIGHTS_FORMAT:
         raise UsageError(f"{where}: not a {WEIGHTS_FORMAT} file; {fix}")
     names = w.get("features")
@@ -116,19 +116,19 @@ def load_weights(path: str | Path | None = None) -> dict[str, Any]:
     if path is None:
         ref = resources.files("mechprobe") / "data" / DEFAULT_WEIGHTS
         if not ref.is_file():
-            raise UsageError(f"no fitted weights in the package ({DEFAULT_WEIGHTS}); refit with mechprobe judges "
-                             "evaluate --fit")
+            raise UsageError(f"no fitted weights in the package ({DEFAULT_WEIGHTS}); refit with the judges "
+                             "evaluate command, fit=True")
         where, raw = f"mechprobe/data/{DEFAULT_WEIGHTS}", ref.read_bytes()
     else:
         p = Path(path)
         if not p.is_file():
-            raise UsageError(f"{p}: textfit weights not found; pass the JSON that mechprobe judges "
-                             "evaluate --fit --weights PATH wrote")
+            raise UsageError(f"{p}: textfit weights not found; pass the JSON that the judges "
+                             "evaluate command wrote with fit=True and weights=PATH")
         where, raw = str(p), p.read_bytes()
     try:
         w = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
-        raise UsageError(f"{where}: not valid UTF-8 JSON; refit with mechprobe judges evaluate --fit") from None
+        raise UsageError(f"{where}: not valid UTF-8 JSON; refit with the judges evaluate command, fit=True") from None
     return check_weights(w, where)
 
 

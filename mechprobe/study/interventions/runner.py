@@ -51,6 +51,8 @@ from mechprobe.judges.factory import make_judge
 from mechprobe.lm.models import LoadedModel, load_model
 from mechprobe.lm.prefix import PrefixStore
 from mechprobe.lm.registry import EMBEDDED, embedded_gguf_path
+from mechprobe.plots.extents import draw_figure
+from mechprobe.plots.interventions import plot_study_arms, study_figure_title
 from mechprobe.records import AssistantRecord
 from mechprobe.steering.degenerate import degenerate_rate, largest_safe_alpha
 from mechprobe.steering.vector import SteeringVector, random_like
@@ -539,7 +541,20 @@ class Study(PostTrainingSteps):
         write_json(self.root / "table.json", tab)
         note = ("Judges beside the labels: " + ", ".join(f"`{j}`" for j in judges) + ".") if judges else ""
         (self.root / "table.md").write_text(table_markdown(tab, self.plan.model, note), encoding="utf-8")
+        fig = self.figure_path
+        _, err = draw_figure(fig, lambda: plot_study_arms(
+            tab, [a.name for a in self.plan.arms], fig,
+            study_figure_title(self.plan.model, f"plan {self.plan.path.name}", int(tab["arms"][self.plan.arms[0].name]
+                                                                                   ["strict"]["n"]))))
+        if err:
+            print(err)
         return tab
+
+    @property
+    def figure_path(self) -> Path:
+        """``arms.png`` in the plan's report folder (the arms' rates and their differences vs base), beside the
+        table it draws."""
+        return self.root / "arms.png"
 
     def part2_tests(self, key: dict[str, Any], labs: list[dict[str, Any]]) -> dict[str, Any]:
         """The extending plan's tests per reading: SFT pooled over its seeds against base, the control and its
