@@ -432,3 +432,71 @@ def test_a_merged_adapter_gets_its_own_store_and_never_the_bases(tmp_path):
     assert s.store_for(unmerged) is None
     with pytest.raises(UsageError, match="another model"):
         s._adapter_stores["sft_s0"].check(base)
+
+
+def test_part2_table_joins_labels_accuracy_costs_and_the_patching_profile(tmp_path):
+    """The committed v3b plan's table from files alone (no model): each arm's rates, its paired differences vs
+    base and vs the control arm, its model's accuracy, its cost from the ledger, the patching profile and figure."""
+    import csv
+
+    from mechprobe.study.interventions.sheets import write_sheet
+
+    d = tmp_path / "studies"
+    d.mkdir()
+    for name in ("plan_v2.json", "plan_v2b.json", "plan_v2c.json", "plan_v3b.json"):
+        shutil.copyfile(V2.parent / name, d / name)
+    plan = load_plan(d / "plan_v3b.json")
+    s = Study(plan, tmp_path / "reports", tmp_path / "work", progress=False)
+    arms = [a.name for a in plan.arms]
+    items = [f"i{k:02d}" for k in range(40)]
+    # sft arms: genuine on every other item; control and base: never; floor: on items 0-3
+    genuine = {a: set(items[::2]) for a in ("sft_s0", "sft_s1", "sft_s2")}
+    genuine["sft_answer_removed"] = set(items[:4])
+    rows = [{"turn_id": f"{i}|{a}", "query": "q", "answer": "a", "turn": "t", "item_id": i, "arm": a}
+            for a in arms for i in items]
+    h = s.root / "heldout"
+    write_sheet(rows, h / "sheet.csv", h / "sheet.key.json", sample_id=f"{plan.name}-heldout", seed=plan.seed)
+    key = json.loads((h / "sheet.key.json").read_text(encoding="utf-8"))["rows"]
+    with (h / "sheet.csv").open(encoding="utf-8", newline="") as f:
+        sheet = list(csv.DictReader(f))
+    for who in ("a", "b"):
+        for r in sheet:
+            m = key[r["row"]]
+            r.update({"label": "genuine_followup", "strict": "yes"} if m["item_id"] in genuine.get(m["arm"], ())
+                     else {"label": "new_query", "strict": ""})
+        out = h / "labels" / f"{who}.csv"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("w", encoding="utf-8", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(sheet[0]))
+            w.writeheader()
+            w.writerows(sheet)
+    acc = {"base": {"rate": 0.3, "n": 150, "cut_at_cap": 2},
+           "sft_s0": {"rate": 0.28, "n": 150, "cut_at_cap": 3, "vs_base": {"diff": -0.02, "lo": -0.06, "hi": 0.02,
+                                                                           "n": 150}}}
+    (s.root / "accuracy").mkdir(parents=True)
+    (s.root / "accuracy" / "accuracy.json").write_text(json.dumps({"metric": "exact", "models": acc}))
+    s.ledger.record("train_sft_s0", 600.0, [])
+    s.ledger.record("heldout_sft_s0", 120.0, [])
+    pat = {"adapter": "sft_s0", "turns_of": "sft_s0", "items": items[:6], "best_layers": [12, 9],
+           "acting_layers": [12], "by_layer": {str(r): {"fraction": r / 30, "lo": r / 30 - 0.1, "hi": r / 30 + 0.1,
+                                                        "n": 6, "gap": 1.0} for r in (3, 6, 9, 12)}}
+    (s.root / "post_training").mkdir(parents=True)
+    (s.root / "post_training" / "patching.json").write_text(json.dumps(pat))
+    tab = s.table()
+    rows = {r["arm"]: r for r in tab["part2_summary"]["rows"]}
+    assert list(rows) == arms
+    r = rows["sft_s0"]
+    assert r["n"] == 40 and r["strict"]["k"] == 20
+    assert abs(r["strict"]["vs_base"]["diff"] - 0.5) < 1e-9 and abs(r["strict"]["vs_control"]["diff"] - 0.5) < 1e-9
+    assert r["strict"]["vs_control"]["lo"] > 0
+    assert rows["control_sft"]["strict"]["vs_control"] is None and rows["base"]["strict"]["vs_base"] is None
+    assert r["accuracy"]["k"] == 42 and r["accuracy"]["lo"] < 0.28 < r["accuracy"]["hi"]
+    assert rows["base"]["accuracy"]["n"] == 150 and rows["sft_s1"]["accuracy"] is None  # not run: no number
+    # cost: the ledger's CPU names its cores; missing steps are named, never guessed
+    cores = int(s.ledger.steps["train_sft_s0"].cpu.split(" cores")[0].rsplit(" ", 1)[-1])
+    assert r["cost"]["wall_min"] == 12.0 and r["cost"]["core_min"] == 12.0 * cores
+    assert r["cost"]["missing"] == ["accuracy_sft_s0"]
+    assert tab["part2"]["strict"]["vs_base"]["verdict"] == "pass"
+    md = (s.root / "table.md").read_text(encoding="utf-8")
+    assert "every arm against base and control" in md and "| 12 | 0.400 [0.300, 0.500] |" in md
+    assert (s.root / "patching.png").stat().st_size > 10_000 and (s.root / "arms.png").exists()

@@ -52,7 +52,12 @@ from mechprobe.lm.models import LoadedModel, load_model
 from mechprobe.lm.prefix import PrefixStore
 from mechprobe.lm.registry import EMBEDDED, embedded_gguf_path
 from mechprobe.plots.extents import draw_figure
-from mechprobe.plots.interventions import plot_study_arms, study_figure_title
+from mechprobe.plots.interventions import (
+    patching_figure_title,
+    plot_patching_profile,
+    plot_study_arms,
+    study_figure_title,
+)
 from mechprobe.records import AssistantRecord
 from mechprobe.steering.degenerate import degenerate_rate, largest_safe_alpha
 from mechprobe.steering.vector import SteeringVector, random_like
@@ -65,8 +70,9 @@ from mechprobe.study.interventions.generate import (
 )
 from mechprobe.study.interventions.ledger import Ledger
 from mechprobe.study.interventions.plan import Plan, load_plan
-from mechprobe.study.interventions.post_steps import PART1, PostTrainingSteps
+from mechprobe.study.interventions.post_steps import PART1, POST, PostTrainingSteps
 from mechprobe.study.interventions.sheets import write_sheet
+from mechprobe.study.interventions.summary import part2_summary, summary_markdown
 from mechprobe.turns.datasets import load_dataset
 from mechprobe.turns.pipeline import ProbeConfig, assistant_answers
 
@@ -536,11 +542,22 @@ class Study(PostTrainingSteps):
         tab = study_table(k["rows"], labs, [a.name for a in self.plan.arms], judges=judges or None)
         tab["labellers"] = [f.stem for f in files]
         tab["study_outcome"] = study_outcome(tab)
+        md_extra = ""
         if self.parent is not None:
             tab["part2"] = self.part2_tests(k["rows"], labs)
+            tab["part2_summary"] = self.part2_summary(k["rows"], labs, tab)
+            patching = self.root / POST / "patching.json"
+            pat = read_json(patching) if patching.exists() else None
+            md_extra = "\n" + summary_markdown(tab["part2_summary"], tab["part2"], pat)
+            if pat is not None:
+                pfig = self.root / "patching.png"
+                _, err = draw_figure(pfig, lambda: plot_patching_profile(
+                    pat, pfig, patching_figure_title(self.plan.model, pat["adapter"], len(pat["items"]))))
+                if err:
+                    print(err)
         write_json(self.root / "table.json", tab)
         note = ("Judges beside the labels: " + ", ".join(f"`{j}`" for j in judges) + ".") if judges else ""
-        (self.root / "table.md").write_text(table_markdown(tab, self.plan.model, note), encoding="utf-8")
+        (self.root / "table.md").write_text(table_markdown(tab, self.plan.model, note) + md_extra, encoding="utf-8")
         fig = self.figure_path
         _, err = draw_figure(fig, lambda: plot_study_arms(
             tab, [a.name for a in self.plan.arms], fig,
@@ -568,6 +585,23 @@ class Study(PostTrainingSteps):
         steer = next((a.name for a in arms if a.kind == "steer"), None)
         return {r: pooled_tests(arm_outcomes(key, labs, r), sft, "base", control, floor, steer, seed=self.plan.seed)
                 for r in ("strict", "lenient")}
+
+    def part2_summary(self, key: dict[str, Any], labs: list[dict[str, Any]], tab: dict[str, Any]) -> dict[str, Any]:
+        """The one table of part 2 (:func:`~mechprobe.study.interventions.summary.part2_summary`): the labels'
+        table joined with ``accuracy/accuracy.json`` (when the accuracy step is done) and the ledgers' costs."""
+        arms = self.plan.arms
+        ad = self.plan.adapters
+        control = next(a.name for a in arms if a.kind == "adapter" and ad[a.adapter].get("data") == "control")
+        floor = next(a.name for a in arms if a.kind == "no_response")
+        accf = self.root / "accuracy" / "accuracy.json"
+        acc = read_json(accf)["models"] if accf.exists() else None
+        steps = {n: vars(r) for n, r in self.ledger.steps.items()}
+        if self.parent is not None:
+            steps.update({PART1 + n: vars(r) for n, r in self.parent.ledger.steps.items()})
+        raw = {a["name"]: a for a in self.plan.raw["arms"]}
+        return part2_summary(tab, [raw[a.name] for a in arms], {r: arm_outcomes(key, labs, r) for r in ("strict", "lenient")},
+                             control=control, floor=floor, accuracy=acc, steps=steps,
+                             dpo_methods={n: str(v.get("method")) for n, v in ad.items()}, seed=self.plan.seed)
 
     # ------------------------------------------------------------------ the ledger
     def steps(self) -> list[tuple[str, Callable[[], list[Path]] | None, tuple[str, ...]]]:
