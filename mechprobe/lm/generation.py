@@ -411,7 +411,7 @@ def free_memory_bytes(device: torch.device | str | None = None) -> int:
 
 
 def auto_batch_size(model: Any, prompt_len: int, max_new_tokens: int, *, free_bytes: int | None = None,
-                    fraction: float = 0.5, max_rows: int = AUTO_MAX_ROWS) -> int:
+                    fraction: float = 0.5, max_rows: int = AUTO_MAX_ROWS, prefill_len: int | None = None) -> int:
     """Rows per decode call that fit in ``fraction`` of the free memory (``--batch-size auto``).
 
     Why bigger is better, up to a point: a decode step reads every weight once whatever the batch, so on a
@@ -421,14 +421,21 @@ def auto_batch_size(model: Any, prompt_len: int, max_new_tokens: int, *, free_by
     the KV cache (prompt + new tokens, every layer) and the widest MLP activation. This counts every row
     as prefilled even though rows sharing a prompt are prefilled once, so the estimate errs on the
     safe side. Capped at ``max_rows``: beyond it, per-step attention and padding eat the gain.
+
+    ``prefill_len``: the tokens the prefill call actually computes (default ``prompt_len``). A prompt that
+    continues from a stored prefix (:class:`~mechprobe.lm.prefix.PrefixStore`) prefills only its last few
+    tokens, so its logits and MLP activations are a few rows, not ``prompt_len``; only its KV cache is whole.
+    Counting the whole prompt there would split one decode call into several for memory it never uses, and
+    every extra call repeats all ``max_new_tokens`` decode steps.
     """
     cfg = _text_config(model)
     nbytes, dev = _dtype_bytes_and_device(model)
     vocab = int(getattr(cfg, "vocab_size", 0) or 50_000)
     hidden = int(getattr(cfg, "hidden_size", 0) or 1024)
     inter = int(getattr(cfg, "intermediate_size", 0) or 4 * hidden)
-    per_row = (prompt_len * vocab * nbytes + (prompt_len + max_new_tokens) * kv_bytes_per_token(model)
-               + 3 * prompt_len * inter * nbytes)
+    fill = prompt_len if prefill_len is None else min(prompt_len, max(1, prefill_len))
+    per_row = (fill * vocab * nbytes + (prompt_len + max_new_tokens) * kv_bytes_per_token(model)
+               + 3 * fill * inter * nbytes)
     free = free_memory_bytes(dev) if free_bytes is None else free_bytes
     return max(1, min(max_rows, int(fraction * free // max(per_row, 1))))
 

@@ -149,6 +149,17 @@ class PrefixStore:
         kv = self._load(key)
         return depth, [(k[:, :depth], v[:, :depth]) for k, v in kv]
 
+    def covered(self, ids: Sequence[int], limit: int) -> int:
+        """How many leading tokens of ``ids`` (at most ``limit``) a stored prefix covers, without loading it: what
+        a caller sizing a batch needs (the prefill then computes only the rest)."""
+        node, depth = self._trie, 0
+        for t in ids[:max(limit, 0)]:
+            nxt = node[0].get(int(t))
+            if nxt is None:
+                break
+            node, depth = nxt, depth + 1
+        return depth
+
     def add(self, ids: Sequence[int], kv: KV) -> None:
         """Store ``kv`` (one row, every layer, ``len(ids)`` positions) as the prefix ``ids``."""
         ids = tuple(int(t) for t in ids)

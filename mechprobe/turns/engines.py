@@ -54,17 +54,19 @@ def _load_vllm_engine(cfg: ProbeConfig) -> tuple[LoadedModel, Any]:
 
 
 def rows_per_call(cfg: ProbeConfig, engine: Any, lm: LoadedModel | None = None, prompt_len: int = 0,
-          max_new: int = 0) -> int:
+          max_new: int = 0, prefill_len: int | None = None) -> int:
     """Rows per decode call: the engine's own size when it has one (llama.cpp decodes 32 rows together by
     default, where ``--batch-size 8`` would leave most of its speed-up unused), else ``--batch-size``, else
-    (``auto``, the default) as many as fit in memory for the longest prompt (:func:`auto_batch_size`)."""
+    (``auto``, the default) as many as fit in memory for the longest prompt (:func:`auto_batch_size`);
+    ``prefill_len``: the longest part of a prompt not covered by a stored prefix (the prefill computes only it)."""
     n = getattr(engine, "max_rows", 0) or cfg.batch_size
     if n:
         return int(n)
     if lm is None or lm.model is None:
         return 8
-    n = auto_batch_size(lm.model, prompt_len, max_new)
-    log.info("batch_size=auto: %d rows per decode call (prompts up to %d tokens + %d new)", n, prompt_len, max_new)
+    n = auto_batch_size(lm.model, prompt_len, max_new, prefill_len=prefill_len)
+    log.info("batch_size=auto: %d rows per decode call (prompts up to %d tokens, %s prefilled, + %d new)", n,
+             prompt_len, "all" if prefill_len is None else f"<= {prefill_len}", max_new)
     return n
 
 

@@ -366,7 +366,11 @@ def _user_stage(cfg: ProbeConfig, lm: LoadedModel, wanted: set[str], plan: list[
     if not jobs:
         return 0
     bar = tqdm(total=len(jobs), desc="user turns", disable=not progress, unit="turn")
-    rows = rows_per_call(cfg, engine, lm, max(len(j[1].input_ids) for j in jobs), cfg.max_user_tokens)
+    fill = None
+    if prefix_store is not None and engine is None:
+        # Rows that continue from a stored prefix prefill only their rest (end of the answer, user header).
+        fill = max(len(j[1].input_ids) - prefix_store.covered(j[1].input_ids, len(j[1].input_ids) - 1) for j in jobs)
+    rows = rows_per_call(cfg, engine, lm, max(len(j[1].input_ids) for j in jobs), cfg.max_user_tokens, fill)
     for batch in batches_by_length([len(j[1].input_ids) for j in jobs], rows):
         sel = [jobs[i] for i in batch]
         seeds = [row_seed(cfg.seed, j[5]) if j[3] > 0 else None for j in sel]

@@ -203,6 +203,14 @@ def test_auto_batch_size_follows_free_memory_and_model_shape():
     assert auto_batch_size(model, 400, 32, free_bytes=40 * per_row) < auto_batch_size(model, 200, 32,
                                                                                        free_bytes=40 * per_row)
     assert 1 <= auto_batch_size(model, 200, 32) <= AUTO_MAX_ROWS  # reads this machine's free memory
+    # A prompt continued from a stored prefix prefills only its rest: its logits and activations cost a few rows,
+    # its KV cache the whole prompt. Sized as whole prefills, one decode call would split into several.
+    kv = 232 * 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 4
+    stored = 8 * cfg.vocab_size * 4 + kv + 3 * 8 * cfg.intermediate_size * 4
+    assert auto_batch_size(model, 200, 32, free_bytes=20 * stored, prefill_len=8) == 10
+    assert auto_batch_size(model, 200, 32, free_bytes=20 * stored, prefill_len=8) > auto_batch_size(
+        model, 200, 32, free_bytes=20 * stored)
+    assert auto_batch_size(model, 200, 32, free_bytes=10 * per_row, prefill_len=10_000) == 5  # never above the prompt
 
 
 def test_batch_size_argument_accepts_auto_and_refuses_nonsense():

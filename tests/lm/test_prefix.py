@@ -46,6 +46,9 @@ def test_stored_prefixes_give_the_tokens_of_a_whole_prefill(arch):
     plain = generate(lm.model, rows, **kw)
     store = PrefixStore(lm, progress=False)
     assert store.build([prompts[1], prompts[3][:50]]) == 2  # one whole prefix, one shorter than the prompt
+    # covered(): what the batch sizer reads, the stored length without loading the tensors
+    assert store.covered(prompts[1], len(prompts[1]) - 1) == len(prompts[1]) - 1
+    assert store.covered(prompts[3], len(prompts[3]) - 1) == 49 and store.covered(prompts[0], 4) == 0
     cold = generate(lm.model, rows, prefix_store=store, **kw)
     warm = generate(lm.model, rows, prefix_store=store, **kw)  # every long prompt is stored by now
     assert [g.token_ids for g in cold] == [g.token_ids for g in plain] == [g.token_ids for g in warm]
