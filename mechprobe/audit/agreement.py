@@ -51,6 +51,19 @@ def _kappa(a: Sequence[str], b: Sequence[str], binary: bool) -> float:
     return cohen_kappa(a, b, list(LABELS))
 
 
+def _binary_kappa(c: np.ndarray) -> float:
+    """Cohen's kappa from the counts (neither, b only, a only, both genuine); NaN where one class is all there is
+    in both labellings (as :func:`mechprobe.stats.cohen_kappa`)."""
+    n = float(c.sum())
+    if n == 0:
+        return float("nan")
+    pa, pb = (c[2] + c[3]) / n, (c[1] + c[3]) / n
+    pe = pa * pb + (1 - pa) * (1 - pb)
+    if (pa in (0.0, 1.0)) and pa == pb:
+        return float("nan")
+    return float(((c[0] + c[3]) / n - pe) / (1 - pe))
+
+
 def kappa_with_ci(a: Sequence[str], b: Sequence[str], items: Sequence[str], binary: bool, n_boot: int = 500,
                   seed: int = 0, alpha: float = 0.05) -> Kappa:
     """Kappa of two labellings (taxonomy labels) of the same turns, bootstrap CI resampling items.
@@ -79,9 +92,19 @@ def kappa_with_ci(a: Sequence[str], b: Sequence[str], items: Sequence[str], bina
     keys = sorted(groups)
     rng = np.random.default_rng(seed)
     boots = []
-    for _ in range(n_boot):
-        idx = [i for g in rng.integers(0, len(keys), len(keys)) for i in groups[keys[g]]]
-        boots.append(_kappa([a[i] for i in idx], [b[i] for i in idx], binary))
+    if binary:
+        # Binary kappa is a function of the four cell counts, so a draw is the sum of its items' counts: the same
+        # draws and the same kappa as relabelling each resample, without building and scoring n_boot label lists.
+        cells = np.zeros((len(keys), 4))
+        for j, key in enumerate(keys):
+            for i in groups[key]:
+                cells[j, 2 * (a[i] == GENUINE) + (b[i] == GENUINE)] += 1
+        for _ in range(n_boot):
+            boots.append(_binary_kappa(np.bincount(rng.integers(0, len(keys), len(keys)), minlength=len(keys)) @ cells))
+    else:
+        for _ in range(n_boot):
+            idx = [i for g in rng.integers(0, len(keys), len(keys)) for i in groups[keys[g]]]
+            boots.append(_kappa([a[i] for i in idx], [b[i] for i in idx], binary))
     vals = np.array([x for x in boots if math.isfinite(x)])
     if len(vals) < max(1, n_boot // 2):
         lo = hi = float("nan")
