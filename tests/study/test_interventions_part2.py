@@ -67,6 +67,13 @@ def test_committed_v3_extends_v2_unchanged():
     assert len(v3.raw["accuracy"]["items"]) >= 150
 
 
+def test_an_extending_plan_reads_the_parents_conversation_caps():
+    """v3b restates no conversations (it reuses v2c's): its token caps are v2c's, read through the pinned parent."""
+    v3b = load_plan(V3.parent / "plan_v3b.json")
+    assert "conversations" not in v3b.raw
+    assert (v3b.user_tokens, v3b.answer_tokens) == (64, 512) == (load_plan(V2).user_tokens, load_plan(V2).answer_tokens)
+
+
 def test_committed_v3_accuracy_items_are_fresh():
     """No committed file outside the study names an accuracy item, and none is a part-1 candidate."""
     v3 = load_plan(V3)
@@ -357,7 +364,6 @@ def test_part2_steps_run_on_the_embedded_model(tmp_path, plan_file):
     raw["extends"] = {"plan": parent_path.name, "name": parent.name,
                       "sha256": __import__("hashlib").sha256(parent_path.read_bytes()).hexdigest()}
     raw["model"], raw["seed"] = parent.raw["model"], parent.seed
-    raw["conversations"] = parent.raw["conversations"]
     raw["post_training"]["sft"].update(max_steps=2, eval_every=1, curve_examples=4, batch_size=2, warmup_steps=1)
     raw["direction"].update(layers=[3, 6], alphas=[1.0], max_degenerate_increase=1.0)
     raw["patching"]["layers"] = [1, 2, 3, 4, 5, 6]

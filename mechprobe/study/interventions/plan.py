@@ -87,12 +87,23 @@ class Plan:
         return int(self.raw["seed"])
 
     @property
+    def conversations(self) -> dict[str, Any]:
+        """The conversations' settings (token caps): this plan's, or for an extending plan the parent's, whose
+        fixed conversations it reuses (an extending plan never restates them)."""
+        if "conversations" in self.raw:
+            return dict(self.raw["conversations"])
+        parent = self.parent
+        if parent is None:
+            raise UsageError(f"{self.path}: no 'conversations' section and no plan it extends; add the section")
+        return parent.conversations
+
+    @property
     def answer_tokens(self) -> int:
-        return int(self.raw["conversations"]["max_answer_tokens"])
+        return int(self.conversations["max_answer_tokens"])
 
     @property
     def user_tokens(self) -> int:
-        return int(self.raw["conversations"]["max_user_tokens"])
+        return int(self.conversations["max_user_tokens"])
 
     @property
     def arms(self) -> list[Arm]:

@@ -239,8 +239,8 @@ class Study(PostTrainingSteps):
         # the first complete ones, so answers past that point would never be used.
         recs: dict[str, AssistantRecord] = {}
         chosen: list[str] = []
-        chunk = int(self.plan.raw["conversations"].get("chunk", 16))
-        complete = bool(self.plan.raw["conversations"].get("require_complete", True))
+        chunk = int(self.plan.conversations.get("chunk", 16))
+        complete = bool(self.plan.conversations.get("require_complete", True))
         for ds in self.plan.datasets:
             cands, need, ok = self.plan.candidates(split, ds), self.plan.wanted(split, ds), []
             pos = 0
@@ -274,10 +274,10 @@ class Study(PostTrainingSteps):
     def answers_dir(self) -> Path:
         """The scratch store of greedy answers; ``conversations.answers_from`` names an earlier plan whose store is
         reused (refused unless it pinned the same model, dtype and answer cap: the answers are then the same)."""
-        src = self.plan.raw["conversations"].get("answers_from")
+        src = self.plan.conversations.get("answers_from")
         if not src:
             return self.work / "answers"
-        other = self.plan.raw["conversations"].get("answers_from_plan")
+        other = self.plan.conversations.get("answers_from_plan")
         if other:
             o = load_plan(Path(self.plan.path).parent / other)
             same = (o.model, o.model_sha256, o.dtype, o.answer_tokens) == (self.plan.model, self.plan.model_sha256,
