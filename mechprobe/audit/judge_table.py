@@ -26,7 +26,7 @@ from .agreement import kappa_with_ci
 from .blind_sets import BlindSets, JudgeVerdict, consensus, split_of_item
 from .readings import READINGS
 
-__all__ = ["VERDICTS_FILE", "ROUNDS_FILE", "read_verdicts", "judge_table", "cell_key", "model_short", "round_group",
+__all__ = ["VERDICTS_FILE", "ROUNDS_FILE", "read_verdicts", "read_all_verdicts", "hidden_verdicts_file", "judge_table", "cell_key", "model_short", "round_group",
            "round_groups"]
 
 VERDICTS_FILE = "reports/judge/verdicts.jsonl"
@@ -63,6 +63,21 @@ def round_groups(path: str | Path) -> dict[str, set[str]]:
     except (ValueError, KeyError, TypeError):
         raise UsageError(f"{path}: not a rounds file (rounds: weights, fresh_items); rerun the judges evaluate "
                          "command with fit=True or restore it from git") from None
+
+
+def hidden_verdicts_file(reader: str) -> str:
+    """Where the hidden-state judge's verdicts for ``reader`` are committed (beside ``VERDICTS_FILE``): written
+    only when its reader runs (``judges evaluate --hidden MODEL``), read by every later table without it."""
+    return str(Path(VERDICTS_FILE).with_name(f"verdicts_hidden_{reader}.jsonl"))
+
+
+def read_all_verdicts(root: str | Path) -> list[JudgeVerdict]:
+    """Every committed verdict under ``root``: ``VERDICTS_FILE`` and each hidden-state judge's file."""
+    root = Path(root)
+    out = read_verdicts(root / VERDICTS_FILE)
+    for f in sorted((root / VERDICTS_FILE).parent.glob("verdicts_hidden_*.jsonl")):
+        out += read_verdicts(f)
+    return out
 
 
 def read_verdicts(path: str | Path) -> list[JudgeVerdict]:

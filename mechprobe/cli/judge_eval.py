@@ -4,6 +4,7 @@ confusion, the positive rate each judge implies beside the labellers'), from com
     mechprobe judges evaluate              # recompute reports/judge/ (verdicts, split, table.md, table.json)
     mechprobe judges evaluate --fit        # refit the textfit judge: train items fit, dev items choose
     mechprobe judges evaluate --speed 20   # also time textfit and the research default on 20 test turns
+    mechprobe judges evaluate --hidden qwen2.5-coder-0.5b-instruct --fit-hidden   # fit the hidden-state judge
 
 `mechprobe judge-eval` is the same command (its older name).
 
@@ -42,15 +43,24 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="time --speed-judges on N test turns and append to speed.jsonl (0 = do not time)")
     p.add_argument("--speed-judges", nargs="+", default=list(d["speed_judges"]), metavar="SPEC",
                    help="judge specs timed by --speed")
+    p.add_argument("--hidden", default=d["hidden"], metavar="MODEL",
+                   help="also score the hidden-state judge read by MODEL (its verdicts in their own committed file)")
+    p.add_argument("--fit-hidden", action="store_true",
+                   help="(re)fit the hidden-state judge's heads on --hidden's reader: train items fit, dev choose")
+    p.add_argument("--hidden-layers", nargs="+", type=int, default=list(d["hidden_layers"]), metavar="L",
+                   help="residual indices --fit-hidden tries (default: every 4th from the middle layer to the last)")
 
 
 def run(a: argparse.Namespace) -> int:
     """Recompute the table (and refit or time when asked); print the report."""
     if a.n_boot < 1 or a.speed < 0:
         raise UsageError("--n-boot must be >= 1 and --speed >= 0")
+    if a.fit_hidden and not a.hidden:
+        raise UsageError("--fit-hidden needs --hidden MODEL (the reader whose hidden states the heads read)")
     cfg = JudgeEvalConfig(root=a.root, out=a.out, fit=a.fit, weights=a.weights, cache=a.cache,
                           splits=tuple(a.splits), n_boot=a.n_boot, speed_turns=a.speed,
-                          speed_judges=tuple(a.speed_judges))
+                          speed_judges=tuple(a.speed_judges), hidden=a.hidden, fit_hidden=a.fit_hidden,
+                          hidden_layers=tuple(a.hidden_layers))
     res = run_judge_eval(cfg)
     print(res.markdown)
     print("wrote " + ", ".join(str(p) for p in res.written))

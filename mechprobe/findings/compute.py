@@ -33,7 +33,13 @@ from typing import Any
 from mechprobe.audit.agreement import kappa_with_ci
 from mechprobe.audit.blind_sets import load_blind_sets
 from mechprobe.audit.estimate import audit_only_difference, audit_only_rate
-from mechprobe.audit.judge_table import ROUNDS_FILE, VERDICTS_FILE, judge_table, read_verdicts, round_groups
+from mechprobe.audit.judge_table import (
+    ROUNDS_FILE,
+    VERDICTS_FILE,
+    judge_table,
+    read_all_verdicts,
+    round_groups,
+)
 from mechprobe.audit.labels import LabellerLabels, read_labellers_file
 from mechprobe.audit.readings import STRICT, genuine_under
 from mechprobe.audit.sample import AuditSample
@@ -599,7 +605,7 @@ def _judge_table(out: Findings, root: Path) -> None:
     committed = {}
     if (root / JUDGE_TABLE).exists():
         committed = {r["finding"]: r for r in read_json(root / JUDGE_TABLE)["rows"] if r["dataset"] == "all"}
-    rows = judge_table(blind, read_verdicts(vfile) + blind.verdicts, splits=("test",), n_boot=N_BOOT_KAPPA,
+    rows = judge_table(blind, read_all_verdicts(root) + blind.verdicts, splits=("test",), n_boot=N_BOOT_KAPPA,
                        seed=SEED, groups=round_groups(root / ROUNDS_FILE))
     for r in rows:
         if r["dataset"] != "all":

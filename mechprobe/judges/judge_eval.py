@@ -35,12 +35,23 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import cohen_kappa_score
 
 from mechprobe.audit.blind_sets import BlindSets, JudgeVerdict, consensus, load_blind_sets, split_of_item
-from mechprobe.audit.judge_table import ROUNDS_FILE, VERDICTS_FILE, judge_table, read_verdicts, round_group
+from mechprobe.audit.judge_table import (
+    ROUNDS_FILE,
+    VERDICTS_FILE,
+    hidden_verdicts_file,
+    judge_table,
+    read_all_verdicts,
+    round_group,
+)
 from mechprobe.audit.readings import READINGS
 from mechprobe.errors import UsageError
 from mechprobe.io import write_json
-from mechprobe.judges.base import JudgeInput
+from mechprobe.judges.base import JudgeInput, load_judge_model
 from mechprobe.judges.factory import make_judge
+from mechprobe.judges.hidden import hidden_head_proba
+from mechprobe.judges.hidden import load_weights as hidden_load_weights
+from mechprobe.judges.hidden import weights_path as hidden_weights_path
+from mechprobe.judges.hidden_fit import cached_hidden_features, fit_hidden_heads
 from mechprobe.judges.offline import Embedder, OfflineJudge
 from mechprobe.judges.textfit import (
     DEFAULT_WEIGHTS,
@@ -55,6 +66,7 @@ from mechprobe.judges.textfit import (
 from mechprobe.judges.trained import load_weights as trained_weights
 from mechprobe.judges.trained import predict_proba as trained_proba
 from mechprobe.judges.turn_features import TEXT_FEATURES
+from mechprobe.lm.forward import get_blocks
 from mechprobe.taxonomy import GENUINE
 
 __all__ = ["JudgeEvalConfig", "JudgeEvalResult", "run_judge_eval", "fit_heads", "judge_inputs", "cached_features",
@@ -84,6 +96,10 @@ class JudgeEvalConfig:
         speed_turns: when > 0, time each of ``speed_judges`` on this many test turns (the same turns, one judge
             after another, after one warm-up turn each) and append the rows to ``speed.jsonl``.
         speed_judges: the judge specs timed.
+        hidden: a reader model: score the hidden-state judge fit with it (:mod:`mechprobe.judges.hidden`), its
+            verdicts committed in their own file (``verdicts_hidden_<reader>.jsonl``) that later runs read.
+        fit_hidden: (re)fit that judge's heads (train items fit, dev items choose) and write its weights.
+        hidden_layers: the residual indices a fit tries; empty = every fourth layer from the middle to the last.
     """
 
     root: str = "."
@@ -95,6 +111,9 @@ class JudgeEvalConfig:
     n_boot: int = 500
     speed_turns: int = 0
     speed_judges: tuple[str, ...] = (TEXTFIT, "hybrid-voice:qwen2.5-coder-1.5b-instruct")
+    hidden: str | None = None
+    fit_hidden: bool = False
+    hidden_layers: tuple[int, ...] = ()
 
 
 @dataclass
@@ -347,7 +366,12 @@ def run_judge_eval(cfg: JudgeEvalConfig, progress: Callable[[str], None] | None 
     vfile.parent.mkdir(parents=True, exist_ok=True)
     vfile.write_text("".join(json.dumps({"turn_id": v.turn_id, "judge": v.judge, "reading": v.reading,
                                          "genuine": v.genuine}) + "\n" for v in verdicts), encoding="utf-8")
-    rows = judge_table(blind, read_verdicts(vfile) + blind.verdicts, splits=cfg.splits, n_boot=cfg.n_boot,
+    written_hidden = []
+    if cfg.hidden:
+        hfile, hsel, rounds = _hidden_judge(cfg, root, blind, inputs, rounds)
+        written_hidden.append(hfile)
+        selection += hsel
+    rows = judge_table(blind, read_all_verdicts(root) + blind.verdicts, splits=cfg.splits, n_boot=cfg.n_boot,
                        groups={round_group(r): set(r["fresh_items"]) for r in rounds})
     split_file = {"format": "mechprobe-judge-split-v1",
                   "rule": "mechprobe.audit.blind_sets.split_of_item (query hash; the labelled set's test rule)",
@@ -368,8 +392,40 @@ def run_judge_eval(cfg: JudgeEvalConfig, progress: Callable[[str], None] | None 
     res.markdown = judge_table_markdown(res, speed, w["heads"])
     write_json(out / "table.json", {"rows": rows, "inventory": res.inventory, "weights_sha256": w["weights_sha256"]})
     (out / "table.md").write_text(res.markdown, encoding="utf-8")
-    res.written = [vfile, out / "split.json", out / "table.json", out / "table.md"]
+    res.written = [vfile, *written_hidden, out / "split.json", out / "table.json", out / "table.md"]
     return res
+
+
+def _hidden_judge(cfg: JudgeEvalConfig, root: Path, blind: BlindSets, inputs: dict[str, JudgeInput],
+                  rounds: list[dict[str, Any]]) -> tuple[Path, list[dict[str, Any]], list[dict[str, Any]]]:
+    """Fit (``fit_hidden``) or load the hidden-state judge read by ``cfg.hidden``, write its verdicts on every
+    labelled turn to its own committed file, and record its fit's round of fresh test items."""
+    lm = load_judge_model(str(cfg.hidden))
+    wpath = hidden_weights_path(lm.name, root / "mechprobe" / "data")
+    selection: list[dict[str, Any]] = []
+    if cfg.fit_hidden:
+        n = len(get_blocks(lm.model))
+        layers = list(cfg.hidden_layers) or list(range(n // 2, n + 1, 4))
+        feats = cached_hidden_features(lm, inputs, layers, root / cfg.cache)
+        if wpath.is_file():
+            old = hidden_load_weights(wpath)
+            write_json(root / cfg.out / WEIGHTS_ARCHIVE / f"hidden_{lm.name}_{old['version']}.json", old)
+        hw, selection = fit_hidden_heads(blind, feats, lm.name)
+        write_json(wpath, hw)
+    hw = hidden_load_weights(wpath)
+    layer = int(hw["layer"])
+    X = cached_hidden_features(lm, inputs, [layer], root / cfg.cache)[layer]
+    tids = sorted(inputs)
+    spec = f"hidden:{lm.name}"
+    rows = []
+    for head in hw["heads"]:
+        probs = hidden_head_proba(hw, head, np.stack([X[t] for t in tids]))
+        thr = float(hw["heads"][head]["threshold"])
+        rows += [{"turn_id": t, "judge": spec, "reading": head, "genuine": bool(p >= thr)} for t, p in zip(tids, probs)]
+    hfile = root / hidden_verdicts_file(lm.name)
+    hfile.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    rounds = fit_rounds(root / ROUNDS_FILE, {**hw, "version": f"{spec}@{hw['version']}"}, blind, record=cfg.fit_hidden)
+    return hfile, [{**r, "judge": spec} for r in selection], rounds
 
 
 WEIGHTS_ARCHIVE = "weights"  # reports/judge/weights/<version>.json: every earlier fit's weights, kept

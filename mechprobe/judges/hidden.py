@@ -1,0 +1,292 @@
+"""The hidden-state judge: a logistic head per reading over a reader model's residual stream, read where the
+reader has just seen [query, answer, next user turn] and been asked whether the turn is a genuine follow-up.
+
+``--judge hidden:MODEL`` (MODEL: the reader the weights were fit with).
+
+Why: the text-fit judge sees the turn through rules, lexical cues and sentence-embedding similarities, and on the
+Qwen models' turns it stays below kappa 0.6 on the strict reading: whether a turn refers to something *only the
+answer* contains, in the user's voice, is a reading-comprehension question. A language model that has read the
+three texts represents that question internally; a linear head on its residual stream, fit on the blind labels'
+train items and chosen on dev items (:mod:`mechprobe.judges.hidden_fit`), asks it. The reader runs one prefill
+per turn and no generation.
+
+What is read, per layer: the residual at the prompt's last token (after the chat template's assistant header,
+where the reader would answer) and the mean residual over the turn's own tokens, concatenated. Why both: the last
+token has attended to everything, the turn mean keeps what the turn itself says.
+
+Labels: P(genuine) of the head >= its threshold -> ``genuine_followup``; otherwise the offline rules' label, an
+offline ``genuine_followup`` becoming ``generic_followup`` (as the text-fit judge).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from mechprobe.errors import UsageError
+from mechprobe.judges.base import JudgeInput, load_judge_model
+from mechprobe.judges.offline import OfflineJudge
+from mechprobe.lm.forward import get_blocks
+from mechprobe.lm.generation import batches_by_length
+from mechprobe.records import LabelRecord
+from mechprobe.taxonomy import GENUINE, is_genuine
+
+__all__ = ["HiddenStateJudge", "ReaderPrompt", "reader_prompt", "hidden_features", "hidden_head_proba", "check_weights",
+           "load_weights", "weights_digest", "WEIGHTS_FORMAT", "HEADS", "QUESTION", "MAX_ANSWER_TOKENS"]
+
+WEIGHTS_FORMAT = "mechprobe-hidden-judge-v1"
+HEADS = ("lenient", "strict")
+MAX_ANSWER_TOKENS = 512  # the study's answer cap: longer answers keep their first and last halves
+QUESTION = ("Read the conversation below. Then say whether the NEXT USER TURN is a genuine follow-up: a coherent "
+            "reply written in the user's voice that reacts to something only the assistant's answer contains (not a "
+            "new unrelated request, not the question asked again, not the assistant continuing, not a plan or an "
+            "empty or garbled text).")
+EMPTY_TURN = "(empty)"
+
+
+@dataclass(frozen=True)
+class ReaderPrompt:
+    """Token ids the reader prefills and where the turn sits in them (``[start, end)``, unpadded)."""
+
+    ids: list[int]
+    turn_span: tuple[int, int]
+
+
+def _clip_answer(tok: Any, answer: str, max_tokens: int) -> str:
+    ids = tok(answer, add_special_tokens=False)["input_ids"]
+    if len(ids) <= max_tokens:
+        return answer
+    half = max_tokens // 2
+    return tok.decode(ids[:half]) + " [...] " + tok.decode(ids[-half:])
+
+
+def reader_prompt(tok: Any, inp: JudgeInput, max_answer_tokens: int = MAX_ANSWER_TOKENS) -> ReaderPrompt:
+    """The reader's prompt for one turn: the question, the query, the (clipped) answer and the turn as written,
+    in the reader's chat template as one user message, ending where the reader would answer.
+
+    The turn is tokenised on its own between the rendered text before and after it, so its span is exact; the
+    same pieces give the same ids at fit time and at judging time.
+    """
+    turn = inp.raw_text if inp.raw_text is not None else (inp.text or "")
+    turn = turn if turn.strip() else EMPTY_TURN
+    marker = "\x00TURN\x00"
+    body = (f"{QUESTION}\n\n### USER QUERY\n{inp.prompt}\n\n### ASSISTANT ANSWER\n"
+            f"{_clip_answer(tok, inp.response, max_answer_tokens)}\n\n### NEXT USER TURN\n{marker}\n\n"
+            "Is the next user turn a genuine follow-up to the answer? Answer yes or no.")
+    if getattr(tok, "chat_template", None):
+        text = tok.apply_chat_template([{"role": "user", "content": body}], tokenize=False, add_generation_prompt=True)
+    else:
+        text = body + "\nAnswer:"
+    pre, post = text.split(marker)
+    a = tok(pre, add_special_tokens=False)["input_ids"]
+    t = tok(turn, add_special_tokens=False)["input_ids"] or tok(EMPTY_TURN, add_special_tokens=False)["input_ids"]
+    b = tok(post, add_special_tokens=False)["input_ids"]
+    return ReaderPrompt(list(a) + list(t) + list(b), (len(a), len(a) + len(t)))
+
+
+def hidden_features(lm: Any, inputs: Sequence[JudgeInput], layers: Sequence[int], *, batch_size: int = 8,
+                    token_budget: int = 8192, progress: bool = False,
+                    on_batch: Callable[[list[str], dict[int, np.ndarray]], None] | None = None
+                    ) -> dict[int, np.ndarray]:
+    """Per residual index in ``layers``, one row per input: [last-token residual, mean residual over the turn]
+    (float32, ``2 x d_model`` columns), in ``inputs`` order.
+
+    Args:
+        lm: the reader (:class:`~mechprobe.lm.models.LoadedModel`).
+        inputs: the turns.
+        layers: residual indices (0 = embeddings, i = output of block i-1), as the activation cache counts them.
+        batch_size, token_budget: rows per forward, and padded tokens per forward at most.
+        progress: a progress bar over turns.
+        on_batch: called after each batch with its record ids and rows (a caller that stores features as they
+            come loses nothing to an interruption).
+    Returns:
+        ``{layer: array [len(inputs), 2 * d_model]}``.
+    """
+    prompts = [reader_prompt(lm.tokenizer, i) for i in inputs]
+    out: dict[int, list[np.ndarray | None]] = {r: [None] * len(inputs) for r in layers}
+    bar = tqdm(total=len(inputs), desc="reader hidden states", unit="turn", disable=not progress)
+    for batch in batches_by_length([len(p.ids) for p in prompts], batch_size, token_budget):
+        ids = [prompts[i].ids for i in batch]
+        got = _residuals(lm.model, ids, [prompts[i].turn_span for i in batch], list(layers))
+        rows = {r: got[r].cpu().numpy() for r in layers}
+        for r in layers:
+            for j, i in enumerate(batch):
+                out[r][i] = rows[r][j]
+        if on_batch is not None:
+            on_batch([inputs[i].record_id for i in batch], rows)
+        bar.update(len(batch))
+    bar.close()
+    return {r: np.stack([x for x in v if x is not None]) if inputs else np.zeros((0, 0), np.float32)
+            for r, v in out.items()}
+
+
+@torch.inference_mode()
+def _residuals(model: Any, ids: list[list[int]], spans: list[tuple[int, int]], layers: list[int]
+               ) -> dict[int, torch.Tensor]:
+    """One left-padded forward: per residual index ``r`` (0 = embeddings, r = output of block r-1, before the final
+    norm) the rows [last token, mean over the span], float32. Hooks come off whatever happens."""
+    blocks = get_blocks(model)
+    t = max(len(x) for x in ids)
+    pad = [t - len(x) for x in ids]
+    dev = next(model.parameters()).device
+    input_ids = torch.tensor([[0] * k + x for k, x in zip(pad, ids)], device=dev)
+    mask = torch.tensor([[0] * k + [1] * len(x) for k, x in zip(pad, ids)], device=dev)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    seen: dict[int, torch.Tensor] = {}
+
+    def keep(r: int) -> Callable[..., None]:
+        def hook(_m: Any, _i: Any, out: Any) -> None:
+            seen[r] = out if isinstance(out, torch.Tensor) else out[0]  # transformers 5 blocks return a Tensor
+        return hook
+
+    handles = [(model.get_input_embeddings() if r == 0 else blocks[r - 1]).register_forward_hook(keep(r))
+               for r in layers]
+    try:
+        model(input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=False, logits_to_keep=1)
+    finally:
+        for h in handles:
+            h.remove()
+    ar = torch.arange(t, device=dev)
+    s = torch.tensor([k + a for k, (a, _) in zip(pad, spans)], device=dev)
+    e = torch.tensor([k + b for k, (_, b) in zip(pad, spans)], device=dev)
+    m = ((ar[None] >= s[:, None]) & (ar[None] < e[:, None])).float()
+    out = {}
+    for r in layers:
+        h = seen[r].float()
+        out[r] = torch.cat([h[:, -1], torch.einsum("btd,bt->bd", h, m) / m.sum(1, keepdim=True)], dim=-1)
+    return out
+
+
+def weights_digest(w: dict[str, Any]) -> str:
+    """SHA-256 of the numbers that decide a label; a file edited after the fit no longer matches it."""
+    core = {k: w.get(k) for k in ("reader", "layer", "mean", "scale", "heads")}
+    return hashlib.sha256(json.dumps(core, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _finite_list(v: Any, n: int) -> bool:
+    return isinstance(v, list) and len(v) == n and all(isinstance(x, (int, float)) and math.isfinite(x) for x in v)
+
+
+def check_weights(w: Any, where: str) -> dict[str, Any]:
+    """Refuse a weights dict that would judge wrongly without failing (``where`` names the file)."""
+    fix = "refit with the judges evaluate command, hidden=MODEL and fit_hidden=True (never edit the weights by hand)"
+    if not isinstance(w, dict) or w.get("format") != WEIGHTS_FORMAT:
+        raise UsageError(f"{where}: not a {WEIGHTS_FORMAT} file; {fix}")
+    if not isinstance(w.get("reader"), str) or not isinstance(w.get("layer"), int):
+        raise UsageError(f"{where}: 'reader' (a model name) and 'layer' (an int) are required; {fix}")
+    n = len(w.get("mean") or [])
+    if not n or not _finite_list(w["mean"], n) or not _finite_list(w.get("scale"), n) or min(w["scale"]) <= 0:
+        raise UsageError(f"{where}: 'mean' and 'scale' must hold the same number of finite values (scale > 0); {fix}")
+    heads = w.get("heads")
+    if not isinstance(heads, dict) or not heads or not set(heads) <= set(HEADS):
+        raise UsageError(f"{where}: 'heads' must map {'/'.join(HEADS)} to a fitted head; {fix}")
+    for name, h in heads.items():
+        if not isinstance(h, dict) or not _finite_list(h.get("coef"), n):
+            raise UsageError(f"{where}: head {name!r}: 'coef' must hold {n} finite numbers; {fix}")
+        if not _finite_list([h.get("intercept"), h.get("threshold")], 2) or not 0 <= h["threshold"] <= 1:
+            raise UsageError(f"{where}: head {name!r}: intercept and threshold (in [0, 1]) must be finite; {fix}")
+    if w.get("weights_sha256") != weights_digest(w):
+        raise UsageError(f"{where}: the weights do not match their weights_sha256 (edited after the fit); {fix}")
+    return w
+
+
+def weights_path(reader: str, root: str | Path | None = None) -> Path:
+    """Where the package keeps the weights fit with ``reader`` (``mechprobe/data/hidden_judge_<reader>.json``)."""
+    base = Path(root) if root is not None else Path(__file__).resolve().parents[1] / "data"
+    return base / f"hidden_judge_{Path(reader).name.removesuffix('.gguf')}.json"
+
+
+def load_weights(path: str | Path) -> dict[str, Any]:
+    """The fitted weights at ``path``.
+
+    Raises:
+        UsageError: missing, not JSON, or not a valid weights file (:func:`check_weights`).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"no hidden-judge weights at {p}; fit them with the judges evaluate command, hidden=MODEL "
+                         "and fit_hidden=True")
+    try:
+        w = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{p}: not JSON ({e.msg}); refit the weights with the judges evaluate command") from None
+    return check_weights(w, str(p))
+
+
+def hidden_head_proba(w: dict[str, Any], head: str, X: np.ndarray) -> np.ndarray:
+    """P(genuine) of ``head`` for feature rows ``X`` (the fitted layer's [last, turn mean] columns)."""
+    h = w["heads"][head]
+    z = (np.asarray(X, dtype=np.float64) - np.asarray(w["mean"])) / np.asarray(w["scale"])
+    s = z @ np.asarray(h["coef"], dtype=np.float64) + float(h["intercept"])
+    return 1.0 / (1.0 + np.exp(-np.clip(s, -500, 500)))
+
+
+class HiddenStateJudge:
+    """A linear head on a reader model's residual stream (see the module docstring).
+
+    Args:
+        model: the reader (an embedded name, a HF directory or a ``.gguf``); must be the one the weights were fit
+            with.
+        reading: which head decides, ``strict`` (default) or ``lenient``.
+        weights: a weights JSON path; None (default) = the package's file for ``model``.
+        dtype, device, loaded: as the other local judges (:func:`~mechprobe.judges.base.load_judge_model`).
+        batch_size: turns per forward.
+
+    Example:
+        >>> judge = HiddenStateJudge("qwen2.5-coder-0.5b-instruct")                        # doctest: +SKIP
+        >>> judge.label(JudgeInput("r1", "What is 12 * 7?", "84.", "Why 84 and not 74?")).genuine  # doctest: +SKIP
+        True
+    """
+
+    def __init__(self, model: str, *, reading: str | None = None, weights: str | Path | None = None,
+                 dtype: str | torch.dtype | None = None, device: str | None = None, loaded: Any = None,
+                 batch_size: int = 8):
+        path = Path(weights) if weights else weights_path(model)
+        self.weights = load_weights(path)
+        given = loaded.name if loaded is not None else Path(str(model)).name.removesuffix(".gguf")
+        if given != self.weights["reader"]:
+            raise UsageError(f"hidden:{model}: {path} was fit with reader {self.weights['reader']}; use "
+                             f"judge=hidden:{self.weights['reader']} or refit with this reader")
+        self.reading = reading or "strict"
+        if self.reading not in self.weights["heads"]:
+            raise UsageError(f"hidden: reading {self.reading!r} has no head in {path} (heads: "
+                             f"{', '.join(sorted(self.weights['heads']))}); pass one of those")
+        self.lm = load_judge_model(model, dtype, device, loaded)
+        self.model_name = self.lm.name
+        self.offline = OfflineJudge(embed=False)
+        self.batch_size = batch_size
+        self.threshold = float(self.weights["heads"][self.reading]["threshold"])
+        self.name = f"hidden:{self.model_name}@{self.weights['version']}-{self.reading}+{self.offline.name}"
+
+    def public_config(self) -> dict[str, Any]:
+        return {"reader": self.model_name, "weight_hash": self.lm.weight_hash, "reading": self.reading,
+                "layer": self.weights["layer"], "threshold": self.threshold, "version": self.weights["version"],
+                "weights_sha256": self.weights["weights_sha256"]}
+
+    def probabilities(self, inputs: Sequence[JudgeInput]) -> list[float]:
+        layer = int(self.weights["layer"])
+        X = hidden_features(self.lm, inputs, [layer], batch_size=self.batch_size)[layer]
+        return [float(p) for p in hidden_head_proba(self.weights, self.reading, X)]
+
+    def label_many(self, inputs: Sequence[JudgeInput]) -> Iterator[LabelRecord]:
+        inputs = list(inputs)
+        if not inputs:
+            return
+        probs = self.probabilities(inputs)
+        for inp, p, off in zip(inputs, probs, self.offline.label_many(inputs)):
+            label = GENUINE if p >= self.threshold else ("generic_followup" if off.label == GENUINE else off.label)
+            yield LabelRecord(record_id=inp.record_id, label=label, genuine=is_genuine(label), judge=self.name,
+                              rationale=f"P(genuine, {self.reading}) {p:.3f} (threshold {self.threshold:.3f}); "
+                                        f"offline {off.label}", probs={GENUINE: round(p, 6)})
+
+    def label(self, inp: JudgeInput) -> LabelRecord:
+        return next(self.label_many([inp]))

@@ -1,0 +1,152 @@
+"""The hidden-state judge (``--judge hidden:MODEL``): the reader's prompt, its features against HF's hidden states,
+the weights' checks, the fit's selection rules, and a judge that decides by its head.
+
+Oracle for the features: HF ``output_hidden_states`` of each prompt run alone (unpadded), at the last token and
+averaged over the turn's tokens; batched (left-padded) must equal it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from mechprobe.audit.blind_sets import BlindLabel, BlindSets, BlindTurn, query_item_key, split_of_item
+from mechprobe.errors import UsageError
+from mechprobe.judges.base import JudgeInput
+from mechprobe.judges.factory import make_judge, spec_of_judge_name
+from mechprobe.judges.hidden import (
+    EMPTY_TURN,
+    WEIGHTS_FORMAT,
+    HiddenStateJudge,
+    check_weights,
+    hidden_features,
+    hidden_head_proba,
+    reader_prompt,
+    weights_digest,
+)
+from mechprobe.judges.hidden_fit import cached_hidden_features, fit_hidden_heads
+from mechprobe.taxonomy import GENUINE
+from tests.activations.test_backends import oracle, rel
+
+INPUTS = [JudgeInput("r1", "What is 12 * 7?", "12 * 7 = 84.", "Why 84 and not 74?<|im_end|>"),
+          JudgeInput("r2", "Name a prime.", "Seven is prime. " * 3, "Thanks!"),
+          JudgeInput("r3", "What is 2 + 2?", "4.", "")]
+
+
+def test_reader_prompt_marks_the_turn_and_ends_where_the_reader_answers(smol_tokenizer):
+    tok = smol_tokenizer
+    p = reader_prompt(tok, INPUTS[0])
+    s, e = p.turn_span
+    assert tok.decode(p.ids[s:e]) == INPUTS[0].raw_text  # the turn as written, special tokens included
+    assert tok.decode(p.ids).rstrip().endswith("assistant")  # ChatML: the generation prompt is last
+    empty = reader_prompt(tok, INPUTS[2])
+    assert tok.decode(empty.ids[slice(*empty.turn_span)]) == EMPTY_TURN
+    long = JudgeInput("r4", "q", " ".join(str(i) for i in range(2000)), "ok")
+    ids = reader_prompt(tok, long, max_answer_tokens=64).ids
+    assert len(ids) < len(reader_prompt(tok, long, max_answer_tokens=10_000).ids) - 3000 and "[...]" in tok.decode(ids)
+
+
+def test_features_equal_hf_hidden_states_batched_or_alone(smol):
+    layers = [0, 10, 30]
+    got = hidden_features(smol, INPUTS, layers, batch_size=3)
+    alone = hidden_features(smol, INPUTS[1:2], layers, batch_size=1)
+    for i, inp in enumerate(INPUTS):
+        p = reader_prompt(smol.tokenizer, inp)
+        hs = oracle(smol.model, p.ids)  # [L+1, T, d]
+        s, e = p.turn_span
+        for r in layers:
+            want = torch.cat([hs[r, -1], hs[r, s:e].mean(0)])
+            assert rel(torch.from_numpy(got[r][i]), want) < 1e-4
+    for r in layers:
+        assert rel(torch.from_numpy(alone[r][0]), torch.from_numpy(got[r][1])) < 1e-4
+
+
+def _weights(d: int, coef=None, intercept=0.0, threshold=0.5, reader="smollm2-135m-instruct", layer=10):
+    w = {"format": WEIGHTS_FORMAT, "version": "test", "reader": reader, "layer": layer, "mean": [0.0] * d,
+         "scale": [1.0] * d, "heads": {h: {"coef": list(coef if coef is not None else [0.0] * d),
+                                           "intercept": intercept, "threshold": threshold}
+                                       for h in ("lenient", "strict")}}
+    w["weights_sha256"] = weights_digest(w)
+    return w
+
+
+def test_edited_or_bad_weights_are_refused():
+    w = _weights(4)
+    w["heads"]["strict"]["threshold"] = 0.2
+    with pytest.raises(UsageError, match="weights_sha256"):
+        check_weights(w, "w.json")
+    with pytest.raises(UsageError, match="coef"):
+        check_weights(_weights(4, coef=[0.0] * 3), "w.json")
+    with pytest.raises(UsageError, match="threshold"):
+        check_weights(_weights(4, threshold=2.0), "w.json")
+
+
+def test_judge_decides_by_its_head_and_refuses_another_reader(smol, tmp_path):
+    """A head that reads one feature of the last token: its verdicts are that feature's sign, the reader's
+    failures keep the rules' label, and weights fit with another reader are refused."""
+    layer = 10
+    X = hidden_features(smol, INPUTS[:2], [layer])[layer]
+    j = int(np.argmax(np.abs(X[0] - X[1])))
+    coef = np.zeros(X.shape[1])
+    coef[j] = 50.0 * np.sign(X[0, j] - X[1, j])
+    mid = float((X[0, j] + X[1, j]) / 2 * 50.0 * np.sign(X[0, j] - X[1, j]))
+    p = tmp_path / "w.json"
+    p.write_text(json.dumps(_weights(X.shape[1], coef=coef.tolist(), intercept=-mid, layer=layer)))
+    judge = make_judge("hidden:smollm2-135m-instruct", weights=str(p), loaded=smol)
+    assert isinstance(judge, HiddenStateJudge)
+    ra, rb = list(judge.label_many(INPUTS[:2]))
+    assert ra.label == GENUINE and rb.label != GENUINE and not rb.genuine
+    assert spec_of_judge_name(ra.judge) == "hidden:smollm2-135m-instruct"
+    other = tmp_path / "o.json"
+    other.write_text(json.dumps(_weights(X.shape[1], reader="qwen2.5-coder-0.5b-instruct")))
+    with pytest.raises(UsageError, match="fit with reader"):
+        HiddenStateJudge("smollm2-135m-instruct", weights=other, loaded=smol)
+
+
+def _blind(n_items: int = 80, d: int = 6) -> tuple[BlindSets, dict[int, dict[str, np.ndarray]]]:
+    """Two subject models; a turn is genuine (both labellers) when i % 3 == 0; layer 5's first feature says so,
+    layer 9 is noise."""
+    rng = np.random.default_rng(0)
+    turns, labels, f5, f9 = {}, [], {}, {}
+    for i in range(n_items):
+        for model in ("m-a", "m-b"):
+            q, tid = f"query {i}", f"t{i}{model}"
+            genuine = i % 3 == 0
+            turns[tid] = BlindTurn(tid, "toy", model, "gsm8k", query_item_key(q), "greedy", q, "answer", "turn")
+            for who in ("labeller-a", "labeller-b"):
+                lab = GENUINE if genuine else "new_query"
+                labels.append(BlindLabel(tid, "toy", "v2", who, lab, "yes" if genuine else None, False))
+            f5[tid] = np.r_[float(genuine) * 3, rng.normal(size=d - 1)]
+            f9[tid] = rng.normal(size=d)
+    return BlindSets(turns, labels, []), {5: f5, 9: f9}
+
+
+def test_fit_chooses_the_layer_that_carries_the_label_on_dev_only():
+    blind, feats = _blind()
+    w, selection = fit_hidden_heads(blind, feats, "toy-reader")
+    check_weights(w, "fit")
+    assert w["layer"] == 5 and {r["layer"] for r in selection} == {5, 9}
+    dev = [t for t, x in blind.turns.items() if split_of_item(x.item) == "dev"]
+    test = [t for t, x in blind.turns.items() if split_of_item(x.item) == "test"]
+    assert dev and test
+    p = hidden_head_proba(w, "strict", np.stack([feats[5][t] for t in dev]))
+    assert [bool(x >= w["heads"]["strict"]["threshold"]) for x in p] == [feats[5][t][0] > 0 for t in dev]
+    # test turns never decide: scrambling their features leaves the fit unchanged
+    scrambled = {r: {t: (v[::-1] if t in test else v) for t, v in f.items()} for r, f in feats.items()}
+    w2, _ = fit_hidden_heads(blind, scrambled, "toy-reader")
+    assert w2["weights_sha256"] == w["weights_sha256"]
+
+
+def test_features_are_cached_batch_by_batch_and_reused(smol, tmp_path):
+    inputs = {i.record_id: i for i in INPUTS}
+    a = cached_hidden_features(smol, inputs, [10], tmp_path, batch_size=1, progress=False)
+    files = sorted((tmp_path / f"hidden-{smol.name}").glob("batch-*.npz"))
+    assert len(files) == 3  # one file per batch, written as each ends
+    files[0].unlink()  # an interrupted run: the first batch's turns are computed again, the rest reused
+    b = cached_hidden_features(smol, inputs, [10], tmp_path, batch_size=1, progress=False)
+    assert len(list((tmp_path / f"hidden-{smol.name}").glob("batch-*.npz"))) == 3
+    for t in inputs:
+        assert np.allclose(a[10][t], b[10][t], rtol=1e-4, atol=1e-5)
