@@ -90,7 +90,7 @@ class Source:
     """One committed labelled set: ``kind`` names its layout, ``path`` its folder (relative to the repo)."""
 
     name: str
-    kind: str  # "labelled_set" | "relabel" | "sheets"
+    kind: str  # "labelled_set" | "relabel" | "sheets" | "fresh"
     path: str
     codebook: str
     model: str = ""  # for layouts whose files do not name the subject model
@@ -106,6 +106,7 @@ SOURCES: tuple[Source, ...] = (
            "qwen2.5-coder-0.5b-instruct"),
     Source("interventions_v3b_heldout", "sheets", "reports/interventions/interventions-0.5b-v3b/heldout", "v2",
            "qwen2.5-coder-0.5b-instruct"),
+    Source("judge_fresh_test_v1", "fresh", "reports/judge_sets/fresh_test_v1", "v2"),
 )
 
 
@@ -245,7 +246,26 @@ def _sheets(src: Source, d: Path) -> tuple[list[BlindTurn], list[BlindLabel], li
     return turns, labels, verdicts
 
 
-_LOADERS = {"labelled_set": _labelled_set, "relabel": _relabel, "sheets": _sheets}
+def _fresh(src: Source, d: Path) -> tuple[list[BlindTurn], list[BlindLabel], list[JudgeVerdict]]:
+    """A judge test set over several subject models in one blind sheet: ``sheet.csv`` (row, query, answer,
+    user_turn), ``key.json`` (row -> turn id, model, dataset, decoding) and ``labels/*.csv``."""
+    key = _json(d / "key.json")["rows"]
+    turns, ids = [], {}
+    for r in _csv(d / "sheet.csv"):
+        meta = key.get(r["row"])
+        if meta is None:
+            continue
+        ids[r["row"]] = meta["turn_id"]
+        turns.append(BlindTurn(meta["turn_id"], src.name, meta["model"], meta["dataset"], query_item_key(r["query"]),
+                               str(meta.get("decoding", "")), r["query"], r["answer"], r["user_turn"]))
+    labels = []
+    if (d / "labels").is_dir():
+        for f in sorted((d / "labels").glob("*.csv")):
+            labels += _csv_labels(src, f, ids)
+    return turns, labels, []
+
+
+_LOADERS = {"labelled_set": _labelled_set, "relabel": _relabel, "sheets": _sheets, "fresh": _fresh}
 
 
 @dataclass

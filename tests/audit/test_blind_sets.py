@@ -159,3 +159,30 @@ def test_heldout_layout_with_the_study_judges_verdicts(tmp_path):
     assert sorted(t.arm for t in b.turns.values()) == ["answer_removed", "base"]
     assert {v.judge for v in b.verdicts} == {"hybrid-voice:qwen2.5-coder-1.5b-instruct"} and len(b.verdicts) == 2
     assert sorted(consensus(b.labels_of(t), "strict") for t in b.turns) == [False, True]
+
+
+def test_fresh_layout_holds_several_models_in_one_sheet(tmp_path):
+    """The judge's fresh test set: one blind sheet over two subject models; the key gives each row's model and
+    dataset, the labels are the labellers' own files."""
+    d = tmp_path / "reports" / "judge_sets" / "fresh"
+    (d / "labels").mkdir(parents=True)
+    rows = [("r1", "What is 2+2?", "4.", "Why 4?", "m-a", "gsm8k"), ("r2", "What is 2+2?", "4.", "Thanks", "m-b", "gsm8k"),
+            ("r3", "Write a poem.", "Roses...", "More roses?", "m-a", "ifeval")]
+    with open(d / "sheet.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["row", "query", "answer", "user_turn"])
+        w.writerows([r[:4] for r in rows])
+    (d / "key.json").write_text(json.dumps({"rows": {r[0]: {"turn_id": f"t{r[0]}", "model": r[4], "dataset": r[5],
+                                                            "decoding": "greedy"} for r in rows}}))
+    for who in ("labeller-a", "labeller-b"):
+        with open(d / "labels" / f"{who}.csv", "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(["row", "label", "strict", "borderline", "note"])
+            w.writerow(["r1", "genuine_followup", "yes", "0", ""])
+            w.writerow(["r2", "generic_followup", "", "0", ""])
+            w.writerow(["r3", "genuine_followup", "generic_followup", "1", "plan"])
+    blind = load_blind_sets(tmp_path, [Source("fresh", "fresh", "reports/judge_sets/fresh", "v2")])
+    assert {t.model for t in blind.turns.values()} == {"m-a", "m-b"}
+    assert blind.turns["tr3"].dataset == "ifeval" and blind.turns["tr2"].turn == "Thanks"
+    assert consensus(blind.labels_of("tr1"), "strict") is True and consensus(blind.labels_of("tr3"), "strict") is False
+    assert consensus(blind.labels_of("tr3"), "lenient") is True

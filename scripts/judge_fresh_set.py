@@ -1,0 +1,122 @@
+"""The judge's fresh test set (``studies/judge/fresh_test_v1.json``): generate its turns, then write one blind
+sheet over both subject models for two labellers.
+
+    python scripts/judge_fresh_set.py generate --plan studies/judge/fresh_test_v1.json [--model M]
+    python scripts/judge_fresh_set.py sheet --plan studies/judge/fresh_test_v1.json --out reports/judge_sets/fresh_test_v1
+    # two labellers fill labels/labeller-a.csv and labels/labeller-b.csv (row,label,strict,borderline,note)
+    mechprobe judges evaluate      # the source judge_fresh_test_v1 in mechprobe.audit.blind_sets.SOURCES
+
+``generate`` writes resumable probe runs under ``runs/judge_fresh/<plan name>/<model>-<dataset>`` (the package's
+``run_probe``: a killed run continues where it stopped). ``sheet`` reads them and writes ``sheet.csv`` (row, query,
+answer, user_turn; rows shuffled, opaque keys: no model, dataset or decoding shown), ``key.json`` (row -> turn id,
+model, dataset, item, decoding) and the codebook as labelled. The labellers see only the sheet and the codebook.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import random
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mechprobe.audit.codebook import CODEBOOK_VERSION, codebook_path  # noqa: E402
+from mechprobe.io import read_jsonl  # noqa: E402
+from mechprobe.lm.models import load_model  # noqa: E402
+from mechprobe.turns.config import ProbeConfig  # noqa: E402
+from mechprobe.turns.datasets import load_dataset  # noqa: E402
+from mechprobe.turns.pipeline import run_probe  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _turn_id(model: str, query: str, answer: str, turn: str) -> str:
+    """The blind sets' content key (mechprobe.audit.blind_sets): the same turn from two sources is one row."""
+    h = hashlib.sha256(json.dumps([model, query, answer, turn], ensure_ascii=False).encode()).hexdigest()
+    return "t" + h[:12]
+
+
+def _runs(plan_path: Path) -> Path:
+    return ROOT / "runs" / "judge_fresh" / plan_path.stem
+
+
+def _config(plan: dict, model: str, dataset: str, dtype: str) -> ProbeConfig:
+    g = plan["generation"]
+    return ProbeConfig(model=model, dataset=dataset, limit=None, temperatures=[0.0, 1.0], samples=3,
+                       max_assistant_tokens=int(g["max_assistant_tokens"]), max_user_tokens=int(g["max_user_tokens"]),
+                       dtype=dtype)
+
+
+def generate(plan_path: Path, models: list[str], dtype: str) -> None:
+    plan = json.loads(plan_path.read_text(encoding="utf-8"))
+    for model in models or plan["models"]:
+        lm = load_model(model, dtype=dtype)
+        for ds, ids in plan["items"].items():
+            rows = {it.item_id: it for it in load_dataset(ds).items}
+            out = _runs(plan_path) / f"{model}-{ds}"
+            run_probe(_config(plan, model, ds, dtype), out, lm=lm, items=[rows[i] for i in ids])
+            print(f"{model} {ds}: {out}")
+
+
+def sheet(plan_path: Path, out: Path, seed: int = 0) -> None:
+    plan = json.loads(plan_path.read_text(encoding="utf-8"))
+    rows = []
+    for model in plan["models"]:
+        for ds, ids in plan["items"].items():
+            run = _runs(plan_path) / f"{model}-{ds}"
+            answers = {r["item_id"]: r for r in read_jsonl(run / "assistant.jsonl")}
+            turns = list(read_jsonl(run / "user_turns.jsonl"))
+            missing = sorted(set(ids) - {t["item_id"] for t in turns})
+            if missing:
+                raise SystemExit(f"{run}: no user turns for {len(missing)} planned items (e.g. {missing[0]}); run "
+                                 f"generate first (it resumes)")
+            for t in turns:
+                a = answers[t["item_id"]]
+                tid = _turn_id(model, a["prompt"], a["response"], t["raw_text"])
+                rows.append({"turn_id": tid, "model": model, "dataset": ds, "item_id": t["item_id"],
+                             "decoding": t["decoding"], "record_id": t["record_id"], "query": a["prompt"],
+                             "answer": a["response"], "turn": t["raw_text"]})
+    rows.sort(key=lambda r: r["turn_id"])
+    random.Random(seed).shuffle(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    key = {"format": "mechprobe-judge-fresh-sheet-v1", "plan": plan_path.name,
+           "plan_sha256": hashlib.sha256(plan_path.read_bytes()).hexdigest(), "codebook": CODEBOOK_VERSION,
+           "seed": seed, "rows": {}}
+    with open(out / "sheet.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(["row", "query", "answer", "user_turn"])
+        for r in rows:
+            k = "r" + hashlib.sha256(f"fresh|{r['turn_id']}".encode()).hexdigest()[:10]
+            key["rows"][k] = {x: r[x] for x in ("turn_id", "model", "dataset", "item_id", "decoding", "record_id")}
+            w.writerow([k, r["query"], r["answer"], r["turn"]])
+    (out / "key.json").write_text(json.dumps(key, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    shutil.copyfile(codebook_path(), out / "codebook_as_labelled.md")
+    print(f"{len(rows)} rows -> {out / 'sheet.csv'}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("generate")
+    g.add_argument("--plan", required=True, type=Path)
+    g.add_argument("--model", nargs="*", default=[])
+    g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    s = sub.add_parser("sheet")
+    s.add_argument("--plan", required=True, type=Path)
+    s.add_argument("--out", required=True, type=Path)
+    a = p.parse_args()
+    plan = a.plan.resolve()
+    if a.cmd == "generate":
+        generate(plan, a.model, a.dtype)
+    else:
+        sheet(plan, a.out.resolve())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
