@@ -74,10 +74,16 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
 
 
 class JsonlStore:
-    """An append-only JSONL file keyed by one field.
+    """An append-only JSONL file keyed by one field: a long run appends each row as it is made and, resumed,
+    skips the keys already there (a torn last line from a kill is repaired on open).
 
-    >>> store = JsonlStore(path, key="record_id")
-    >>> if not store.has(rid): store.append(row)
+    Example:
+        >>> import tempfile
+        >>> store = JsonlStore(Path(tempfile.mkdtemp()) / "turns.jsonl", key="record_id")
+        >>> row = {"record_id": "r1", "text": "Why 84?"}
+        >>> if not store.has(row["record_id"]): store.append(row)
+        >>> store.has("r1"), len(store)
+        (True, 1)
     """
 
     def __init__(self, path: str | Path, key: str):
