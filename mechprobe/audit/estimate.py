@@ -210,7 +210,7 @@ def corrected_rate(judge_all: Any, judge_audited: Any, labels_audited: Any, alph
     Example:
         >>> est = corrected_rate(judge_all=[1, 0, 0, 1, 0, 0], judge_audited=[1, 0], labels_audited=[0, 0])
         >>> est.method
-        'ppi++ (ppi_py, power-tuned)'
+        'ppi++ (ppi_py, power-tuned) widened to the audit-only clopper-pearson (all audited values equal)'
     """
     y = np.asarray(labels_audited, dtype=float).ravel()
     yhat = np.asarray(judge_audited, dtype=float).ravel()

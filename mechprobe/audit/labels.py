@@ -227,7 +227,7 @@ def read_labellers_file(path: str | Path, kind: str | None = None, name: str | N
         column names several people gives one :class:`LabellerLabels` each (in name order); a labelled
         row without a name beside named ones is refused, since it cannot be given to anyone.
     Example:
-        >>> [lab.name for lab in read_labellers_file("shared.csv", kind="person")]
+        >>> [lab.name for lab in read_labellers_file("shared.csv", kind="person")]  # doctest: +SKIP
         ['carol', 'dave']
     """
     path = Path(path)
@@ -270,7 +270,7 @@ def read_labels_file(path: str | Path, kind: str | None = None, name: str | None
         the labels, not yet checked against a sample (see :func:`import_labels`); a CSV holding several
         labellers is refused here (:func:`read_labellers_file` splits it).
     Example:
-        >>> read_labels_file("alice.csv", kind="person").name
+        >>> read_labels_file("alice.csv", kind="person").name  # doctest: +SKIP
         'alice'
     """
     got = read_labellers_file(path, kind, name)
@@ -308,7 +308,7 @@ def import_labels(run: str | Path, paths: list[str | Path], sample: AuditSample,
         new and stored, is checked before anything is written, and a write that fails removes the files this
         call wrote, so a refused or failed import leaves the stored labels as they were.
     Example:
-        >>> import_labels(run, ["alice.json", "bob.csv"], load_sample(run), kind="person")
+        >>> import_labels(run, ["alice.json", "bob.csv"], load_sample(run), kind="person")  # doctest: +SKIP
     """
     out_dir = audit_dir(run) / "labels"
     loaded = [(Path(p), lab) for p in paths for lab in read_labellers_file(p, kind)]

@@ -180,8 +180,8 @@ def build_report(table: TurnTable, sample: AuditSample, labellers: list[Labeller
         the lenient reading, and the same under ``rates[s]["strict"]``; kappas hold the lenient ``binary`` and
         ``labels8`` and the strict ones under ``strict``; differences hold ``corrected`` and ``corrected_strict``.
     Example:
-        >>> rep = build_report(load_run_table(run), load_sample(run), load_labellers(run, sample))
-        >>> rep["rates"]["none"]["corrected"]["point"], rep["rates"]["none"]["strict"]["corrected"]["point"]
+        >>> rep = build_report(load_run_table(run), load_sample(run), load_labellers(run, sample))  # doctest: +SKIP
+        >>> rep["rates"]["none"]["corrected"]["point"], rep["rates"]["none"]["strict"]["corrected"]["point"]  # doctest: +SKIP
     """
     check_report_args(alpha, n_boot)
     check_sample_judged(sample, table)

@@ -145,8 +145,8 @@ def draw_sample(table: TurnTable, n: int, by: str = "condition", seed: int = 0,
     Returns:
         the sample (not yet written; see :func:`load_or_draw`).
     Example:
-        >>> s = draw_sample(table, 80, by="condition", seed=0)
-        >>> s.per_stratum
+        >>> s = draw_sample(table, 80, by="condition", seed=0)  # doctest: +SKIP
+        >>> s.per_stratum  # doctest: +SKIP
         {'diff_means|L14|a0.8': 40, 'none': 40}
     """
     if by not in STRATA:
@@ -198,7 +198,7 @@ def load_or_draw(run: str | Path, table: TurnTable, n: int, by: str = "condition
     Returns:
         ``(sample, drawn)``; ``drawn`` is False when the recorded sample was reused.
     Example:
-        >>> sample, drawn = load_or_draw(run, table, 80, "condition", 0)
+        >>> sample, drawn = load_or_draw(run, table, 80, "condition", 0)  # doctest: +SKIP
     """
     p = audit_dir(run) / SAMPLE_FILE
     if p.exists() and not redraw:

@@ -81,7 +81,7 @@ def sheet_rows(sample: AuditSample, table: TurnTable, seed: int | None = None) -
     Returns:
         one :class:`SheetRow` per sampled turn.
     Example:
-        >>> [r.row for r in sheet_rows(sample, table)][:2]
+        >>> [r.row for r in sheet_rows(sample, table)][:2]  # doctest: +SKIP
         ['r3f0c...', 'r91aa...']
     """
     rows = []
@@ -111,7 +111,7 @@ def render_sheet_html(sample: AuditSample, rows: list[SheetRow], codebook: str |
     Returns:
         HTML with no external resource (no CDN, no font, no script URL).
     Example:
-        >>> Path("sheet.html").write_text(render_sheet_html(sample, sheet_rows(sample, table)))
+        >>> Path("sheet.html").write_text(render_sheet_html(sample, sheet_rows(sample, table)))  # doctest: +SKIP
     """
     data = {"mode": "label", "format": LABELS_FORMAT, "sample_id": sample.sample_id,
             "labels": [{"name": lab.name, "definition": lab.definition} for lab in TAXONOMY],
@@ -189,7 +189,7 @@ def write_sheet(run: str | Path, sample: AuditSample, table: TurnTable, seed: in
         ``(html_path, csv_path)``. A ``sheet.csv`` that holds labels is refused (:func:`refuse_filled_sheet`)
         before either file is written; texts that start like a formula are written through :func:`csv_cell`.
     Example:
-        >>> html_p, csv_p = write_sheet(run, sample, table)
+        >>> html_p, csv_p = write_sheet(run, sample, table)  # doctest: +SKIP
     """
     refuse_filled_sheet(run)
     rows = sheet_rows(sample, table, seed)

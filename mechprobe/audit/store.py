@@ -59,7 +59,7 @@ def audit_lock(directory: str | Path) -> Iterator[Path]:
     Args:
         directory: ``<run>/audit`` (made if missing; the run directory must exist).
     Example:
-        >>> with audit_lock(audit_dir(run)):
+        >>> with audit_lock(audit_dir(run)):  # doctest: +SKIP
         ...     write_report(run, rep)
     """
     d = Path(directory)

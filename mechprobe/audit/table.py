@@ -188,8 +188,8 @@ def load_run_table(run: str | Path) -> TurnTable:
         the table; turns without a valid judge label (judge errors) are counted in ``skipped``, not rows,
         because the audit compares the judge's label with a person's and there is none to compare.
     Example:
-        >>> table = load_run_table("runs/smol-gsm8k")
-        >>> table.strata("condition").keys()
+        >>> table = load_run_table("runs/smol-gsm8k")  # doctest: +SKIP
+        >>> table.strata("condition").keys()  # doctest: +SKIP
     """
     run = Path(run)
     a_p = run / "assistant.jsonl"
@@ -223,7 +223,7 @@ def table_from_rows(rows: Iterable[dict[str, Any]], label_field: str = "judge_la
     Returns:
         the table; rows whose label is not a taxonomy label are counted in ``skipped``.
     Example:
-        >>> table_from_rows(read_jsonl("tests/fixtures/hand_labels_steer_q15.jsonl"), label_field="hybrid_label")
+        >>> table_from_rows(read_jsonl("tests/fixtures/hand_labels_steer_q15.jsonl"), label_field="hybrid_label")  # doctest: +SKIP
     """
     out: list[LabelledTurn] = []
     skipped = 0

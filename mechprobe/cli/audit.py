@@ -74,8 +74,8 @@ def run(a: argparse.Namespace) -> int:
     Errors the user can fix raise :class:`~mechprobe.errors.UserError`.
 
     Example:
-        >>> p = argparse.ArgumentParser(); add_args(p)
-        >>> run(p.parse_args(["runs/x", "--n", "80", "--by", "condition"]))
+        >>> p = argparse.ArgumentParser(); add_args(p)  # doctest: +SKIP
+        >>> run(p.parse_args(["runs/x", "--n", "80", "--by", "condition"]))  # doctest: +SKIP
         0
     """
     run_dir = Path(a.run)

@@ -169,7 +169,7 @@ def check_text(text: str, values: dict[str, Value], path: str = "<text>",
     Raises:
         UsageError: a block opened and not closed (or closed and not opened).
     Example:
-        >>> [q.ok for q in check_text(f"{BEGIN}\\nrate 5.0% [1.7, 13.7]<!-- =a.rate -->\\n{END}\\n", values)]
+        >>> [q.ok for q in check_text(f"{BEGIN}\\nrate 5.0% [1.7, 13.7]<!-- =a.rate -->\\n{END}\\n", values)]  # doctest: +SKIP
     """
     out: list[Quoted] = []
     for block in _blocks(text, path):

@@ -548,7 +548,7 @@ class ChatServer:
         max_body_bytes: a larger request body is refused with 413 before it is read.
         read_timeout: seconds a connection may sit without sending what it announced before it is dropped.
 
-    >>> with ChatServer(ScriptedResponder("hi")) as srv:
+    >>> with ChatServer(ScriptedResponder("hi")) as srv:  # doctest: +SKIP
     ...     client = openai.OpenAI(base_url=srv.base_url, api_key="x")
     """
 

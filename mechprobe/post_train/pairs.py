@@ -239,7 +239,7 @@ def require_pairs(ps: PairSet) -> None:
         >>> require_pairs(PairSet([], {"items": 5, "items_with_both": 0, "pairs_available": 0}))
         Traceback (most recent call last):
         ...
-        mechprobe.post_train.pairs.PairError: no pairs: 0 of 5 training items had both a genuine and a failure turn; sample more (--pair-samples) or use more items (--pair-items)
+        mechprobe.post_train.pairs.PairError: no pairs: 0 of 5 training items had both a genuine and a failure turn; sample more (pair_samples=) or use more items (pair_items=)
     """
     if ps.pairs:
         return

@@ -58,7 +58,7 @@ def draw_items(dataset: str, n_rows: int, n: int, *, seed: int, exclude: set[str
         ids ``f"{dataset}-{index:04d}"`` in the order drawn (the plan's order of preference).
     Example:
         >>> draw_items("gsm8k", 10, 3, seed=1, exclude={"gsm8k-0002"})
-        ['gsm8k-0008', 'gsm8k-0004', 'gsm8k-0003']
+        ['gsm8k-0006', 'gsm8k-0008', 'gsm8k-0009']
     """
     idx = list(range(min_index, n_rows))
     random.Random(seed).shuffle(idx)
