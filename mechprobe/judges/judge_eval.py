@@ -412,6 +412,7 @@ def _hidden_judge(cfg: JudgeEvalConfig, root: Path, blind: BlindSets, inputs: di
             write_json(root / cfg.out / WEIGHTS_ARCHIVE / f"hidden_{lm.name}_{old['version']}.json", old)
         hw, selection = fit_hidden_heads(blind, feats, lm.name)
         write_json(wpath, hw)
+        write_json(root / cfg.out / f"selection_hidden_{lm.name}.json", {"candidates": selection})
     hw = hidden_load_weights(wpath)
     layer = int(hw["layer"])
     X = cached_hidden_features(lm, inputs, [layer], root / cfg.cache)[layer]
