@@ -150,3 +150,50 @@ def test_features_are_cached_batch_by_batch_and_reused(smol, tmp_path):
     assert len(list((tmp_path / f"hidden-{smol.name}").glob("batch-*.npz"))) == 3
     for t in inputs:
         assert np.allclose(a[10][t], b[10][t], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_judges_evaluate_fits_scores_and_commits_the_hidden_judge(smol, tmp_path):
+    """``judges evaluate --hidden MODEL --fit-hidden`` on a labelled set of its own: weights written with the reader's
+    name, verdicts on every labelled turn in their own file, a round recorded, the table holding the judge; a later
+    run without the reader reads the committed verdicts."""
+    import csv
+
+    from mechprobe.audit.judge_table import hidden_verdicts_file
+    from mechprobe.judges.judge_eval import JudgeEvalConfig, run_judge_eval
+
+    d = tmp_path / "reports" / "judge_sets" / "fresh_test_v1"  # a source listed in blind_sets.SOURCES
+    (d / "labels").mkdir(parents=True)
+    rows, key = [], {}
+    for i in range(60):
+        q, a = f"What is {i} times 3?", f"{i} times 3 is {3 * i}."
+        for j, (turn, good) in enumerate(((f"Why is it {3 * i} and not {3 * i + 1}?", True),
+                                          ("Write a poem about the sea.", False))):
+            r = f"r{i:02d}{j}"
+            rows.append((r, q, a, turn))
+            key[r] = {"turn_id": f"t{i:02d}{j}", "model": "m-a", "dataset": "gsm8k", "decoding": "greedy", "good": good}
+    with open(d / "sheet.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["row", "query", "answer", "user_turn"])
+        w.writerows(rows)
+    (d / "key.json").write_text(json.dumps({"rows": key}))
+    for who in ("labeller-a", "labeller-b"):
+        with open(d / "labels" / f"{who}.csv", "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(["row", "label", "strict", "borderline", "note"])
+            for r, *_ in rows:
+                w.writerow([r, "genuine_followup", "yes", 0, ""] if key[r]["good"] else [r, "new_query", "", 0, ""])
+    cfg = JudgeEvalConfig(root=str(tmp_path), hidden="smollm2-135m-instruct", fit_hidden=True, hidden_layers=(10, 20),
+                          n_boot=50)
+    res = run_judge_eval(cfg)
+    wfile = tmp_path / "mechprobe" / "data" / "hidden_judge_smollm2-135m-instruct.json"
+    w = json.loads(wfile.read_text())
+    assert w["reader"] == "smollm2-135m-instruct" and w["layer"] in (10, 20)
+    vfile = tmp_path / hidden_verdicts_file("smollm2-135m-instruct")
+    verdicts = [json.loads(x) for x in vfile.read_text().splitlines()]
+    assert len(verdicts) == 2 * 120 and {v["reading"] for v in verdicts} == {"lenient", "strict"}
+    assert any(r["judge"] == "hidden:smollm2-135m-instruct" for r in res.rows)
+    rounds = json.loads((tmp_path / "reports" / "judge" / "test_rounds.json").read_text())["rounds"]
+    assert rounds[-1]["weights"] == f"hidden:smollm2-135m-instruct@{w['version']}"
+    again = run_judge_eval(JudgeEvalConfig(root=str(tmp_path), n_boot=50))  # no reader loaded: committed verdicts
+    assert any(r["judge"] == "hidden:smollm2-135m-instruct" for r in again.rows)
