@@ -135,7 +135,8 @@ def _rate(flags: list[bool]) -> dict[str, Any]:
 def score(out: Path) -> dict[str, Any]:
     """Rates (lenient, strict; per labeller and consensus), judge kappa, and answer identification."""
     key = json.loads((out / "key.json").read_text())
-    turns = {r["turn_id"]: r for r in _turns(key["model"], key["dataset"])}
+    keyed = set(key["rows"].values())  # the sheet's turns (a set may keep only part of the labelled set's)
+    turns = {r["turn_id"]: r for r in _turns(key["model"], key["dataset"]) if r["turn_id"] in keyed}
     labs = _labels(out, key)
     v1 = {}
     for name in ("labeller-a", "labeller-b"):

@@ -100,6 +100,8 @@ SOURCES: tuple[Source, ...] = (
     Source("labelled_turns", "labelled_set", "reports/labelled_turns", "v1"),
     Source("relabel_v2_mt_bench_1.5b", "relabel", "reports/relabel_v2/qwen2.5-coder-1.5b-instruct-mt_bench", "v2"),
     Source("relabel_v2_gsm8k_1.5b", "relabel", "reports/relabel_v2/qwen2.5-coder-1.5b-instruct-gsm8k", "v2"),
+    Source("fit_labels_gsm8k_1.5b_dev_pool", "relabel",
+           "reports/judge_fit_labels/qwen2.5-coder-1.5b-instruct-gsm8k-dev-pool", "v2"),
     Source("interventions_v2_train", "sheets", "reports/interventions/interventions-0.5b-v2/train", "v2",
            "qwen2.5-coder-0.5b-instruct"),
     Source("interventions_v2c_heldout", "sheets", "reports/interventions/interventions-0.5b-v2c/heldout", "v2",
