@@ -538,7 +538,12 @@ class Study(PostTrainingSteps):
         for spec in self.plan.raw["labels"]["judges"]:
             f = d / f"verdicts_{spec.replace(':', '_')}.jsonl"
             if f.exists():
-                judges[spec] = {r["record_id"]: bool(r["genuine"]) for r in read_jsonl(f)}
+                got = {r["record_id"]: bool(r["genuine"]) for r in read_jsonl(f)}
+                if set(k["rows"]) <= set(got):
+                    judges[spec] = got
+                else:  # the judge step has not finished: the table goes on without that judge, and says so
+                    print(f"{f.name}: {len(got)} of {len(k['rows'])} rows judged; left out of the table until the "
+                          f"judge step finishes")
         tab = study_table(k["rows"], labs, [a.name for a in self.plan.arms], judges=judges or None)
         tab["labellers"] = [f.stem for f in files]
         tab["study_outcome"] = study_outcome(tab)
