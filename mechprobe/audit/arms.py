@@ -295,7 +295,7 @@ def table_markdown(table: Mapping[str, Any], model: str, judge_note: str) -> str
     for reading, k in table.get("kappa_labellers", {}).items():
         lines.append(f"\nLabeller κ over every row, {reading} reading: {k['kappa']:.2f} [{k['lo']:.2f}, {k['hi']:.2f}] "
                      f"({k['agree']}/{k['n']} agree; item bootstrap).")
-    if "study_outcome" in table:
+    if table.get("study_outcome"):
         v = table["study_outcome"]
         lines.append(f"\n**Pre-registered outcome: {v['outcome']}** ({v['why']}).")
     return "\n".join(lines) + "\n"

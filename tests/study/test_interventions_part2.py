@@ -516,3 +516,6 @@ def test_part2_table_joins_labels_accuracy_costs_and_the_patching_profile(tmp_pa
     md = (s.root / "table.md").read_text(encoding="utf-8")
     assert "every arm against base and control" in md and "| 12 | 0.400 [0.300, 0.500] |" in md
     assert (s.root / "patching.png").stat().st_size > 10_000 and (s.root / "arms.png").exists()
+    # part 1's outcome rule names part 1's arms: part 2 reports its own tests instead, and no comparison is NaN
+    assert tab["study_outcome"] is None and "Pre-registered outcome" not in md and "+nan" not in md
+    assert tab["arms"]["steer_post"]["strict"]["vs_control"]["n"] == 40

@@ -544,9 +544,17 @@ class Study(PostTrainingSteps):
                 else:  # the judge step has not finished: the table goes on without that judge, and says so
                     print(f"{f.name}: {len(got)} of {len(k['rows'])} rows judged; left out of the table until the "
                           f"judge step finishes")
-        tab = study_table(k["rows"], labs, [a.name for a in self.plan.arms], judges=judges or None)
+        names = [a.name for a in self.plan.arms]
+        if self.parent is None:
+            tab = study_table(k["rows"], labs, names, judges=judges or None)
+        else:  # part 2's floor and control arms; its pre-registered tests are part2_tests, not part 1's outcome
+            ad = self.plan.adapters
+            tab = study_table(k["rows"], labs, names, judges=judges or None,
+                              floor=next(a.name for a in self.plan.arms if a.kind == "no_response"),
+                              control=next(a.name for a in self.plan.arms if a.kind == "adapter"
+                                           and ad[a.adapter].get("data") == "control"))
         tab["labellers"] = [f.stem for f in files]
-        tab["study_outcome"] = study_outcome(tab)
+        tab["study_outcome"] = study_outcome(tab) if self.parent is None else None
         md_extra = ""
         if self.parent is not None:
             tab["part2"] = self.part2_tests(k["rows"], labs)
