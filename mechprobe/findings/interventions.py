@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mechprobe.audit.arms import READINGS, read_sheet_labels, study_table
+from mechprobe.audit.arms import READINGS, arm_outcomes, pooled_tests, read_sheet_labels, study_table
 from mechprobe.io import read_json
 
 from .values import PERCENT, RAW, RECOMPUTED, Value
@@ -60,7 +60,9 @@ def _study(root: Path, folder: Path) -> tuple[list[Committed], list[str]]:
     judges = {s: _verdicts(held / f"verdicts_{s.replace(':', '_')}.jsonl") for s in specs
               if (held / f"verdicts_{s.replace(':', '_')}.jsonl").exists()}
     missing = [s for s in specs if s not in judges]
-    tab = study_table(key["rows"], labs, arms, judges=judges or None)
+    cw = committed.get("compared_with", {})
+    tab = study_table(key["rows"], labs, arms, judges=judges or None, floor=cw.get("floor", "answer_removed"),
+                      control=cw.get("control", "steer_random"))
     src = f"{rel}/heldout/sheet.key.json + {rel}/heldout/labels/"
     where = f"{rel}/table.json"
     pre = f"interventions.{study_key(folder.name)}"
@@ -85,6 +87,18 @@ def _study(root: Path, folder: Path) -> tuple[list[Committed], list[str]]:
                 out.append((Value(f"{k}.judge_kappa.{spec}", kap, unit=RAW, how=RECOMPUTED,
                                   source=f"{src} + verdicts", method="cohen kappa, judge vs labeller consensus",
                                   items=r["n"]), {"kappa": c.get("kappa_judge", {}).get(spec)}, where))
+    p2 = committed.get("part2")
+    if p2 and "arms" in p2:  # part 2's pre-registered pooled tests, recomputed with the arms the table names
+        a = p2["arms"]
+        for reading in READINGS:
+            t = pooled_tests(arm_outcomes(key["rows"], labs, reading), a["pooled"], a["base"], a["control"], a["floor"],
+                             a["steer"], seed=int(a["seed"]))
+            for vs in ("vs_base", "vs_control", "vs_floor"):
+                d, dc = t[vs], p2[reading][vs]
+                out.append((Value(f"{pre}.part2.{reading}.sft_pooled.{vs}", d["diff"], d["lo"], d["hi"], unit=PERCENT,
+                                  how=RECOMPUTED, source=src, method="pooled seeds, item-clustered bootstrap",
+                                  signed=True, items=d["n"]), {"point": dc["diff"], "lo": dc["lo"], "hi": dc["hi"]},
+                            where))
     for reading, kap in tab.get("kappa_labellers", {}).items():
         c = committed.get("kappa_labellers", {}).get(reading)
         out.append((Value(f"{pre}.kappa.{reading}.labellers", kap["kappa"], kap["lo"], kap["hi"], kap["agree"],

@@ -554,6 +554,10 @@ class Study(PostTrainingSteps):
                               control=next(a.name for a in self.plan.arms if a.kind == "adapter"
                                            and ad[a.adapter].get("data") == "control"))
         tab["labellers"] = [f.stem for f in files]
+        tab["compared_with"] = ({"floor": "answer_removed", "control": "steer_random"} if self.parent is None else
+                                {"floor": next(a.name for a in self.plan.arms if a.kind == "no_response"),
+                                 "control": next(a.name for a in self.plan.arms if a.kind == "adapter"
+                                                 and self.plan.adapters[a.adapter].get("data") == "control")})
         tab["study_outcome"] = study_outcome(tab) if self.parent is None else None
         md_extra = ""
         if self.parent is not None:
@@ -596,8 +600,11 @@ class Study(PostTrainingSteps):
         control = next(a.name for a in arms if a.kind == "adapter" and ad[a.adapter].get("data") == "control")
         floor = next(a.name for a in arms if a.kind == "no_response")
         steer = next((a.name for a in arms if a.kind == "steer"), None)
-        return {r: pooled_tests(arm_outcomes(key, labs, r), sft, "base", control, floor, steer, seed=self.plan.seed)
-                for r in ("strict", "lenient")}
+        out: dict[str, Any] = {r: pooled_tests(arm_outcomes(key, labs, r), sft, "base", control, floor, steer,
+                                               seed=self.plan.seed) for r in ("strict", "lenient")}
+        out["arms"] = {"pooled": sft, "base": "base", "control": control, "floor": floor, "steer": steer,
+                       "seed": self.plan.seed}  # what the findings recompute the tests with
+        return out
 
     def part2_summary(self, key: dict[str, Any], labs: list[dict[str, Any]], tab: dict[str, Any]) -> dict[str, Any]:
         """The one table of part 2 (:func:`~mechprobe.study.interventions.summary.part2_summary`): the labels'

@@ -154,6 +154,8 @@ def summary_markdown(summary: Mapping[str, Any], pooled: Mapping[str, Any] | Non
         lines += ["", "| pre-registered test (SFT seeds pooled, clustered by item) | reading | points [95% CI] | "
                       "verdict |", "|---|---|---|---|"]
         for reading, t in pooled.items():
+            if reading == "arms":
+                continue
             for k in ("vs_base", "vs_control", "vs_floor"):
                 v = t.get(k)
                 if v:
