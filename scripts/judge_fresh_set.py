@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mechprobe.audit.blind_sets import _turn_id  # noqa: E402  (the blind sets' content key: one turn, one id)
 from mechprobe.audit.codebook import CODEBOOK_VERSION, codebook_path  # noqa: E402
 from mechprobe.io import read_jsonl  # noqa: E402
 from mechprobe.lm.models import load_model  # noqa: E402
@@ -33,12 +34,6 @@ from mechprobe.turns.datasets import load_dataset  # noqa: E402
 from mechprobe.turns.pipeline import run_probe  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _turn_id(model: str, query: str, answer: str, turn: str) -> str:
-    """The blind sets' content key (mechprobe.audit.blind_sets): the same turn from two sources is one row."""
-    h = hashlib.sha256(json.dumps([model, query, answer, turn], ensure_ascii=False).encode()).hexdigest()
-    return "t" + h[:12]
 
 
 def _runs(plan_path: Path) -> Path:
