@@ -11,8 +11,10 @@ Keys (``<study>`` is the plan name without ``interventions-``, dashes as undersc
 ``interventions.<study>.<arm>.<reading>`` (both labellers genuine under ``strict``/``lenient``; Clopper-Pearson
 over items), ``...<reading>.vs_base`` / ``.vs_floor`` / ``.vs_control`` (paired item bootstrap),
 ``...<reading>.<labeller>`` (one labeller's rate), ``interventions.<study>.kappa.<reading>.labellers`` (binary κ
-over every row, item bootstrap) and ``interventions.<study>.<arm>.<reading>.judge_kappa.<judge>`` (κ of a judge's
-verdict with the labellers' consensus on that arm's turns, no interval).
+over every row, item bootstrap), ``interventions.<study>.<arm>.<reading>.judge_kappa.<judge>`` (κ of a judge's
+verdict with the labellers' consensus on that arm's turns, no interval) and, where a study measured accuracy,
+``interventions.<study>.accuracy.<model>`` (exact match over its ``accuracy/<model>.jsonl``, Clopper-Pearson) and
+``...accuracy.<model>.vs_base`` (paired item bootstrap with the plan's seed).
 """
 
 from __future__ import annotations
@@ -21,8 +23,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mechprobe.audit.arms import READINGS, arm_outcomes, pooled_tests, read_sheet_labels, study_table
-from mechprobe.io import read_json
+from mechprobe.audit.arms import (
+    READINGS,
+    arm_outcomes,
+    paired_difference,
+    pooled_tests,
+    read_sheet_labels,
+    study_table,
+)
+from mechprobe.io import read_json, read_jsonl
+from mechprobe.stats.clustered import clopper_pearson
 
 from .values import PERCENT, RAW, RECOMPUTED, Value
 
@@ -103,8 +113,37 @@ def _study(root: Path, folder: Path) -> tuple[list[Committed], list[str]]:
         c = committed.get("kappa_labellers", {}).get(reading)
         out.append((Value(f"{pre}.kappa.{reading}.labellers", kap["kappa"], kap["lo"], kap["hi"], kap["agree"],
                           kap["n"], RAW, RECOMPUTED, src, "cohen kappa, item bootstrap"), c, where))
+    seed = int((p2 or {}).get("arms", {}).get("seed", 0))
+    out += _accuracy(folder, rel, pre, seed)
     notes = [f"{rel}: verdicts of {', '.join(missing)} not committed; their kappas are skipped"] if missing else []
     return out, notes
+
+
+def _accuracy(folder: Path, rel: str, pre: str, seed: int) -> list[Committed]:
+    """Each model's exact-match accuracy and its paired difference against base, recomputed from the per-answer
+    files and compared with ``accuracy/accuracy.json`` (the runner's summary)."""
+    path = folder / "accuracy" / "accuracy.json"
+    if not path.is_file():
+        return []
+    committed = read_json(path)["models"]
+    where = f"{rel}/accuracy/accuracy.json"
+    got = {m: {r["item_id"]: bool(r["score"]) for r in read_jsonl(folder / "accuracy" / f"{m}.jsonl")}
+           for m in committed}
+    out: list[Committed] = []
+    for m, c in committed.items():
+        v = got[m]
+        k, n = sum(v.values()), len(v)
+        lo, hi = clopper_pearson(k, n)
+        src = f"{rel}/accuracy/{m}.jsonl"
+        out.append((Value(f"{pre}.accuracy.{m}", k / n if n else float("nan"), float(lo), float(hi), k, n, PERCENT,
+                          RECOMPUTED, src, "exact match, clopper-pearson", items=n), {"point": c["rate"]}, where))
+        if m != "base" and "base" in got and "vs_base" in c:
+            d, dc = paired_difference(got["base"], v, seed=seed), c["vs_base"]
+            out.append((Value(f"{pre}.accuracy.{m}.vs_base", d["diff"], d["lo"], d["hi"], unit=PERCENT,
+                              how=RECOMPUTED, source=f"{src} + base.jsonl", method="paired item bootstrap",
+                              signed=True, items=d["n"]), {"point": dc["diff"], "lo": dc["lo"], "hi": dc["hi"]},
+                        where))
+    return out
 
 
 def intervention_values(root: Path) -> tuple[list[Committed], list[str]]:

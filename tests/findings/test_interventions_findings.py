@@ -102,3 +102,35 @@ def test_verdict_follows_the_preregistered_tests(tmp_path):
     assert "Pre-registered outcome" not in md  # table_markdown states the outcome only once it is in the table
     tab["study_outcome"] = v
     assert "Pre-registered outcome: effect" in table_markdown(tab, "m", "")
+
+
+def _accuracy(d: Path, scores: dict[str, list[int]]) -> None:
+    """Per-answer accuracy files and the runner's summary, as the ``accuracy`` step writes them."""
+    from mechprobe.audit.arms import paired_difference
+
+    acc = d / "accuracy"
+    acc.mkdir(parents=True, exist_ok=True)
+    got = {}
+    for m, s in scores.items():
+        got[m] = {f"g{i}": bool(x) for i, x in enumerate(s)}
+        (acc / f"{m}.jsonl").write_text("".join(json.dumps({"item_id": f"g{i}", "score": float(x)}) + "\n"
+                                                for i, x in enumerate(s)), encoding="utf-8")
+    models = {m: {"rate": sum(s) / len(s), "n": len(s), **({"vs_base": paired_difference(got["base"], got[m])}
+                                                            if m != "base" else {})} for m, s in scores.items()}
+    (acc / "accuracy.json").write_text(json.dumps({"metric": "exact_match", "models": models}), encoding="utf-8")
+
+
+def test_accuracy_is_recomputed_from_the_answers_and_bound(tmp_path):
+    d = _study(tmp_path)
+    rng = random.Random(1)
+    _accuracy(d, {"base": [rng.random() < 0.3 for _ in range(40)], "sft_s0": [rng.random() < 0.5 for _ in range(40)]})
+    f = _findings(tmp_path)
+    assert not f.mismatches
+    v = f.values["interventions.0.5b_v9.accuracy.sft_s0"]
+    assert v.n == 40 and v.lo <= v.point <= v.hi
+    assert f.values["interventions.0.5b_v9.accuracy.sft_s0.vs_base"].signed
+    # an answer rescored after the summary was written no longer reproduces it
+    lines = (d / "accuracy" / "sft_s0.jsonl").read_text(encoding="utf-8").splitlines()
+    flipped = [json.dumps({**json.loads(x), "score": 1.0 - json.loads(x)["score"]}) for x in lines[:5]]
+    (d / "accuracy" / "sft_s0.jsonl").write_text("\n".join(flipped + lines[5:]) + "\n", encoding="utf-8")
+    assert any("accuracy.sft_s0" in m for m in _findings(tmp_path).mismatches)

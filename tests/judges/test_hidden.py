@@ -64,6 +64,23 @@ def test_features_equal_hf_hidden_states_batched_or_alone(smol):
         assert rel(torch.from_numpy(alone[r][0]), torch.from_numpy(got[r][1])) < 1e-4
 
 
+def test_stopping_at_the_deepest_layer_read_reads_the_same_and_removes_its_hooks(smol):
+    """The forward stops after the deepest residual read; what it read equals a full forward's, and no hook stays."""
+    from mechprobe.judges.hidden import _residuals
+    from mechprobe.lm.forward import get_blocks
+
+    prompts = [reader_prompt(smol.tokenizer, i) for i in INPUTS]
+    ids, spans = [p.ids for p in prompts], [p.turn_span for p in prompts]
+    hooks = [len(b._forward_hooks) for b in get_blocks(smol.model)]  # transformers' own output recorders may be there
+    emb = len(smol.model.get_input_embeddings()._forward_hooks)
+    early = _residuals(smol.model, ids, spans, [4, 10], stop_early=True)
+    full = _residuals(smol.model, ids, spans, [4, 10], stop_early=False)
+    for r in (4, 10):
+        assert rel(early[r], full[r]) < 1e-6
+    assert [len(b._forward_hooks) for b in get_blocks(smol.model)] == hooks
+    assert len(smol.model.get_input_embeddings()._forward_hooks) == emb
+
+
 def _weights(d: int, coef=None, intercept=0.0, threshold=0.5, reader="smollm2-135m-instruct", layer=10):
     w = {"format": WEIGHTS_FORMAT, "version": "test", "reader": reader, "layer": layer, "mean": [0.0] * d,
          "scale": [1.0] * d, "heads": {h: {"coef": list(coef if coef is not None else [0.0] * d),
