@@ -4,12 +4,16 @@ sheet over both subject models for two labellers.
     python scripts/judge_fresh_set.py generate --plan studies/judge/fresh_test_v1.json [--model M]
     python scripts/judge_fresh_set.py sheet --plan studies/judge/fresh_test_v1.json --out reports/judge_sets/fresh_test_v1
     # two labellers fill labels/labeller-a.csv and labels/labeller-b.csv (row,label,strict,borderline,note)
+    python scripts/judge_fresh_set.py verdicts --out reports/judge_sets/fresh_test_v1 --judge hybrid-voice:MODEL
     mechprobe judges evaluate      # the source judge_fresh_test_v1 in mechprobe.audit.blind_sets.SOURCES
 
 ``generate`` writes resumable probe runs under ``runs/judge_fresh/<plan name>/<model>-<dataset>`` (the package's
 ``run_probe``: a killed run continues where it stopped). ``sheet`` reads them and writes ``sheet.csv`` (row, query,
 answer, user_turn; rows shuffled, opaque keys: no model, dataset or decoding shown), ``key.json`` (row -> turn id,
 model, dataset, item, decoding) and the codebook as labelled. The labellers see only the sheet and the codebook.
+``verdicts`` runs a judge whose verdicts ``judges evaluate`` reads from a committed file (one that runs a language
+model: hybrid, trained) over the sheet's turns and writes ``verdicts_<spec>.jsonl`` beside it (one line per sheet
+row, written as judged: an interrupted run continues where it stopped, without duplicates).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mechprobe.audit.blind_sets import _turn_id  # noqa: E402  (the blind sets' content key: one turn, one id)
 from mechprobe.audit.codebook import CODEBOOK_VERSION, codebook_path  # noqa: E402
 from mechprobe.io import read_jsonl  # noqa: E402
+from mechprobe.judges.base import JudgeInput  # noqa: E402
+from mechprobe.judges.factory import make_judge  # noqa: E402
 from mechprobe.lm.models import load_model  # noqa: E402
 from mechprobe.turns.config import ProbeConfig  # noqa: E402
 from mechprobe.turns.datasets import load_dataset  # noqa: E402
@@ -94,6 +100,31 @@ def sheet(plan_path: Path, out: Path, seed: int = 0) -> None:
     print(f"{len(rows)} rows -> {out / 'sheet.csv'}")
 
 
+def verdicts_file(out: Path, spec: str) -> Path:
+    """Where ``spec``'s verdicts on a fresh sheet live (the name the blind sets' loader reads back)."""
+    return out / f"verdicts_{spec.replace(':', '_', 1)}.jsonl"
+
+
+def verdicts(out: Path, spec: str) -> Path:
+    """``spec``'s verdict on every sheet row, appended as each is known; rows already in the file are skipped."""
+    with open(out / "sheet.csv", newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    path = verdicts_file(out, spec)
+    done = {r["record_id"] for r in read_jsonl(path)} if path.is_file() else set()
+    todo = [JudgeInput(r["row"], r["query"], r["answer"], r["user_turn"]) for r in rows if r["row"] not in done]
+    judge = make_judge(spec)
+    from tqdm.auto import tqdm
+
+    with path.open("a", encoding="utf-8") as fh, tqdm(total=len(todo), desc=f"judge {spec}", unit="turn") as bar:
+        for rec in judge.label_many(todo):
+            fh.write(json.dumps({"record_id": rec.record_id, "genuine": bool(rec.genuine), "label": rec.label,
+                                 "judge": rec.judge}) + "\n")
+            fh.flush()
+            bar.update(1)
+    print(f"{len(done) + len(todo)} verdicts -> {path}")
+    return path
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -104,7 +135,13 @@ def main() -> int:
     s = sub.add_parser("sheet")
     s.add_argument("--plan", required=True, type=Path)
     s.add_argument("--out", required=True, type=Path)
+    v = sub.add_parser("verdicts")
+    v.add_argument("--out", required=True, type=Path)
+    v.add_argument("--judge", required=True, help="a judge spec, e.g. hybrid-voice:qwen2.5-coder-1.5b-instruct")
     a = p.parse_args()
+    if a.cmd == "verdicts":
+        verdicts(a.out.resolve(), a.judge)
+        return 0
     plan = a.plan.resolve()
     if a.cmd == "generate":
         generate(plan, a.model, a.dtype)

@@ -239,12 +239,7 @@ def _sheets(src: Source, d: Path) -> tuple[list[BlindTurn], list[BlindLabel], li
         if labdir.is_dir():
             for f in sorted(labdir.glob("*.csv")):
                 labels += _csv_labels(src, f, ids)
-        for f in sorted(sheet.parent.glob("verdicts_*.jsonl")):  # the study's judges, keyed by sheet row
-            spec = f.stem.removeprefix("verdicts_").replace("_", ":", 1)
-            for line in f.read_text(encoding="utf-8").splitlines():
-                r = json.loads(line) if line.strip() else None
-                if r and r.get("record_id") in ids:
-                    verdicts.append(JudgeVerdict(ids[r["record_id"]], judge_spec(spec), None, bool(r["genuine"]), f"{src.path}/{f.name}"))
+        verdicts += _row_verdicts(src, sheet.parent, ids, d)  # the study's judges, keyed by sheet row
     return turns, labels, verdicts
 
 
@@ -264,7 +259,22 @@ def _fresh(src: Source, d: Path) -> tuple[list[BlindTurn], list[BlindLabel], lis
     if (d / "labels").is_dir():
         for f in sorted((d / "labels").glob("*.csv")):
             labels += _csv_labels(src, f, ids)
-    return turns, labels, []
+    return turns, labels, _row_verdicts(src, d, ids)
+
+
+def _row_verdicts(src: Source, d: Path, ids: dict[str, str], root: Path | None = None) -> list[JudgeVerdict]:
+    """The committed verdicts beside a sheet in ``d`` (``verdicts_<kind>_<model>.jsonl``, one line per sheet row);
+    ``root`` is the source's folder (default ``d``), for the file's name in the verdict."""
+    root = root or d
+    out = []
+    for f in sorted(d.glob("verdicts_*.jsonl")):
+        spec = f.stem.removeprefix("verdicts_").replace("_", ":", 1)
+        for line in f.read_text(encoding="utf-8").splitlines():
+            r = json.loads(line) if line.strip() else None
+            if r and r.get("record_id") in ids:
+                out.append(JudgeVerdict(ids[r["record_id"]], judge_spec(spec), None, bool(r["genuine"]),
+                                        f"{src.path}/{f.relative_to(root).as_posix()}"))
+    return out
 
 
 _LOADERS = {"labelled_set": _labelled_set, "relabel": _relabel, "sheets": _sheets, "fresh": _fresh}

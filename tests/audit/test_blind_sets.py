@@ -186,3 +186,10 @@ def test_fresh_layout_holds_several_models_in_one_sheet(tmp_path):
     assert blind.turns["tr3"].dataset == "ifeval" and blind.turns["tr2"].turn == "Thanks"
     assert consensus(blind.labels_of("tr1"), "strict") is True and consensus(blind.labels_of("tr3"), "strict") is False
     assert consensus(blind.labels_of("tr3"), "lenient") is True
+    # a judge's committed verdicts beside the sheet, keyed by row, are read as that judge's (turn id, file named)
+    (d / "verdicts_hybrid-voice_m-judge.jsonl").write_text(
+        "".join(json.dumps({"record_id": r, "genuine": r == "r1"}) + "\n" for r in ("r1", "r2", "rX")))
+    blind = load_blind_sets(tmp_path, [Source("fresh", "fresh", "reports/judge_sets/fresh", "v2")])
+    assert sorted((v.turn_id, v.genuine) for v in blind.verdicts) == [("tr1", True), ("tr2", False)]
+    assert {v.judge for v in blind.verdicts} == {"hybrid-voice:m-judge"}
+    assert {v.where for v in blind.verdicts} == {"reports/judge_sets/fresh/verdicts_hybrid-voice_m-judge.jsonl"}

@@ -519,3 +519,20 @@ def test_part2_table_joins_labels_accuracy_costs_and_the_patching_profile(tmp_pa
     # part 1's outcome rule names part 1's arms: part 2 reports its own tests instead, and no comparison is NaN
     assert tab["study_outcome"] is None and "Pre-registered outcome" not in md and "+nan" not in md
     assert tab["arms"]["steer_post"]["strict"]["vs_control"]["n"] == 40
+
+
+def test_a_reused_part1_step_is_charged_what_it_cost_where_it_ran():
+    """The base arm's turns were made by part 1 (0 s in part 2's ledger): its cost is the source step's seconds,
+    plus its own accuracy answers."""
+    from mechprobe.study.interventions.summary import arm_steps, part2_summary
+
+    base = {"name": "base", "kind": "decode", "reuse": "part1"}
+    assert arm_steps(base) == ["part1:heldout_base", "accuracy_base"]
+    cell = {r: {"k": 1, "n": 10, "rate": 0.1, "lo": 0.0, "hi": 0.4} for r in ("strict", "lenient")}
+    cpu = "Some CPU, 2 cores, avx2"
+    steps = {"part1:heldout_base": {"seconds": 0.0, "cpu": cpu, "info": {"reused_from": "v2b", "source_seconds": 360.0}},
+             "accuracy_base": {"seconds": 600.0, "cpu": cpu}}
+    out = part2_summary({"arms": {"base": cell}}, [base], {"strict": {}, "lenient": {}}, control="c", floor="f",
+                        steps=steps)
+    assert out["rows"][0]["cost"] == {"steps": ["part1:heldout_base", "accuracy_base"], "missing": [], "wall_min": 16.0,
+                                      "core_min": 32.0}

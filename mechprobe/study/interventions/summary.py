@@ -36,7 +36,7 @@ def arm_steps(arm: ArmSpec, dpo_methods: Mapping[str, str] | None = None) -> lis
     """
     name, kind = arm["name"], arm.get("kind")
     if arm.get("reuse") == "part1":
-        return [f"{PART1}heldout_{name}"]
+        return [f"{PART1}heldout_{name}", *(["accuracy_base"] if name == "base" else [])]
     if kind == "adapter":
         ad = arm["adapter"]
         pre = ["dpo_pairs"] if (dpo_methods or {}).get(ad) == "dpo" else []
@@ -46,6 +46,14 @@ def arm_steps(arm: ArmSpec, dpo_methods: Mapping[str, str] | None = None) -> lis
     if kind == "patch":
         return ["patch", f"heldout_{name}"]
     return [f"heldout_{name}"]
+
+
+def _seconds(step: Mapping[str, Any]) -> float:
+    """A step's wall seconds; a step that reused another plan's output (0 s here) is charged what it cost there."""
+    info = step.get("info") or {}
+    if info.get("reused_from") and not float(step.get("seconds") or 0):
+        return float(info.get("source_seconds") or 0)
+    return float(step.get("seconds") or 0)
 
 
 def _cores(cpu: str) -> int:
@@ -104,8 +112,8 @@ def part2_summary(table: Mapping[str, Any], arms: Sequence[ArmSpec], outcomes: M
         row["accuracy"] = _acc_cell(acc[model], model) if model in acc else None
         own = arm_steps(arm, dpo_methods)
         have = [s for s in own if s in steps]
-        wall = sum(float(steps[s]["seconds"]) for s in have) / 60
-        core = sum(float(steps[s]["seconds"]) * _cores(str(steps[s].get("cpu", ""))) for s in have) / 60
+        wall = sum(_seconds(steps[s]) for s in have) / 60
+        core = sum(_seconds(steps[s]) * _cores(str(steps[s].get("cpu", ""))) for s in have) / 60
         row["cost"] = {"steps": own, "missing": [s for s in own if s not in steps], "wall_min": round(wall, 1),
                        "core_min": round(core, 1)}
         rows.append(row)

@@ -1,0 +1,46 @@
+"""scripts/judge_fresh_set.py ``verdicts``: a judge's verdict on every sheet row, written as judged, resumed
+without duplicates, and read back by the blind sets' loader as that judge's verdicts."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+from pathlib import Path
+
+from mechprobe.audit.blind_sets import Source, load_blind_sets
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "judge_fresh_set.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("judge_fresh_set", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_verdicts_cover_every_row_once_and_are_read_back(tmp_path):
+    d = tmp_path / "reports" / "judge_sets" / "fresh"
+    d.mkdir(parents=True)
+    rows = [("r1", "What is 12 * 7?", "12 * 7 = 84.", "Why 84 and not 74?"), ("r2", "Name a prime.", "Seven.", ""),
+            ("r3", "Write a haiku.", "Leaves fall...", "Write a limerick about cats.")]
+    with open(d / "sheet.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["row", "query", "answer", "user_turn"])
+        w.writerows(rows)
+    (d / "key.json").write_text(json.dumps({"rows": {r[0]: {"turn_id": f"t{r[0]}", "model": "m", "dataset": "gsm8k",
+                                                            "decoding": "greedy"} for r in rows}}))
+    mod = _script()
+    path = mod.verdicts(d, "offline-lexical")
+    first = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
+    assert sorted(r["record_id"] for r in first) == ["r1", "r2", "r3"]
+    lines = path.read_text(encoding="utf-8").splitlines()
+    path.write_text("\n".join(lines[:1]) + "\n", encoding="utf-8")  # interrupted after one row
+    mod.verdicts(d, "offline-lexical")
+    again = [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
+    assert sorted(r["record_id"] for r in again) == ["r1", "r2", "r3"]
+    assert {r["record_id"]: r["genuine"] for r in again} == {r["record_id"]: r["genuine"] for r in first}
+    blind = load_blind_sets(tmp_path, [Source("fresh", "fresh", "reports/judge_sets/fresh", "v2")])
+    assert {v.turn_id for v in blind.verdicts} == {"tr1", "tr2", "tr3"}
+    assert {v.judge for v in blind.verdicts} == {"offline-lexical"}
