@@ -14,7 +14,9 @@ over items), ``...<reading>.vs_base`` / ``.vs_floor`` / ``.vs_control`` (paired 
 over every row, item bootstrap), ``interventions.<study>.<arm>.<reading>.judge_kappa.<judge>`` (κ of a judge's
 verdict with the labellers' consensus on that arm's turns, no interval) and, where a study measured accuracy,
 ``interventions.<study>.accuracy.<model>`` (exact match over its ``accuracy/<model>.jsonl``, Clopper-Pearson) and
-``...accuracy.<model>.vs_base`` (paired item bootstrap with the plan's seed).
+``...accuracy.<model>.vs_base`` (paired item bootstrap with the plan's seed); a part-2 table adds its pooled tests
+(``interventions.<study>.part2.<reading>.sft_pooled.vs_base`` ...) and every arm's paired difference against the
+control SFT arm (``interventions.<study>.part2.<arm>.<reading>.vs_control``).
 """
 
 from __future__ import annotations
@@ -107,6 +109,16 @@ def _study(root: Path, folder: Path) -> tuple[list[Committed], list[str]]:
                 d, dc = t[vs], p2[reading][vs]
                 out.append((Value(f"{pre}.part2.{reading}.sft_pooled.{vs}", d["diff"], d["lo"], d["hi"], unit=PERCENT,
                                   how=RECOMPUTED, source=src, method="pooled seeds, item-clustered bootstrap",
+                                  signed=True, items=d["n"]), {"point": dc["diff"], "lo": dc["lo"], "hi": dc["hi"]},
+                            where))
+            oc = arm_outcomes(key["rows"], labs, reading)
+            for row in committed.get("part2_summary", {}).get("rows", []):
+                dc = row[reading].get("vs_control")
+                if dc is None:
+                    continue
+                d = paired_difference(oc.get(a["control"], {}), oc.get(row["arm"], {}), seed=int(a["seed"]))
+                out.append((Value(f"{pre}.part2.{row['arm']}.{reading}.vs_control", d["diff"], d["lo"], d["hi"],
+                                  unit=PERCENT, how=RECOMPUTED, source=src, method="paired item bootstrap",
                                   signed=True, items=d["n"]), {"point": dc["diff"], "lo": dc["lo"], "hi": dc["hi"]},
                             where))
     for reading, kap in tab.get("kappa_labellers", {}).items():
