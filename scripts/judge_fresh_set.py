@@ -64,6 +64,17 @@ def generate(plan_path: Path, models: list[str], dtype: str) -> None:
             print(f"{model} {ds}: {out}")
 
 
+def _one_row_per_turn(rows: list[dict]) -> list[dict]:
+    """One sheet row per distinct turn (the blind sets' id is the turn's content: a sample that wrote the greedy
+    turn's text again is the same turn); the key keeps every record that wrote it (``records``, ``decodings``)."""
+    by: dict[str, dict] = {}
+    for r in rows:
+        first = by.setdefault(r["turn_id"], {**r, "records": [], "decodings": []})
+        first["records"].append(r["record_id"])
+        first["decodings"].append(r["decoding"])
+    return list(by.values())
+
+
 def sheet(plan_path: Path, out: Path, seed: int = 0) -> None:
     plan = json.loads(plan_path.read_text(encoding="utf-8"))
     rows = []
@@ -82,6 +93,7 @@ def sheet(plan_path: Path, out: Path, seed: int = 0) -> None:
                 rows.append({"turn_id": tid, "model": model, "dataset": ds, "item_id": t["item_id"],
                              "decoding": t["decoding"], "record_id": t["record_id"], "query": a["prompt"],
                              "answer": a["response"], "turn": t["raw_text"]})
+    rows = _one_row_per_turn(rows)
     rows.sort(key=lambda r: r["turn_id"])
     random.Random(seed).shuffle(rows)
     out.mkdir(parents=True, exist_ok=True)
@@ -93,7 +105,8 @@ def sheet(plan_path: Path, out: Path, seed: int = 0) -> None:
         w.writerow(["row", "query", "answer", "user_turn"])
         for r in rows:
             k = "r" + hashlib.sha256(f"fresh|{r['turn_id']}".encode()).hexdigest()[:10]
-            key["rows"][k] = {x: r[x] for x in ("turn_id", "model", "dataset", "item_id", "decoding", "record_id")}
+            key["rows"][k] = {x: r[x] for x in ("turn_id", "model", "dataset", "item_id", "decoding", "record_id",
+                                                "records", "decodings")}
             w.writerow([k, r["query"], r["answer"], r["turn"]])
     (out / "key.json").write_text(json.dumps(key, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     shutil.copyfile(codebook_path(), out / "codebook_as_labelled.md")

@@ -44,3 +44,14 @@ def test_verdicts_cover_every_row_once_and_are_read_back(tmp_path):
     blind = load_blind_sets(tmp_path, [Source("fresh", "fresh", "reports/judge_sets/fresh", "v2")])
     assert {v.turn_id for v in blind.verdicts} == {"tr1", "tr2", "tr3"}
     assert {v.judge for v in blind.verdicts} == {"offline-lexical"}
+
+
+def test_a_turn_written_twice_is_one_sheet_row_that_keeps_both_records():
+    mod = _script()
+    rows = [{"turn_id": "t1", "record_id": "a|greedy", "decoding": "greedy"},
+            {"turn_id": "t1", "record_id": "a|sample|s0", "decoding": "sample"},
+            {"turn_id": "t2", "record_id": "a|sample|s1", "decoding": "sample"}]
+    got = {r["turn_id"]: r for r in mod._one_row_per_turn(rows)}
+    assert list(got) == ["t1", "t2"]
+    assert got["t1"]["records"] == ["a|greedy", "a|sample|s0"] and got["t1"]["decoding"] == "greedy"
+    assert got["t1"]["decodings"] == ["greedy", "sample"]
