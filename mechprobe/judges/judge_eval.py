@@ -385,7 +385,7 @@ def run_judge_eval(cfg: JudgeEvalConfig, progress: Callable[[str], None] | None 
     speed_path = out / "speed.jsonl"
     if cfg.speed_turns > 0:
         sample = [inputs[t] for t in tids if split_of_item(blind.turns[t].item) == "test"][:cfg.speed_turns + 1]
-        rows_s = measure_speed(cfg.speed_judges, sample, make_judge, cpu_description(),
+        rows_s = measure_speed(cfg.speed_judges, sample, _uncached_judge, cpu_description(),
                                note=f"{len(sample) - 1} test turns after 1 warm-up; load average "
                                     f"{os.getloadavg()[0]:.1f} at start")
         with speed_path.open("a", encoding="utf-8") as fh:
@@ -491,6 +491,12 @@ def cpu_description() -> str:
         name += f" ({'/'.join(extra)})" if extra else ""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return f"{name}, {cores} cores"
+
+
+def _uncached_judge(spec: str) -> Any:
+    """The judge ``spec`` names without its verdict cache: a timed turn the cache already holds costs nothing,
+    so a timing with the cache on measures the cache (an LLM judge read 7.5 turns/s from it on turns judged before)."""
+    return make_judge(spec, cache_dir=False)
 
 
 def measure_speed(specs: Sequence[str], inputs: Sequence[JudgeInput], make: Callable[[str], Any],
