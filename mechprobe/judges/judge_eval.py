@@ -23,8 +23,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,12 +45,12 @@ from mechprobe.audit.readings import READINGS
 from mechprobe.errors import UsageError
 from mechprobe.io import write_json
 from mechprobe.judges.base import JudgeInput, load_judge_model
-from mechprobe.judges.factory import make_judge
 from mechprobe.judges.hidden import hidden_head_proba
 from mechprobe.judges.hidden import load_weights as hidden_load_weights
 from mechprobe.judges.hidden import weights_path as hidden_weights_path
 from mechprobe.judges.hidden_fit import cached_hidden_features, fit_hidden_heads
 from mechprobe.judges.offline import Embedder, OfflineJudge
+from mechprobe.judges.speed import cpu_description, measure_speed
 from mechprobe.judges.textfit import (
     DEFAULT_WEIGHTS,
     HEADS,
@@ -71,7 +69,7 @@ from mechprobe.taxonomy import GENUINE
 
 __all__ = ["JudgeEvalConfig", "JudgeEvalResult", "run_judge_eval", "fit_heads", "judge_inputs", "cached_features",
            "HARD_NEGATIVE_ARMS", "TEXTFIT", "OFFLINE", "fit_rounds", "archive_weights",
-           "archived_weights", "judge_table_markdown", "measure_speed", "cpu_description"]
+           "archived_weights", "judge_table_markdown"]
 
 TEXTFIT, OFFLINE = "textfit", "offline"
 HARD_NEGATIVE_ARMS = frozenset({"answer_removed"})
@@ -385,7 +383,7 @@ def run_judge_eval(cfg: JudgeEvalConfig, progress: Callable[[str], None] | None 
     speed_path = out / "speed.jsonl"
     if cfg.speed_turns > 0:
         sample = [inputs[t] for t in tids if split_of_item(blind.turns[t].item) == "test"][:cfg.speed_turns + 1]
-        rows_s = measure_speed(cfg.speed_judges, sample, _uncached_judge, cpu_description(),
+        rows_s = measure_speed(cfg.speed_judges, sample, cpu=cpu_description(),
                                note=f"{len(sample) - 1} test turns after 1 warm-up; load average "
                                     f"{os.getloadavg()[0]:.1f} at start")
         with speed_path.open("a", encoding="utf-8") as fh:
@@ -477,40 +475,3 @@ def fit_rounds(path: Path, w: dict[str, Any], blind: BlindSets, record: bool) ->
                               "rule": "per fit: the test items no earlier fit's test held (scored once by that fit)",
                               "rounds": rounds})
     return rounds
-
-
-def cpu_description() -> str:
-    """The CPU's model name and the cores this process may use (for every speed row: a time names its CPU)."""
-    name = platform.processor() or "unknown CPU"
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
-        name = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), name)
-        flags = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-        extra = [f for f in ("amx_bf16", "avx512_bf16") if f" {f}" in flags]
-        name += f" ({'/'.join(extra)})" if extra else ""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return f"{name}, {cores} cores"
-
-
-def _uncached_judge(spec: str) -> Any:
-    """The judge ``spec`` names without its verdict cache: a timed turn the cache already holds costs nothing,
-    so a timing with the cache on measures the cache (an LLM judge read 7.5 turns/s from it on turns judged before)."""
-    return make_judge(spec, cache_dir=False)
-
-
-def measure_speed(specs: Sequence[str], inputs: Sequence[JudgeInput], make: Callable[[str], Any],
-                  cpu: str, note: str = "") -> list[dict[str, Any]]:
-    """Turns per second of each judge spec on the same ``inputs`` (one after another, in this process)."""
-    rows = []
-    warm, timed = list(inputs[:1]), list(inputs[1:])
-    for spec in specs:
-        judge = make(spec)
-        list(judge.label_many(warm))  # loads what the judge loads lazily (the encoder, the LM's prefix cache)
-        t0 = time.perf_counter()
-        n = sum(1 for _ in judge.label_many(timed))
-        dt = time.perf_counter() - t0
-        rows.append({"judge": spec, "turns": n, "seconds": round(dt, 2), "turns_per_s": round(n / dt, 3),
-                     "cpu": cpu, "note": note})
-    return rows
-

@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 from mechprobe.audit import load_sample
 from mechprobe.cli.audit import run
+from tests.script_loader import load_script
 
 from .run_fixture import build_run
 from .test_roundtrip import _ns
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "steer_audit_table.py"
-
 
 def _script():
-    spec = importlib.util.spec_from_file_location("steer_audit_table", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("scripts/steer_audit_table.py")
 
 
 def test_dose_response_table_from_an_audit_by_condition_and_decoding(tmp_path):

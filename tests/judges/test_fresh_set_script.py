@@ -4,20 +4,14 @@ without duplicates, and read back by the blind sets' loader as that judge's verd
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
-from pathlib import Path
 
 from mechprobe.audit.blind_sets import Source, load_blind_sets
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "judge_fresh_set.py"
+from tests.script_loader import load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("judge_fresh_set", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("scripts/judge_fresh_set.py")
 
 
 def test_verdicts_cover_every_row_once_and_are_read_back(tmp_path):

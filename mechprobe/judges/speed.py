@@ -1,0 +1,68 @@
+"""How fast a judge labels turns on this machine, and the CPU every timing names.
+
+Why a module of its own: ``judges evaluate --speed`` times several judges on the same turns, one after another in
+one process, and every speed row must say which CPU it ran on; the timing must also bypass verdict caches, or it
+measures the cache.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from mechprobe.judges.base import JudgeInput
+from mechprobe.judges.factory import make_judge
+
+__all__ = ["cpu_description", "uncached_judge", "measure_speed"]
+
+
+def cpu_description() -> str:
+    """The CPU's model name and the cores this process may use (for every speed row: a time names its CPU)."""
+    name = platform.processor() or "unknown CPU"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+        name = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), name)
+        flags = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+        extra = [f for f in ("amx_bf16", "avx512_bf16") if f" {f}" in flags]
+        name += f" ({'/'.join(extra)})" if extra else ""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return f"{name}, {cores} cores"
+
+
+def uncached_judge(spec: str) -> Any:
+    """The judge ``spec`` names without its verdict cache: a timed turn the cache already holds costs nothing,
+    so a timing with the cache on measures the cache (an LLM judge read 7.5 turns/s from it on turns judged before)."""
+    return make_judge(spec, cache_dir=False)
+
+
+def measure_speed(specs: Sequence[str], inputs: Sequence[JudgeInput],
+                  make: Callable[[str], Any] = uncached_judge, cpu: str = "", note: str = "") -> list[dict[str, Any]]:
+    """Turns per second of each judge spec on the same ``inputs`` (one after another, in this process).
+
+    Args:
+        specs: judge specs to time.
+        inputs: the turns; the first warms each judge up (lazy loads) and is not timed.
+        make: builds a judge from a spec (default: without its verdict cache).
+        cpu: the CPU the rows name (default: :func:`cpu_description`).
+        note: a free-text note copied into every row (the load, what ran beside).
+    Returns:
+        One row per spec: judge, turns, seconds, turns_per_s, cpu, note.
+    """
+    cpu = cpu or cpu_description()
+    rows = []
+    warm, timed = list(inputs[:1]), list(inputs[1:])
+    for spec in specs:
+        judge = make(spec)
+        list(judge.label_many(warm))  # loads what the judge loads lazily (the encoder, the LM's prefix cache)
+        t0 = time.perf_counter()
+        n = sum(1 for _ in judge.label_many(timed))
+        dt = time.perf_counter() - t0
+        rows.append({"judge": spec, "turns": n, "seconds": round(dt, 2), "turns_per_s": round(n / dt, 3),
+                     "cpu": cpu, "note": note})
+    return rows
+

@@ -1,0 +1,34 @@
+"""Judge timing: every timed turn is labelled, the warm-up is not timed, and judges are built without their
+verdict cache (a cached verdict costs nothing, so a timing with the cache on measures the cache)."""
+
+from __future__ import annotations
+
+from mechprobe.judges import speed
+from mechprobe.judges.base import JudgeInput
+from mechprobe.records import LabelRecord
+
+
+class _Counting:
+    def __init__(self):
+        self.seen = []
+
+    def label_many(self, inputs):
+        for inp in inputs:
+            self.seen.append(inp.record_id)
+            yield LabelRecord(record_id=inp.record_id, label="new_query", genuine=False, rationale="", judge="c")
+
+
+def test_speed_times_all_but_the_warm_up_turn_and_names_the_cpu():
+    judges = {}
+    inputs = [JudgeInput(f"r{i}", "q", "a", "t") for i in range(4)]
+    rows = speed.measure_speed(["a", "b"], inputs, make=lambda s: judges.setdefault(s, _Counting()), note="x")
+    assert [r["judge"] for r in rows] == ["a", "b"] and all(r["turns"] == 3 for r in rows)
+    assert judges["a"].seen == ["r0", "r1", "r2", "r3"]
+    assert rows[0]["cpu"] == speed.cpu_description() and " cores" in rows[0]["cpu"] and rows[0]["note"] == "x"
+
+
+def test_judges_are_timed_without_their_verdict_cache(monkeypatch):
+    built = []
+    monkeypatch.setattr(speed, "make_judge", lambda spec, **kw: built.append((spec, kw)) or _Counting())
+    speed.measure_speed(["hybrid-voice:m"], [JudgeInput("r0", "q", "a", "t"), JudgeInput("r1", "q", "a", "t")])
+    assert built == [("hybrid-voice:m", {"cache_dir": False})]
