@@ -46,9 +46,18 @@ def _runs(plan_path: Path) -> Path:
     return ROOT / "runs" / "judge_fresh" / plan_path.stem
 
 
+def plan_items(plan: dict, model: str) -> dict[str, list[str]]:
+    """The model's items per dataset: a version-2 plan lists them per model, a version-1 plan once for all."""
+    if "items_per_model" in plan:
+        if model not in plan["items_per_model"]:
+            raise SystemExit(f"the plan has no items for {model}; models: {', '.join(plan['items_per_model'])}")
+        return plan["items_per_model"][model]
+    return plan["items"]
+
+
 def _config(plan: dict, model: str, dataset: str, dtype: str) -> ProbeConfig:
     g = plan["generation"]
-    return ProbeConfig(model=model, dataset=dataset, limit=None, temperatures=[0.0, 1.0], samples=3,
+    return ProbeConfig(model=model, dataset=dataset, limit=None, temperatures=[0.0, 1.0], samples=int(g.get("samples", 3)),
                        max_assistant_tokens=int(g["max_assistant_tokens"]), max_user_tokens=int(g["max_user_tokens"]),
                        dtype=dtype)
 
@@ -57,7 +66,7 @@ def generate(plan_path: Path, models: list[str], dtype: str) -> None:
     plan = json.loads(plan_path.read_text(encoding="utf-8"))
     for model in models or plan["models"]:
         lm = load_model(model, dtype=dtype)
-        for ds, ids in plan["items"].items():
+        for ds, ids in plan_items(plan, model).items():
             rows = {it.item_id: it for it in load_dataset(ds).items}
             out = _runs(plan_path) / f"{model}-{ds}"
             run_probe(_config(plan, model, ds, dtype), out, lm=lm, items=[rows[i] for i in ids])
@@ -79,7 +88,7 @@ def sheet(plan_path: Path, out: Path, seed: int = 0) -> None:
     plan = json.loads(plan_path.read_text(encoding="utf-8"))
     rows = []
     for model in plan["models"]:
-        for ds, ids in plan["items"].items():
+        for ds, ids in plan_items(plan, model).items():
             run = _runs(plan_path) / f"{model}-{ds}"
             answers = {r["item_id"]: r for r in read_jsonl(run / "assistant.jsonl")}
             turns = list(read_jsonl(run / "user_turns.jsonl"))
