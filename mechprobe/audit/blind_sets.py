@@ -87,13 +87,18 @@ class JudgeVerdict:
 
 @dataclass(frozen=True)
 class Source:
-    """One committed labelled set: ``kind`` names its layout, ``path`` its folder (relative to the repo)."""
+    """One committed labelled set: ``kind`` names its layout, ``path`` its folder (relative to the repo).
+
+    ``fit``: whether a judge fit may read it. False marks a pre-registered test set: the pool protocol
+    (:mod:`mechprobe.judges.hidden_cv`) never reads its turns nor any turn of its items, and the split protocols
+    never see it because all its items are test-split."""
 
     name: str
     kind: str  # "labelled_set" | "relabel" | "sheets" | "fresh"
     path: str
     codebook: str
     model: str = ""  # for layouts whose files do not name the subject model
+    fit: bool = True
 
 
 SOURCES: tuple[Source, ...] = (
@@ -109,6 +114,7 @@ SOURCES: tuple[Source, ...] = (
     Source("interventions_v3b_heldout", "sheets", "reports/interventions/interventions-0.5b-v3b/heldout", "v2",
            "qwen2.5-coder-0.5b-instruct"),
     Source("judge_fresh_test_v1", "fresh", "reports/judge_sets/fresh_test_v1", "v2"),
+    Source("judge_fresh_test_v2", "fresh", "reports/judge_sets/fresh_test_v2", "v2", fit=False),
 )
 
 

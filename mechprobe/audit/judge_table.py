@@ -26,7 +26,7 @@ from .agreement import kappa_with_ci
 from .blind_sets import BlindSets, JudgeVerdict, consensus, split_of_item
 from .readings import READINGS
 
-__all__ = ["VERDICTS_FILE", "ROUNDS_FILE", "read_verdicts", "read_all_verdicts", "hidden_verdicts_file", "judge_table", "cell_key", "model_short", "round_group",
+__all__ = ["VERDICTS_FILE", "ROUNDS_FILE", "read_verdicts", "read_all_verdicts", "hidden_verdicts_file", "hidden_judge_name", "judge_table", "cell_key", "model_short", "round_group",
            "round_groups"]
 
 VERDICTS_FILE = "reports/judge/verdicts.jsonl"
@@ -65,10 +65,23 @@ def round_groups(path: str | Path) -> dict[str, set[str]]:
                          "command with fit=True or restore it from git") from None
 
 
-def hidden_verdicts_file(reader: str) -> str:
-    """Where the hidden-state judge's verdicts for ``reader`` are committed (beside ``VERDICTS_FILE``): written
-    only when its reader runs (``judges evaluate --hidden MODEL``), read by every later table without it."""
-    return str(Path(VERDICTS_FILE).with_name(f"verdicts_hidden_{reader}.jsonl"))
+FIRST_HIDDEN_VERSION = "hidden-v1"
+
+
+def hidden_judge_name(reader: str, version: str = FIRST_HIDDEN_VERSION) -> str:
+    """The table's name of the hidden-state judge fit with ``reader`` at weights ``version``: ``hidden:READER`` for
+    the first fit (the name its committed cells carry), ``hidden:READER@VERSION`` for every later one, so a refit
+    with the same reader is a judge of its own beside the earlier one."""
+    return f"hidden:{reader}" if version == FIRST_HIDDEN_VERSION else f"hidden:{reader}@{version}"
+
+
+def hidden_verdicts_file(reader: str, version: str = FIRST_HIDDEN_VERSION) -> str:
+    """Where the hidden-state judge's verdicts for ``reader`` (weights ``version``) are committed (beside
+    ``VERDICTS_FILE``): written only when its reader runs (``judges evaluate --hidden MODEL``), read by every
+    later table without it. One file per version: a refit never overwrites the verdicts an earlier fit's
+    committed cells were computed from."""
+    tail = "" if version == FIRST_HIDDEN_VERSION else f"@{version}"
+    return str(Path(VERDICTS_FILE).with_name(f"verdicts_hidden_{reader}{tail}.jsonl"))
 
 
 def read_all_verdicts(root: str | Path) -> list[JudgeVerdict]:

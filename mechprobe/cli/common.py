@@ -19,6 +19,7 @@ from typing import Any
 
 from mechprobe.errors import UsageError, UserError
 from mechprobe.judges.factory import judge_help
+from mechprobe.judges.registry import BEST_JUDGE
 
 EXIT_CODES = """exit codes:
   0  ok
@@ -215,7 +216,7 @@ def batch_size_arg(v: str) -> int | None:
 JUDGE_HELP = (f"{judge_help()} | auto (default). "
               "auto: openai:$MECHPROBE_JUDGE_MODEL when set; else the judge that already labelled the run; else "
               "offline for the embedded default model; else the best-validated judge this machine can run "
-              "(hybrid-voice on the 1.5B Qwen when fetched, else offline)")
+              f"({BEST_JUDGE}, the hidden-state judge, when its reader is fetched, else offline)")
 """``--judge``'s help: every registered judge kind (:mod:`mechprobe.judges.kinds`), then what ``auto`` means."""
 DTYPES = ("float32", "bfloat16", "float16")
 

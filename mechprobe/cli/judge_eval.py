@@ -5,6 +5,8 @@ confusion, the positive rate each judge implies beside the labellers'), from com
     mechprobe judges evaluate --fit        # refit the textfit judge: train items fit, dev items choose
     mechprobe judges evaluate --speed 20   # also time textfit and the research default on 20 test turns
     mechprobe judges evaluate --hidden qwen2.5-coder-0.5b-instruct --fit-hidden   # fit the hidden-state judge
+    mechprobe judges evaluate --hidden qwen2.5-coder-0.5b-instruct --fit-hidden --hidden-protocol pool
+                                           # ... choosing by item-grouped CV over every labelled item but the tests
 
 `mechprobe judge-eval` is the same command (its older name).
 
@@ -49,6 +51,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="(re)fit the hidden-state judge's heads on --hidden's reader: train items fit, dev choose")
     p.add_argument("--hidden-layers", nargs="+", type=int, default=list(d["hidden_layers"]), metavar="L",
                    help="residual indices --fit-hidden tries (default: every 4th from the middle layer to the last)")
+    p.add_argument("--hidden-protocol", default=d["hidden_protocol"], choices=["split", "pool"],
+                   help="how --fit-hidden chooses: split (train items fit, dev items choose) or pool (item-grouped "
+                        "cross-validation over every labelled item outside the held-out fresh test sets)")
 
 
 def run(a: argparse.Namespace) -> int:
@@ -60,7 +65,7 @@ def run(a: argparse.Namespace) -> int:
     cfg = JudgeEvalConfig(root=a.root, out=a.out, fit=a.fit, weights=a.weights, cache=a.cache,
                           splits=tuple(a.splits), n_boot=a.n_boot, speed_turns=a.speed,
                           speed_judges=tuple(a.speed_judges), hidden=a.hidden, fit_hidden=a.fit_hidden,
-                          hidden_layers=tuple(a.hidden_layers))
+                          hidden_layers=tuple(a.hidden_layers), hidden_protocol=a.hidden_protocol)
     res = run_judge_eval(cfg)
     print(res.markdown)
     print("wrote " + ", ".join(str(p) for p in res.written))

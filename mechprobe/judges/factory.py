@@ -65,10 +65,11 @@ def _kind_or_none(spec: str | None) -> str | None:
 
 
 def best_judge() -> str:
-    """The best-validated judge this machine can run (docs/judge_agreement.md): the hybrid judge with the voice check
-    on the 1.5B model when that model is fetched, else the offline rules (reports name whichever labelled them).
+    """The best-validated judge this machine can run (:data:`~mechprobe.judges.registry.BEST_JUDGE`, the
+    hidden-state judge read by the 0.5B Qwen) when its model is fetched, else the offline rules (reports name
+    whichever labelled them).
 
-    Why a function, not a constant: a fresh machine without the 1.5B weights must still run every entry point."""
+    Why a function, not a constant: a fresh machine without the reader's weights must still run every entry point."""
     why = model_unavailable(BEST_JUDGE.split(":", 1)[1])
     if why:
         print(f"judge: {OFFLINE_JUDGE} ({BEST_JUDGE} needs the model: {why})", file=sys.stderr)

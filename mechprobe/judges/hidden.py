@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,8 +35,9 @@ from tqdm.auto import tqdm
 from mechprobe.errors import UsageError
 from mechprobe.judges.base import JudgeInput, load_judge_model
 from mechprobe.judges.offline import OfflineJudge
-from mechprobe.lm.forward import get_blocks
-from mechprobe.lm.generation import batches_by_length
+from mechprobe.lm.forward import get_blocks, kv_kw
+from mechprobe.lm.generation import batches_by_length, input_device, left_pad
+from mechprobe.lm.kv import KV, assemble, continuation_inputs, reuse_problem, take_row
 from mechprobe.records import LabelRecord
 from mechprobe.taxonomy import GENUINE, is_genuine
 
@@ -95,8 +96,8 @@ def reader_prompt(tok: Any, inp: JudgeInput, max_answer_tokens: int = MAX_ANSWER
 
 def hidden_features(lm: Any, inputs: Sequence[JudgeInput], layers: Sequence[int], *, batch_size: int = 8,
                     token_budget: int = 8192, progress: bool = False,
-                    on_batch: Callable[[list[str], dict[int, np.ndarray]], None] | None = None
-                    ) -> dict[int, np.ndarray]:
+                    on_batch: Callable[[list[str], dict[int, np.ndarray]], None] | None = None,
+                    share_prefix: bool = True) -> dict[int, np.ndarray]:
     """Per residual index in ``layers``, one row per input: [last-token residual, mean residual over the turn]
     (float32, ``2 x d_model`` columns), in ``inputs`` order.
 
@@ -108,15 +109,28 @@ def hidden_features(lm: Any, inputs: Sequence[JudgeInput], layers: Sequence[int]
         progress: a progress bar over turns.
         on_batch: called after each batch with its record ids and rows (a caller that stores features as they
             come loses nothing to an interruption).
+        share_prefix: read each conversation once for all its turns (default): the reader's prompt is the
+            question, the query and the answer, then the turn, so the turns of one answer (greedy and samples,
+            the arms of a study) share everything before the turn; its keys and values are computed once and
+            each turn prefills only itself and the closing question. The same numbers up to floating-point
+            rounding (tested against ``share_prefix=False``).
     Returns:
         ``{layer: array [len(inputs), 2 * d_model]}``.
     """
     prompts = [reader_prompt(lm.tokenizer, i) for i in inputs]
     out: dict[int, list[np.ndarray | None]] = {r: [None] * len(inputs) for r in layers}
     bar = tqdm(total=len(inputs), desc="reader hidden states", unit="turn", disable=not progress)
-    for batch in batches_by_length([len(p.ids) for p in prompts], batch_size, token_budget):
-        ids = [prompts[i].ids for i in batch]
-        got = _residuals(lm.model, ids, [prompts[i].turn_span for i in batch], list(layers))
+    batches: Iterable[tuple[list[int], list[tuple[int, KV]] | None]]
+    if share_prefix and max(layers, default=0) > 0 and reuse_problem(lm.model) is None:
+        batches = _prefix_batches(lm.model, prompts, max(layers), batch_size, token_budget)
+    else:
+        batches = [(b, None) for b in batches_by_length([len(p.ids) for p in prompts], batch_size, token_budget)]
+    for batch, kvs in batches:
+        if kvs is None:
+            got = _residuals(lm.model, [prompts[i].ids for i in batch], [prompts[i].turn_span for i in batch],
+                             list(layers))
+        else:
+            got = _tail_residuals(lm.model, [prompts[i] for i in batch], kvs, list(layers))
         rows = {r: got[r].cpu().numpy() for r in layers}
         for r in layers:
             for j, i in enumerate(batch):
@@ -127,6 +141,91 @@ def hidden_features(lm: Any, inputs: Sequence[JudgeInput], layers: Sequence[int]
     bar.close()
     return {r: np.stack([x for x in v if x is not None]) if inputs else np.zeros((0, 0), np.float32)
             for r, v in out.items()}
+
+
+def _prefix_batches(model: Any, prompts: Sequence[ReaderPrompt], deepest: int, batch_size: int, token_budget: int
+                    ) -> Iterator[tuple[list[int], list[tuple[int, KV]]]]:
+    """Turn batches that continue shared conversation prefixes: per batch its turn indices and, per turn, its
+    prefix's (length, KV). Prefixes (everything before the turn) are grouped, computed a batch of groups at a
+    time (only the blocks below ``deepest`` run), and their turns follow before the next group batch."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(tuple(p.ids[:p.turn_span[0]]), []).append(i)
+    keys = list(groups)
+    for gb in batches_by_length([len(k) for k in keys], batch_size, token_budget):
+        kvs = _prefix_kv(model, [list(keys[g]) for g in gb], deepest)
+        rows = [(i, j) for j, g in enumerate(gb) for i in groups[keys[g]]]
+        tails = [len(prompts[i].ids) - prompts[i].turn_span[0] for i, _ in rows]
+        for tb in batches_by_length(tails, batch_size, token_budget):
+            yield [rows[t][0] for t in tb], [(len(keys[gb[rows[t][1]]]), kvs[rows[t][1]]) for t in tb]
+
+
+@torch.inference_mode()
+def _prefix_kv(model: Any, prefixes: list[list[int]], deepest: int) -> list[KV]:
+    """Each prefix's keys and values in the blocks below residual ``deepest`` (one left-padded forward that stops
+    there; the blocks above it are never read)."""
+    blocks = get_blocks(model)
+    dev = input_device(model)
+    from transformers import DynamicCache  # lazy: slow import, model paths only
+
+    ids, mask, pos = left_pad(prefixes, 0, dev)
+    cache = DynamicCache()
+    h = blocks[deepest - 1].register_forward_hook(_stop)
+    try:
+        model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+              **kv_kw(model, cache))
+    except _Enough:
+        pass
+    finally:
+        h.remove()
+    return [take_row(cache, r, mask[r].nonzero().flatten())[:deepest] for r in range(len(prefixes))]
+
+
+def _stop(_m: Any, _i: Any, _o: Any) -> None:
+    raise _Enough
+
+
+@torch.inference_mode()
+def _tail_residuals(model: Any, prompts: list[ReaderPrompt], kvs: list[tuple[int, KV]], layers: list[int]
+                    ) -> dict[int, torch.Tensor]:
+    """:func:`_residuals` of whole prompts, computing only each prompt's tail (the turn and the closing question)
+    on its reused prefix: the tails are right-aligned after their prefixes (``continuation_inputs``), so every
+    row's last position is its prompt's last token."""
+    blocks = get_blocks(model)
+    dev = input_device(model)
+    cache, width = assemble([kv for _, kv in kvs], [n for n, _ in kvs], dev)
+    tails = [p.ids[n:] for p, (n, _) in zip(prompts, kvs)]
+    ids, mask, pos = continuation_inputs(tails, [n for n, _ in kvs], width, 0, dev)
+    t = ids.shape[1]
+    seen: dict[int, torch.Tensor] = {}
+    deepest = max(layers)
+
+    def keep(r: int) -> Callable[..., None]:
+        def hook(_m: Any, _i: Any, out: Any) -> None:
+            seen[r] = out if isinstance(out, torch.Tensor) else out[0]
+            if r == deepest:
+                raise _Enough
+        return hook
+
+    handles = [(model.get_input_embeddings() if r == 0 else blocks[r - 1]).register_forward_hook(keep(r))
+               for r in layers]
+    try:
+        model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+              **kv_kw(model, cache))
+    except _Enough:
+        pass
+    finally:
+        for h in handles:
+            h.remove()
+    ar = torch.arange(t, device=dev)
+    s = torch.tensor([t - len(x) + (p.turn_span[0] - n) for x, p, (n, _) in zip(tails, prompts, kvs)], device=dev)
+    e = torch.tensor([t - len(x) + (p.turn_span[1] - n) for x, p, (n, _) in zip(tails, prompts, kvs)], device=dev)
+    m = ((ar[None] >= s[:, None]) & (ar[None] < e[:, None])).float()
+    out = {}
+    for r in layers:
+        h = seen[r].float()
+        out[r] = torch.cat([h[:, -1], torch.einsum("btd,bt->bd", h, m) / m.sum(1, keepdim=True)], dim=-1)
+    return out
 
 
 class _Enough(Exception):

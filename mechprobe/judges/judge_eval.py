@@ -34,8 +34,10 @@ from sklearn.metrics import cohen_kappa_score
 
 from mechprobe.audit.blind_sets import BlindSets, JudgeVerdict, consensus, load_blind_sets, split_of_item
 from mechprobe.audit.judge_table import (
+    FIRST_HIDDEN_VERSION,
     ROUNDS_FILE,
     VERDICTS_FILE,
+    hidden_judge_name,
     hidden_verdicts_file,
     judge_table,
     read_all_verdicts,
@@ -48,6 +50,7 @@ from mechprobe.judges.base import JudgeInput, load_judge_model
 from mechprobe.judges.hidden import hidden_head_proba
 from mechprobe.judges.hidden import load_weights as hidden_load_weights
 from mechprobe.judges.hidden import weights_path as hidden_weights_path
+from mechprobe.judges.hidden_cv import fit_hidden_heads_cv, pool_turns
 from mechprobe.judges.hidden_fit import cached_hidden_features, fit_hidden_heads
 from mechprobe.judges.offline import Embedder, OfflineJudge
 from mechprobe.judges.speed import cpu_description, measure_speed
@@ -77,6 +80,7 @@ FEATURE_SETS: dict[str, tuple[str, ...]] = {"rules+lexical": TEXT_FEATURES, "rul
 C_GRID = (0.01, 0.03, 0.1, 0.3, 1.0)
 THRESHOLDS = tuple(round(0.05 * i, 2) for i in range(2, 19))
 VERSION = "textfit-v2"
+HIDDEN_PROTOCOLS = ("split", "pool")
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,9 @@ class JudgeEvalConfig:
             verdicts committed in their own file (``verdicts_hidden_<reader>.jsonl``) that later runs read.
         fit_hidden: (re)fit that judge's heads (train items fit, dev items choose) and write its weights.
         hidden_layers: the residual indices a fit tries; empty = every fourth layer from the middle to the last.
+        hidden_protocol: how a hidden fit chooses: ``split`` (train items fit, dev items choose; ``hidden-v1``) or
+            ``pool`` (item-grouped cross-validation over every labelled item outside the held-out test sets;
+            ``hidden-v2``, :mod:`mechprobe.judges.hidden_cv`).
     """
 
     root: str = "."
@@ -112,6 +119,7 @@ class JudgeEvalConfig:
     hidden: str | None = None
     fit_hidden: bool = False
     hidden_layers: tuple[int, ...] = ()
+    hidden_protocol: str = "split"
 
 
 @dataclass
@@ -401,8 +409,14 @@ def run_judge_eval(cfg: JudgeEvalConfig, progress: Callable[[str], None] | None 
 
 def _hidden_judge(cfg: JudgeEvalConfig, root: Path, blind: BlindSets, inputs: dict[str, JudgeInput],
                   rounds: list[dict[str, Any]]) -> tuple[Path, list[dict[str, Any]], list[dict[str, Any]]]:
-    """Fit (``fit_hidden``) or load the hidden-state judge read by ``cfg.hidden``, write its verdicts on every
-    labelled turn to its own committed file, and record its fit's round of fresh test items."""
+    """Fit (``fit_hidden``) or load the hidden-state judge read by ``cfg.hidden``, write its verdicts to its own
+    committed file (one per weights version), and record its fit's round of fresh test items.
+
+    Verdicts: on every labelled turn for a ``split`` fit (its cells on train and dev items are what it was fit and
+    chosen on, and the table says which split a cell is); on the turns outside its pool only for a ``pool`` fit,
+    which was fit on test-split items too (:func:`~mechprobe.judges.hidden_cv.pool_turns`)."""
+    if cfg.hidden_protocol not in HIDDEN_PROTOCOLS:
+        raise UsageError(f"hidden protocol {cfg.hidden_protocol!r}: use one of {', '.join(HIDDEN_PROTOCOLS)}")
     lm = load_judge_model(str(cfg.hidden))
     wpath = hidden_weights_path(lm.name, root / "mechprobe" / "data")
     selection: list[dict[str, Any]] = []
@@ -413,22 +427,30 @@ def _hidden_judge(cfg: JudgeEvalConfig, root: Path, blind: BlindSets, inputs: di
         if wpath.is_file():
             old = hidden_load_weights(wpath)
             write_json(root / cfg.out / WEIGHTS_ARCHIVE / f"hidden_{lm.name}_{old['version']}.json", old)
-        hw, selection = fit_hidden_heads(blind, feats, lm.name)
+        if cfg.hidden_protocol == "pool":
+            hw, selection = fit_hidden_heads_cv(blind, feats, lm.name)
+        else:
+            hw, selection = fit_hidden_heads(blind, feats, lm.name)
         write_json(wpath, hw)
-        write_json(root / cfg.out / f"selection_hidden_{lm.name}.json", {"candidates": selection})
+        tail = "" if hw["version"] == FIRST_HIDDEN_VERSION else f"@{hw['version']}"
+        write_json(root / cfg.out / f"selection_hidden_{lm.name}{tail}.json", {"candidates": selection})
     hw = hidden_load_weights(wpath)
     layer = int(hw["layer"])
     X = cached_hidden_features(lm, inputs, [layer], root / cfg.cache)[layer]
     tids = sorted(inputs)
-    spec = f"hidden:{lm.name}"
+    if (hw.get("fit") or {}).get("protocol") == "pool":
+        pool = set(pool_turns(blind, frozenset(hw["fit"]["held_out_sources"])))
+        tids = [t for t in tids if t not in pool]
+    spec = hidden_judge_name(lm.name, hw["version"])
     rows = []
     for head in hw["heads"]:
         probs = hidden_head_proba(hw, head, np.stack([X[t] for t in tids]))
         thr = float(hw["heads"][head]["threshold"])
         rows += [{"turn_id": t, "judge": spec, "reading": head, "genuine": bool(p >= thr)} for t, p in zip(tids, probs)]
-    hfile = root / hidden_verdicts_file(lm.name)
+    hfile = root / hidden_verdicts_file(lm.name, hw["version"])
     hfile.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    rounds = fit_rounds(root / ROUNDS_FILE, {**hw, "version": f"{spec}@{hw['version']}"}, blind, record=cfg.fit_hidden)
+    rounds = fit_rounds(root / ROUNDS_FILE, {**hw, "version": f"hidden:{lm.name}@{hw['version']}"}, blind,
+                        record=cfg.fit_hidden)
     return hfile, [{**r, "judge": spec} for r in selection], rounds
 
 

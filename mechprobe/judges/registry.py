@@ -24,10 +24,12 @@ AUTO = "auto"
 """The spec every command defaults to: the default-judge rule picks a concrete kind (never a registered kind)."""
 
 # The two judges the package's defaults name, written here once (every default below imports them):
-BEST_JUDGE = "hybrid-voice:qwen2.5-coder-1.5b-instruct"
-"""The research default: the best-validated judge (docs/judge_agreement.md). ``auto`` picks it where its model is
-fetched (:func:`mechprobe.judges.factory.best_judge`); the post-training evaluation and new study roots get it
-through ``auto``."""
+BEST_JUDGE = "hidden:qwen2.5-coder-0.5b-instruct"
+"""The research default: the judge that agrees best with blind labels on the Qwen models' once-scored test items
+(docs/findings.md, "Judges vs blind labels"; the hidden-state judge's strict head, 3.6x the speed of the
+``hybrid-voice:`` judge it replaced). ``auto`` picks it where its reader is fetched
+(:func:`mechprobe.judges.factory.best_judge`); the post-training evaluation and new study roots get it through
+``auto``."""
 OFFLINE_JUDGE = "offline"
 """The judge that loads no model (the rules): the default of a config or function that must run anywhere and fast
 (``StudyConfig.judge``, :func:`~mechprobe.judges.factory.make_judge`, :func:`~mechprobe.judges.run.judge_run`),

@@ -64,6 +64,44 @@ def test_features_equal_hf_hidden_states_batched_or_alone(smol):
         assert rel(torch.from_numpy(alone[r][0]), torch.from_numpy(got[r][1])) < 1e-4
 
 
+SHARED = [JudgeInput(f"s{i}", "What is 12 * 7?", "12 * 7 = 84, since 12 * 7 = 70 + 14.", turn)
+          for i, turn in enumerate(["Why 84 and not 74?", "Thanks!", "", "Now do 13 * 7.<|im_end|>",
+                                    "Can you show the 70 + 14 step again, slower please?"])]
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 8])
+def test_turns_of_one_conversation_share_its_prefix_and_read_the_same(smol, batch_size):
+    """Turns after the same answer reuse the conversation's keys and values: the features equal a full prefill of
+    each prompt alone (HF hidden states), whatever the batching, with the other conversations mixed in."""
+    layers = [0, 7, 20]
+    inputs = [SHARED[0], INPUTS[0], *SHARED[1:], INPUTS[1]]
+    shared = hidden_features(smol, inputs, layers, batch_size=batch_size)
+    plain = hidden_features(smol, inputs, layers, batch_size=batch_size, share_prefix=False)
+    for i, inp in enumerate(inputs):
+        p = reader_prompt(smol.tokenizer, inp)
+        hs = oracle(smol.model, p.ids)
+        s, e = p.turn_span
+        for r in layers:
+            want = torch.cat([hs[r, -1], hs[r, s:e].mean(0)])
+            assert rel(torch.from_numpy(shared[r][i]), want) < 1e-4
+            assert rel(torch.from_numpy(shared[r][i]), torch.from_numpy(plain[r][i])) < 1e-4
+
+
+def test_prefix_sharing_removes_its_hooks_after_an_error(smol, monkeypatch):
+    from mechprobe.judges import hidden as hmod
+    from mechprobe.lm.forward import get_blocks
+
+    hooks = [len(b._forward_hooks) for b in get_blocks(smol.model)]
+
+    def boom(*a, **k):
+        raise RuntimeError("tail failed")
+
+    monkeypatch.setattr(hmod, "continuation_inputs", boom)
+    with pytest.raises(RuntimeError, match="tail failed"):
+        hidden_features(smol, SHARED, [5, 10], batch_size=4)
+    assert [len(b._forward_hooks) for b in get_blocks(smol.model)] == hooks
+
+
 def test_stopping_at_the_deepest_layer_read_reads_the_same_and_removes_its_hooks(smol):
     """The forward stops after the deepest residual read; what it read equals a full forward's, and no hook stays."""
     from mechprobe.judges.hidden import _residuals

@@ -125,7 +125,7 @@ def test_steer_result_resolution(tmp_path, monkeypatch):
 
 
 def test_judge_defaults_to_the_best_available(monkeypatch):
-    """No --judge means auto: hybrid-voice on the 1.5B when fetched, else offline (never a silent weaker default on a
+    """No --judge means auto: the research default (the hidden-state judge) when its reader is fetched, else offline (never a silent weaker default on a
     machine that has the better judge) for any model but the embedded default (whose fast path is offline)."""
     from mechprobe.judges import factory as jm
 
