@@ -3,7 +3,9 @@ sheet over both subject models for two labellers.
 
     python scripts/judge_fresh_set.py generate --plan studies/judge/fresh_test_v1.json [--model M]
     python scripts/judge_fresh_set.py sheet --plan studies/judge/fresh_test_v1.json --out reports/judge_sets/fresh_test_v1
-    # two labellers fill labels/labeller-a.csv and labels/labeller-b.csv (row,label,strict,borderline,note)
+    python scripts/judge_fresh_set.py batches --out reports/judge_sets/fresh_test_v2 --dest DIR --size 125
+    # two labellers fill DIR/<labeller>/batch-NN.csv (row,label,strict,borderline,note), then
+    python scripts/judge_fresh_set.py merge --out reports/judge_sets/fresh_test_v2 --labeller labeller-a DIR/a/*.csv
     python scripts/judge_fresh_set.py verdicts --out reports/judge_sets/fresh_test_v1 --judge hybrid-voice:MODEL
     mechprobe judges evaluate      # the source judge_fresh_test_v1 in mechprobe.audit.blind_sets.SOURCES
 
@@ -122,6 +124,62 @@ def sheet(plan_path: Path, out: Path, seed: int = 0) -> None:
     print(f"{len(rows)} rows -> {out / 'sheet.csv'}")
 
 
+LABEL_COLUMNS = ["row", "label", "strict", "borderline", "note"]
+
+
+def batches(out: Path, dest: Path, size: int) -> list[Path]:
+    """Cut the blind sheet into batches of ``size`` rows for labellers (``dest/batch-NN.csv``, the sheet's columns
+    only) beside the codebook as labelled (``dest/codebook.md``). Why a folder outside the set: a labeller is given
+    that folder and nothing else (no key, no verdicts)."""
+    with open(out / "sheet.csv", newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(out / "codebook_as_labelled.md", dest / "codebook.md")
+    paths = []
+    for b in range(0, len(rows), size):
+        p = dest / f"batch-{b // size + 1:02d}.csv"
+        with open(p, "w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=["row", "query", "answer", "user_turn"], lineterminator="\n")
+            w.writeheader()
+            w.writerows(rows[b:b + size])
+        paths.append(p)
+    print(f"{len(rows)} rows in {len(paths)} batches -> {dest}")
+    return paths
+
+
+def merge(out: Path, labeller: str, files: list[Path]) -> Path:
+    """One labeller's batch files as ``out/labels/<labeller>.csv``: every sheet row exactly once, each label and
+    strict value checked as the blind sets read them (one line naming the file, row and fix otherwise)."""
+    from mechprobe.audit.blind_sets import _label  # the loader's own check of a label
+    from mechprobe.audit.readings import parse_strict
+
+    with open(out / "sheet.csv", newline="", encoding="utf-8") as f:
+        order = [r["row"] for r in csv.DictReader(f)]
+    got: dict[str, dict[str, str]] = {}
+    for fp in files:
+        with open(fp, newline="", encoding="utf-8") as f:
+            for i, r in enumerate(csv.DictReader(f), 2):
+                where = f"{fp}:{i}"
+                if r.get("row") not in order:
+                    raise SystemExit(f"{where}: row {r.get('row')!r} is not a sheet row; fix the batch file")
+                if r["row"] in got:
+                    raise SystemExit(f"{where}: row {r['row']} labelled twice; keep one")
+                lab = _label(r.get("label"), where)
+                parse_strict(r.get("strict"), lab, where)
+                got[r["row"]] = {k: (r.get(k) or "").strip() for k in LABEL_COLUMNS} | {"label": lab}
+    missing = [r for r in order if r not in got]
+    if missing:
+        raise SystemExit(f"{labeller}: {len(missing)} sheet rows have no label (e.g. {missing[0]}); label them first")
+    dest = out / "labels" / f"{labeller}.csv"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=LABEL_COLUMNS, lineterminator="\n")
+        w.writeheader()
+        w.writerows(got[r] for r in order)
+    print(f"{len(order)} labels -> {dest}")
+    return dest
+
+
 def verdicts_file(out: Path, spec: str) -> Path:
     """Where ``spec``'s verdicts on a fresh sheet live (the name the blind sets' loader reads back)."""
     return out / f"verdicts_{spec.replace(':', '_', 1)}.jsonl"
@@ -160,7 +218,21 @@ def main() -> int:
     v = sub.add_parser("verdicts")
     v.add_argument("--out", required=True, type=Path)
     v.add_argument("--judge", required=True, help="a judge spec, e.g. hybrid-voice:qwen2.5-coder-1.5b-instruct")
+    b = sub.add_parser("batches")
+    b.add_argument("--out", required=True, type=Path)
+    b.add_argument("--dest", required=True, type=Path)
+    b.add_argument("--size", type=int, default=125)
+    m = sub.add_parser("merge")
+    m.add_argument("--out", required=True, type=Path)
+    m.add_argument("--labeller", required=True)
+    m.add_argument("files", nargs="+", type=Path)
     a = p.parse_args()
+    if a.cmd == "batches":
+        batches(a.out.resolve(), a.dest.resolve(), a.size)
+        return 0
+    if a.cmd == "merge":
+        merge(a.out.resolve(), a.labeller, a.files)
+        return 0
     if a.cmd == "verdicts":
         verdicts(a.out.resolve(), a.judge)
         return 0

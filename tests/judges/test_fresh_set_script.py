@@ -49,3 +49,47 @@ def test_a_turn_written_twice_is_one_sheet_row_that_keeps_both_records():
     assert list(got) == ["t1", "t2"]
     assert got["t1"]["records"] == ["a|greedy", "a|sample|s0"] and got["t1"]["decoding"] == "greedy"
     assert got["t1"]["decodings"] == ["greedy", "sample"]
+
+
+def _sheet(d, n=5):
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / "sheet.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["row", "query", "answer", "user_turn"])
+        w.writerows((f"r{i}", f"q{i}", f"a{i}", f"t{i}") for i in range(n))
+    (d / "codebook_as_labelled.md").write_text("codebook", encoding="utf-8")
+
+
+def _labels(path, rows):
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["row", "label", "strict", "borderline", "note"])
+        w.writerows(rows)
+
+
+def test_batches_hold_the_sheet_and_merge_checks_every_row_once(tmp_path):
+    import pytest
+
+    mod = _script()
+    out, dest = tmp_path / "set", tmp_path / "give"
+    _sheet(out)
+    paths = mod.batches(out, dest, 2)
+    assert [p.name for p in paths] == ["batch-01.csv", "batch-02.csv", "batch-03.csv"]
+    assert (dest / "codebook.md").read_text() == "codebook"
+    with open(paths[2], newline="", encoding="utf-8") as f:
+        assert [r["row"] for r in csv.DictReader(f)] == ["r4"]
+    _labels(tmp_path / "a1.csv", [("r0", "genuine_followup", "yes", "0", ""), ("r1", "new_query", "", "0", ""),
+                                  ("r2", "genuine_followup", "generic_followup", "1", "thin")])
+    _labels(tmp_path / "a2.csv", [("r3", "empty_or_degenerate", "", "0", "")])
+    with pytest.raises(SystemExit, match="1 sheet rows have no label"):
+        mod.merge(out, "labeller-a", [tmp_path / "a1.csv", tmp_path / "a2.csv"])
+    _labels(tmp_path / "a3.csv", [("r4", "generic_followup", "yes", "0", "")])
+    with pytest.raises(Exception, match="strict 'yes' on a row labelled"):
+        mod.merge(out, "labeller-a", [tmp_path / "a1.csv", tmp_path / "a2.csv", tmp_path / "a3.csv"])
+    _labels(tmp_path / "a3.csv", [("r4", "generic_followup", "", "0", "")])
+    dest_file = mod.merge(out, "labeller-a", [tmp_path / "a2.csv", tmp_path / "a1.csv", tmp_path / "a3.csv"])
+    with open(dest_file, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["row"] for r in rows] == ["r0", "r1", "r2", "r3", "r4"]  # the sheet's order
+    with pytest.raises(SystemExit, match="labelled twice"):
+        mod.merge(out, "labeller-a", [tmp_path / "a1.csv", tmp_path / "a1.csv"])
