@@ -355,8 +355,9 @@ def run_judge_eval(cfg: JudgeEvalConfig, progress: Callable[[str], None] | None 
         write_json(out / "selection.json", {"candidates": selection})
     w = load_weights(weights_path if (cfg.fit or cfg.weights) else None)
     rounds = fit_rounds(root / ROUNDS_FILE, w, blind, record=cfg.fit)
-    for hf in sorted((root / "mechprobe" / "data").glob("hidden_judge_*.json")):
+    for hf in sorted((root / "mechprobe" / "data").glob("hidden_judge_*.json")) if not cfg.fit_hidden else []:
         # a committed hidden-state fit that is the newest round takes in new test items without its reader loaded
+        # (not while a new fit is made: the new fit's round is the one that takes them)
         hw0 = hidden_load_weights(hf)
         rounds = fit_rounds(root / ROUNDS_FILE, {**hw0, "version": f"hidden:{hw0['reader']}@{hw0['version']}"}, blind,
                             record=False)
