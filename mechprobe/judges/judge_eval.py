@@ -38,7 +38,6 @@ from mechprobe.audit.judge_table import (
     ROUNDS_FILE,
     VERDICTS_FILE,
     hidden_judge_name,
-    hidden_verdicts_file,
     judge_table,
     read_all_verdicts,
     round_group,
@@ -47,11 +46,11 @@ from mechprobe.audit.readings import READINGS
 from mechprobe.errors import UsageError
 from mechprobe.io import write_json
 from mechprobe.judges.base import JudgeInput, load_judge_model
-from mechprobe.judges.hidden import hidden_head_proba
 from mechprobe.judges.hidden import load_weights as hidden_load_weights
 from mechprobe.judges.hidden import weights_path as hidden_weights_path
-from mechprobe.judges.hidden_cv import fit_hidden_heads_cv, pool_turns
+from mechprobe.judges.hidden_cv import fit_hidden_heads_cv
 from mechprobe.judges.hidden_fit import cached_hidden_features, fit_hidden_heads
+from mechprobe.judges.hidden_verdicts import archived_hidden_weights, write_hidden_verdicts
 from mechprobe.judges.offline import Embedder, OfflineJudge
 from mechprobe.judges.speed import cpu_description, measure_speed
 from mechprobe.judges.textfit import (
@@ -411,11 +410,8 @@ def run_judge_eval(cfg: JudgeEvalConfig, progress: Callable[[str], None] | None 
 def _hidden_judge(cfg: JudgeEvalConfig, root: Path, blind: BlindSets, inputs: dict[str, JudgeInput],
                   rounds: list[dict[str, Any]]) -> tuple[Path, list[dict[str, Any]], list[dict[str, Any]]]:
     """Fit (``fit_hidden``) or load the hidden-state judge read by ``cfg.hidden``, write its verdicts to its own
-    committed file (one per weights version), and record its fit's round of fresh test items.
-
-    Verdicts: on every labelled turn for a ``split`` fit (its cells on train and dev items are what it was fit and
-    chosen on, and the table says which split a cell is); on the turns outside its pool only for a ``pool`` fit,
-    which was fit on test-split items too (:func:`~mechprobe.judges.hidden_cv.pool_turns`)."""
+    committed file (one per weights version; the reader's archived fits get verdicts on the turns they lack,
+    :mod:`mechprobe.judges.hidden_verdicts`), and record its fit's round of fresh test items."""
     if cfg.hidden_protocol not in HIDDEN_PROTOCOLS:
         raise UsageError(f"hidden protocol {cfg.hidden_protocol!r}: use one of {', '.join(HIDDEN_PROTOCOLS)}")
     lm = load_judge_model(str(cfg.hidden))
@@ -436,20 +432,9 @@ def _hidden_judge(cfg: JudgeEvalConfig, root: Path, blind: BlindSets, inputs: di
         tail = "" if hw["version"] == FIRST_HIDDEN_VERSION else f"@{hw['version']}"
         write_json(root / cfg.out / f"selection_hidden_{lm.name}{tail}.json", {"candidates": selection})
     hw = hidden_load_weights(wpath)
-    layer = int(hw["layer"])
-    X = cached_hidden_features(lm, inputs, [layer], root / cfg.cache)[layer]
-    tids = sorted(inputs)
-    if (hw.get("fit") or {}).get("protocol") == "pool":
-        pool = set(pool_turns(blind, frozenset(hw["fit"]["held_out_sources"])))
-        tids = [t for t in tids if t not in pool]
     spec = hidden_judge_name(lm.name, hw["version"])
-    rows = []
-    for head in hw["heads"]:
-        probs = hidden_head_proba(hw, head, np.stack([X[t] for t in tids]))
-        thr = float(hw["heads"][head]["threshold"])
-        rows += [{"turn_id": t, "judge": spec, "reading": head, "genuine": bool(p >= thr)} for t, p in zip(tids, probs)]
-    hfile = root / hidden_verdicts_file(lm.name, hw["version"])
-    hfile.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    archived = archived_hidden_weights(root / cfg.out / WEIGHTS_ARCHIVE, lm.name, hw)
+    hfile = write_hidden_verdicts(lm, hw, archived, blind, inputs, root, root / cfg.cache, refit=cfg.fit_hidden)[0]
     rounds = fit_rounds(root / ROUNDS_FILE, {**hw, "version": f"hidden:{lm.name}@{hw['version']}"}, blind,
                         record=cfg.fit_hidden)
     return hfile, [{**r, "judge": spec} for r in selection], rounds
@@ -466,8 +451,10 @@ def archive_weights(out: Path, w: dict[str, Any]) -> None:
 
 
 def archived_weights(out: Path, current: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every archived fit but the current one, oldest version first."""
-    files = sorted((out / WEIGHTS_ARCHIVE).glob("*.json")) if (out / WEIGHTS_ARCHIVE).is_dir() else []
+    """Every archived text-fit fit but the current one, oldest version first (the hidden-state judge's archived
+    fits share the folder as ``hidden_<reader>_<version>.json``: :mod:`mechprobe.judges.hidden_verdicts`)."""
+    files = sorted(f for f in (out / WEIGHTS_ARCHIVE).glob("*.json") if not f.name.startswith("hidden_")) \
+        if (out / WEIGHTS_ARCHIVE).is_dir() else []
     ws = [load_weights(f) for f in files]
     return [x for x in ws if x["weights_sha256"] != current["weights_sha256"]]
 

@@ -86,3 +86,6 @@ def test_replaced_weights_are_archived_and_scored_under_their_version(tmp_path):
     archive_weights(tmp_path, old)  # idempotent
     assert [w["version"] for w in archived_weights(tmp_path, new)] == ["textfit-v1"]
     assert archived_weights(tmp_path, old) == []  # the current fit is never scored twice
+    # the hidden-state judge's archived fits share the folder and are not text-fit weights: skipped, not refused
+    (tmp_path / "weights" / "hidden_some-reader_hidden-v1.json").write_text(json.dumps({"format": "other"}))
+    assert [w["version"] for w in archived_weights(tmp_path, new)] == ["textfit-v1"]
