@@ -3,9 +3,10 @@ sheet over both subject models for two labellers.
 
     python scripts/judge_fresh_set.py generate --plan studies/judge/fresh_test_v1.json [--model M]
     python scripts/judge_fresh_set.py sheet --plan studies/judge/fresh_test_v1.json --out reports/judge_sets/fresh_test_v1
-    python scripts/judge_fresh_set.py batches --out reports/judge_sets/fresh_test_v2 --dest DIR --size 125
-    # two labellers fill DIR/<labeller>/batch-NN.csv (row,label,strict,borderline,note), then
-    python scripts/judge_fresh_set.py merge --out reports/judge_sets/fresh_test_v2 --labeller labeller-a DIR/a/*.csv
+    python scripts/judge_fresh_set.py batches --out reports/judge_sets/fresh_test_v2 --dest DIR/a --size 125
+    # one session per folder DIR/a/NN writes DIR/a/NN/labels-NN.csv (row,label,strict,borderline,note); the same
+    # for labeller b in DIR/b; then
+    python scripts/judge_fresh_set.py merge --out reports/judge_sets/fresh_test_v2 --labeller labeller-a DIR/a/*/labels-*.csv
     python scripts/judge_fresh_set.py verdicts --out reports/judge_sets/fresh_test_v1 --judge hybrid-voice:MODEL
     mechprobe judges evaluate      # the source judge_fresh_test_v1 in mechprobe.audit.blind_sets.SOURCES
 
@@ -128,22 +129,28 @@ LABEL_COLUMNS = ["row", "label", "strict", "borderline", "note"]
 
 
 def batches(out: Path, dest: Path, size: int) -> list[Path]:
-    """Cut the blind sheet into batches of ``size`` rows for labellers (``dest/batch-NN.csv``, the sheet's columns
-    only) beside the codebook as labelled (``dest/codebook.md``). Why a folder outside the set: a labeller is given
-    that folder and nothing else (no key, no verdicts)."""
+    """Cut the blind sheet into batches of ``size`` rows, one folder per labelling session: ``dest/NN/`` holds
+    ``batch-NN.csv`` (the sheet's columns only), ``codebook.md`` (the codebook as labelled) and ``instructions.md``
+    (the set's ``labeller_instructions.md``, where it has one). Why one folder each: a session is given its folder
+    and nothing else (no key, no verdicts, no other session's labels), and it writes its labels and any helper
+    script there, so sessions that run side by side never share a file."""
     with open(out / "sheet.csv", newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    dest.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(out / "codebook_as_labelled.md", dest / "codebook.md")
     paths = []
     for b in range(0, len(rows), size):
-        p = dest / f"batch-{b // size + 1:02d}.csv"
+        n = f"{b // size + 1:02d}"
+        d = dest / n
+        d.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out / "codebook_as_labelled.md", d / "codebook.md")
+        if (out / "labeller_instructions.md").is_file():
+            shutil.copyfile(out / "labeller_instructions.md", d / "instructions.md")
+        p = d / f"batch-{n}.csv"
         with open(p, "w", newline="", encoding="utf-8") as f:
             w = csv.DictWriter(f, fieldnames=["row", "query", "answer", "user_turn"], lineterminator="\n")
             w.writeheader()
             w.writerows(rows[b:b + size])
         paths.append(p)
-    print(f"{len(rows)} rows in {len(paths)} batches -> {dest}")
+    print(f"{len(rows)} rows in {len(paths)} batch folders -> {dest}")
     return paths
 
 

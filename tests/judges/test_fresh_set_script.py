@@ -73,9 +73,13 @@ def test_batches_hold_the_sheet_and_merge_checks_every_row_once(tmp_path):
     mod = _script()
     out, dest = tmp_path / "set", tmp_path / "give"
     _sheet(out)
+    (out / "labeller_instructions.md").write_text("instructions", encoding="utf-8")
     paths = mod.batches(out, dest, 2)
-    assert [p.name for p in paths] == ["batch-01.csv", "batch-02.csv", "batch-03.csv"]
-    assert (dest / "codebook.md").read_text() == "codebook"
+    assert [p.relative_to(dest).as_posix() for p in paths] == ["01/batch-01.csv", "02/batch-02.csv", "03/batch-03.csv"]
+    for p in paths:  # each session's folder: its batch, the codebook, the instructions, nothing else
+        assert sorted(x.name for x in p.parent.iterdir()) == ["batch-" + p.parent.name + ".csv", "codebook.md",
+                                                             "instructions.md"]
+        assert (p.parent / "codebook.md").read_text() == "codebook"
     with open(paths[2], newline="", encoding="utf-8") as f:
         assert [r["row"] for r in csv.DictReader(f)] == ["r4"]
     _labels(tmp_path / "a1.csv", [("r0", "genuine_followup", "yes", "0", ""), ("r1", "new_query", "", "0", ""),
