@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from mechprobe.audit.blind_sets import BlindSets
-from mechprobe.audit.judge_table import hidden_judge_name, hidden_verdicts_file
+from mechprobe.audit.judge_table import hidden_judge_name, hidden_verdicts_file, read_verdicts
 from mechprobe.judges.base import JudgeInput
 from mechprobe.judges.hidden import hidden_head_proba
 from mechprobe.judges.hidden import load_weights as hidden_load_weights
@@ -74,9 +74,9 @@ def verdict_rows(hw: dict[str, Any], X: dict[str, np.ndarray], tids: list[str]) 
 
 
 def _read_rows(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    """A committed verdicts file as rows (read by the table's own reader: a malformed line is its one-line error)."""
+    return [{"turn_id": v.turn_id, "judge": v.judge, "reading": v.reading, "genuine": v.genuine}
+            for v in read_verdicts(path)]
 
 
 def write_hidden_verdicts(lm: Any, current: dict[str, Any], archived: list[dict[str, Any]], blind: BlindSets,
