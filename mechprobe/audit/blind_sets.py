@@ -114,7 +114,8 @@ SOURCES: tuple[Source, ...] = (
     Source("interventions_v3b_heldout", "sheets", "reports/interventions/interventions-0.5b-v3b/heldout", "v2",
            "qwen2.5-coder-0.5b-instruct"),
     Source("judge_fresh_test_v1", "fresh", "reports/judge_sets/fresh_test_v1", "v2"),
-    Source("judge_fresh_test_v2", "fresh", "reports/judge_sets/fresh_test_v2", "v2", fit=False),
+    Source("judge_fresh_test_v2", "fresh", "reports/judge_sets/fresh_test_v2", "v2"),
+    Source("judge_fresh_test_v3", "fresh", "reports/judge_sets/fresh_test_v3", "v2", fit=False),
 )
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from mechprobe.cli import common
 from mechprobe.errors import UsageError
 from mechprobe.io import read_jsonl
-from mechprobe.judges.base import JudgeInput
+from mechprobe.judges.base import JudgeInput, run_model_name
 from mechprobe.judges.factory import make_judge
 from mechprobe.stats import wilson
 from mechprobe.steering.evaluate import paired_vs_base
@@ -54,13 +54,14 @@ def run(a: argparse.Namespace) -> int:
     files = sorted(sdir.glob("alpha_*.jsonl")) + sorted(f for f in sdir.glob("*/alpha_*.jsonl")
                                                         if f.parent.name != "select")
     judge = make_judge(a.judge)
+    subject = run_model_name(run_dir)
     results = []
     for f in files:
         rows = [r for r in read_jsonl(f) if r["item_id"] not in skip and r["item_id"] in asst]
         inputs = [JudgeInput(record_id=r["item_id"], prompt=asst[r["item_id"]]["prompt"],  # as steer.py judges
                              response=asst[r["item_id"]]["response"], raw_text=r["raw_text"], text=r.get("text"),
                              stop_reason=r.get("stop_reason"), dataset=asst[r["item_id"]].get("dataset", ""),
-                             decoding="greedy", item_id=r["item_id"]) for r in rows]
+                             decoding="greedy", item_id=r["item_id"], subject=subject) for r in rows]
         labels = {x.record_id: x.label for x in judge.label_many(inputs)}
         cond = f.stem if f.parent == sdir else f"{f.parent.name}/{f.stem}"
         results.append({"condition": cond, "labels": labels})

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import torch
 
 from mechprobe.errors import MissingInput, UsageError, UserError
-from mechprobe.io import read_jsonl, shell_arg
+from mechprobe.io import read_json, read_jsonl, shell_arg
 from mechprobe.lm.device import cpu_has_native_bf16, default_device
 from mechprobe.lm.models import load_model
 from mechprobe.records import AssistantRecord, LabelRecord, UserTurnRecord
@@ -39,6 +39,9 @@ def judge_dtype(device: torch.device) -> torch.dtype:
 USER_TURNS = "user_turns.jsonl"
 
 
+RUN_MANIFEST = "manifest.json"
+
+
 ASSISTANT = "assistant.jsonl"
 
 
@@ -62,6 +65,8 @@ class JudgeInput:
         decoding: ``"greedy"`` or ``"sample"``, for summaries (default ``""``).
         temperature: sampling temperature, for summaries (default 0.0).
         item_id: the source item, for summaries (default ``""``).
+        subject: the model that wrote the turn (default ``""``: not said). A judge calibrated per subject model
+            (the hidden-state judge's per-model thresholds) uses it; any other judge ignores it.
 
     Example:
         >>> from mechprobe import JudgeInput
@@ -82,6 +87,7 @@ class JudgeInput:
     decoding: str = ""
     temperature: float = 0.0
     item_id: str = ""
+    subject: str = ""
 
     def conversation(self) -> list[dict[str, str]]:
         """History + user query + assistant response as chat messages."""
@@ -137,6 +143,7 @@ def inputs_from_run(run_dir: str | Path) -> list[JudgeInput]:
             f"{run_dir} has no {USER_TURNS}: run the probe stage first "
             f"(`mechprobe probe {shell_arg(run_dir)}`), or pass the directory that holds it")
     assistants = {r["item_id"]: AssistantRecord.from_dict(r) for r in read_jsonl(run_dir / ASSISTANT, key="item_id")}
+    subject = run_model_name(run_dir)
     out: list[JudgeInput] = []
     missing: list[str] = []
     for row in read_jsonl(run_dir / USER_TURNS, key="record_id"):
@@ -148,7 +155,7 @@ def inputs_from_run(run_dir: str | Path) -> list[JudgeInput]:
         out.append(JudgeInput(record_id=u.record_id, prompt=a.prompt, response=a.response, raw_text=u.raw_text,
                               text=u.text, messages=_msgs(a.messages), stop_reason=u.stop_reason,
                               dataset=u.dataset, decoding=u.decoding, temperature=u.temperature,
-                              item_id=u.item_id))
+                              item_id=u.item_id, subject=subject))
     if missing:
         raise UsageError(f"{run_dir / USER_TURNS} has user turns for items missing from {ASSISTANT} "
                          f"(e.g. {sorted(set(missing))[:3]}); the run is damaged: re-run the probe stage "
@@ -168,5 +175,13 @@ def inputs_from_rows(rows: Iterable[dict[str, Any]]) -> list[JudgeInput]:
                               raw_text=r["raw_text"], text=r.get("text"), messages=_msgs(r.get("messages")),
                               stop_reason=r.get("stop_reason"), dataset=r.get("dataset", ""),
                               decoding=r.get("decoding", ""), temperature=float(r.get("temperature", 0.0)),
-                              item_id=r.get("item_id", "")))
+                              item_id=r.get("item_id", ""), subject=str(r.get("subject", ""))))
     return out
+
+
+
+def run_model_name(run: str | Path) -> str:
+    """The subject model named in ``run/manifest.json`` (``""`` when the run has no manifest yet): the model that
+    wrote the run's turns, which a judge calibrated per subject model reads from :attr:`JudgeInput.subject`."""
+    p = Path(run) / RUN_MANIFEST
+    return str((read_json(p).get("config") or {}).get("model") or "") if p.is_file() else ""

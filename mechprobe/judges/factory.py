@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from mechprobe.errors import UsageError
-from mechprobe.io import read_json, read_jsonl
+from mechprobe.io import read_jsonl
 from mechprobe.judges import kinds as _kinds  # noqa: F401  (imports, and so registers, every judge kind)
 from mechprobe.judges.base import Judge, judge_dtype
 from mechprobe.judges.kinds.hybrid import HYBRID_VOICE
@@ -33,7 +33,7 @@ keep working."""
 
 __all__ = ["SPEC_ALIASES", "JudgeSpec", "best_judge", "canonical_spec", "check_judge_spec",
            "default_judge", "is_hybrid_spec", "judge_help", "judges_model", "labelled_by", "make_judge",
-           "model_unavailable", "resolve_judge_spec", "run_model_name", "shared_judge_model", "spec_of_judge_name"]
+           "model_unavailable", "resolve_judge_spec", "shared_judge_model", "spec_of_judge_name"]
 
 
 def canonical_spec(spec: str) -> str:
@@ -175,12 +175,6 @@ def labelled_by(run: str | Path, labels_file: str = "labels.jsonl") -> str | Non
     p = Path(run) / labels_file
     rows = read_jsonl(p) if p.exists() else []
     return str(rows[0].get("judge", "")) if rows else None
-
-
-def run_model_name(run: str | Path) -> str:
-    """The subject model named in ``run/manifest.json`` ("" when the run has no manifest yet)."""
-    p = Path(run) / "manifest.json"
-    return str((read_json(p).get("config") or {}).get("model") or "") if p.is_file() else ""
 
 
 def resolve_judge_spec(spec: str | JudgeSpec | None, model: str | None = None, labelled: str | None = None) -> str:

@@ -163,7 +163,7 @@ def _jsonl(path: Path) -> list[dict]:
 def to_input(r: dict) -> JudgeInput:
     """A labelled turn as a judge's input."""
     return JudgeInput(record_id=r["turn_id"], prompt=r["query"], response=r["answer"], raw_text=r["turn"],
-                      dataset=r["dataset"], item_id=r["item_key"])
+                      dataset=r["dataset"], item_id=r["item_key"], subject=r.get("model", ""))
 
 
 def _by_conversation(rows: list[dict]) -> list[list[dict]]:

@@ -14,7 +14,8 @@ What is read, per layer: the residual at the prompt's last token (after the chat
 where the reader would answer) and the mean residual over the turn's own tokens, concatenated. Why both: the last
 token has attended to everything, the turn mean keeps what the turn itself says.
 
-Labels: P(genuine) of the head >= its threshold -> ``genuine_followup``; otherwise the offline rules' label, an
+Labels: P(genuine) of the head >= its threshold (the subject model's own where the fit calibrated one,
+:func:`head_threshold`, read from :attr:`JudgeInput.subject`) -> ``genuine_followup``; otherwise the offline rules' label, an
 offline ``genuine_followup`` becoming ``generic_followup`` (as the text-fit judge).
 """
 
@@ -42,7 +43,7 @@ from mechprobe.records import LabelRecord
 from mechprobe.taxonomy import GENUINE, is_genuine
 
 __all__ = ["HiddenStateJudge", "ReaderPrompt", "reader_prompt", "hidden_features", "hidden_head_proba", "check_weights",
-           "load_weights", "weights_digest", "WEIGHTS_FORMAT", "HEADS", "QUESTION", "MAX_ANSWER_TOKENS"]
+           "load_weights", "weights_digest", "head_threshold", "WEIGHTS_FORMAT", "HEADS", "QUESTION", "MAX_ANSWER_TOKENS"]
 
 WEIGHTS_FORMAT = "mechprobe-hidden-judge-v1"
 HEADS = ("lenient", "strict")
@@ -307,6 +308,11 @@ def check_weights(w: Any, where: str) -> dict[str, Any]:
             raise UsageError(f"{where}: head {name!r}: 'coef' must hold {n} finite numbers; {fix}")
         if not _finite_list([h.get("intercept"), h.get("threshold")], 2) or not 0 <= h["threshold"] <= 1:
             raise UsageError(f"{where}: head {name!r}: intercept and threshold (in [0, 1]) must be finite; {fix}")
+        per = h.get("thresholds", {})
+        if not isinstance(per, dict) or not _finite_list(list(per.values()), len(per)) \
+                or not all(isinstance(k, str) and 0 <= v <= 1 for k, v in per.items()):
+            raise UsageError(f"{where}: head {name!r}: 'thresholds' must map subject model names to thresholds in "
+                             f"[0, 1]; {fix}")
     if w.get("weights_sha256") != weights_digest(w):
         raise UsageError(f"{where}: the weights do not match their weights_sha256 (edited after the fit); {fix}")
     return w
@@ -333,6 +339,23 @@ def load_weights(path: str | Path) -> dict[str, Any]:
     except json.JSONDecodeError as e:
         raise UsageError(f"{p}: not JSON ({e.msg}); refit the weights with the judges evaluate command") from None
     return check_weights(w, str(p))
+
+
+def head_threshold(w: dict[str, Any], head: str, subject: str = "") -> float:
+    """The decision threshold of ``head`` for a turn written by ``subject``: its per-subject threshold where the fit
+    calibrated one for that model (``heads[head]['thresholds']``), else the head's global threshold.
+
+    Why per subject model: positives are 2% of one model's turns and 12% of another's, and the probability at which
+    a head's verdicts best match the labels differs with that rate; an unnamed or unknown subject gets the global
+    threshold, chosen over all subject models.
+
+    Example:
+        >>> w = {"heads": {"strict": {"threshold": 0.5, "thresholds": {"m-a": 0.7}}}}
+        >>> head_threshold(w, "strict", "m-a"), head_threshold(w, "strict", "m-b"), head_threshold(w, "strict")
+        (0.7, 0.5, 0.5)
+    """
+    h = w["heads"][head]
+    return float((h.get("thresholds") or {}).get(subject, h["threshold"]))
 
 
 def hidden_head_proba(w: dict[str, Any], head: str, X: np.ndarray) -> np.ndarray:
@@ -378,11 +401,13 @@ class HiddenStateJudge:
         self.offline = OfflineJudge(embed=False)
         self.batch_size = batch_size
         self.threshold = float(self.weights["heads"][self.reading]["threshold"])
+        self.per_subject = dict(self.weights["heads"][self.reading].get("thresholds") or {})
         self.name = f"hidden:{self.model_name}@{self.weights['version']}-{self.reading}+{self.offline.name}"
 
     def public_config(self) -> dict[str, Any]:
         return {"reader": self.model_name, "weight_hash": self.lm.weight_hash, "reading": self.reading,
-                "layer": self.weights["layer"], "threshold": self.threshold, "version": self.weights["version"],
+                "layer": self.weights["layer"], "threshold": self.threshold, "thresholds": self.per_subject,
+                "version": self.weights["version"],
                 "weights_sha256": self.weights["weights_sha256"]}
 
     def probabilities(self, inputs: Sequence[JudgeInput]) -> list[float]:
@@ -396,9 +421,11 @@ class HiddenStateJudge:
             return
         probs = self.probabilities(inputs)
         for inp, p, off in zip(inputs, probs, self.offline.label_many(inputs)):
-            label = GENUINE if p >= self.threshold else ("generic_followup" if off.label == GENUINE else off.label)
+            thr = head_threshold(self.weights, self.reading, inp.subject)
+            label = GENUINE if p >= thr else ("generic_followup" if off.label == GENUINE else off.label)
+            which = f"{inp.subject}'s " if inp.subject in self.per_subject else ""
             yield LabelRecord(record_id=inp.record_id, label=label, genuine=is_genuine(label), judge=self.name,
-                              rationale=f"P(genuine, {self.reading}) {p:.3f} (threshold {self.threshold:.3f}); "
+                              rationale=f"P(genuine, {self.reading}) {p:.3f} ({which}threshold {thr:.3f}); "
                                         f"offline {off.label}", probs={GENUINE: round(p, 6)})
 
     def label(self, inp: JudgeInput) -> LabelRecord:

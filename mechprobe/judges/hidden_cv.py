@@ -1,5 +1,5 @@
 """Fit the hidden-state judge's heads by item-grouped cross-validation over every blind-labelled item outside the
-test sets (the ``pool`` protocol, ``hidden-v2``).
+test sets (the ``pool`` protocol: ``hidden-v2``, and ``hidden-v3`` with a threshold per subject model).
 
 Why a second protocol: the ``split`` protocol (:mod:`mechprobe.judges.hidden_fit`) fits on the train items and
 chooses on the dev items, and on the Qwen models those hold few strict positives (the 1.5B model's train items:
@@ -10,6 +10,12 @@ what tests a new fit is a set no fit reads: the sources marked ``fit=False`` in
 every other labelled turn is the pool: it is cut into ``folds`` folds by item (a label-blind hash), every
 candidate (layer, training target, C) gets out-of-fold probabilities for every pool turn, each threshold is
 scored by the mean over subject models of the out-of-fold kappa, and the winner is refit on the whole pool.
+
+Threshold per subject model (``hidden-v3``): for each head's chosen (layer, target, C), each subject model gets the
+threshold with its best out-of-fold kappa (:func:`per_subject_thresholds`); they are kept only if their mean beats
+the single threshold's by :data:`PER_SUBJECT_MARGIN` (the maximum over thresholds per model is more optimistic than
+one shared maximum). Why: the rate of genuine turns differs by subject model (2% of one model's turns, 12% of
+another's) and so does the probability at which a head's verdicts best match the labels.
 
 What the out-of-fold kappa is: an estimate made on the items that also chose the candidate, so it is optimistic
 by the selection over candidates; the once-scored test is the fresh set's (``judges evaluate``'s table).
@@ -35,10 +41,11 @@ from mechprobe.errors import UsageError
 from mechprobe.judges.hidden import HEADS, WEIGHTS_FORMAT, weights_digest
 from mechprobe.judges.hidden_fit import C_GRID, THRESHOLDS
 
-__all__ = ["VERSION", "FOLDS", "fold_of_item", "pool_turns", "held_out_sources", "fit_hidden_heads_cv"]
+__all__ = ["VERSION", "FOLDS", "PER_SUBJECT_MARGIN", "per_subject_thresholds", "fold_of_item", "pool_turns", "held_out_sources", "fit_hidden_heads_cv"]
 
-VERSION = "hidden-v2"
+VERSION = "hidden-v3"
 FOLDS = 5
+PER_SUBJECT_MARGIN = 0.05  # per-model thresholds are kept only if they beat one threshold by this much out of fold
 
 
 def fold_of_item(item: str, folds: int = FOLDS) -> int:
@@ -64,6 +71,36 @@ def pool_turns(blind: BlindSets, held_out: frozenset[str]) -> list[str]:
     """
     held_items = {t.item for t in blind.turns.values() if t.source in held_out}
     return sorted(t for t, x in blind.turns.items() if x.source not in held_out and x.item not in held_items)
+
+
+def per_subject_thresholds(scored: dict[str, list[tuple[bool, float]]], thresholds: Sequence[float],
+                           default: float) -> tuple[dict[str, float], dict[str, float]]:
+    """Each subject model's best threshold by its own kappa, and that kappa.
+
+    Args:
+        scored: subject model -> (label, out-of-fold probability) per turn.
+        thresholds: the candidates.
+        default: the head's global threshold; a tie goes to the candidate nearest it.
+    Returns:
+        ``({model: threshold}, {model: kappa})`` for the models with a positive and a finite kappa.
+
+    Example:
+        >>> per_subject_thresholds({"m": [(True, 0.9), (False, 0.6), (False, 0.2)]}, [0.5, 0.7], 0.5)
+        ({'m': 0.7}, {'m': 1.0})
+    """
+    out: dict[str, float] = {}
+    kap: dict[str, float] = {}
+    for m, rows in sorted(scored.items()):
+        y = np.array([a for a, _ in rows], dtype=bool)
+        p = np.array([b for _, b in rows], dtype=float)
+        if not y.any():
+            continue
+        cands = [(_kappa(y, p >= thr), -abs(thr - default), thr) for thr in thresholds]
+        cands = [c for c in cands if math.isfinite(c[0])]
+        if cands:
+            k, _, thr = max(cands)
+            out[m], kap[m] = float(thr), float(k)
+    return out, kap
 
 
 def _kappa(y: np.ndarray, p: np.ndarray) -> float:
@@ -127,6 +164,7 @@ def fit_hidden_heads_cv(blind: BlindSets, feats: dict[int, dict[str, np.ndarray]
                              "compute them first (cached_hidden_features)")
     selection: list[dict[str, Any]] = []
     best: dict[str, tuple[float, dict[str, Any]]] = {}
+    oofs: dict[tuple[int, str, float], dict[str, float]] = {}
     grid = [(layer, tgt, C) for layer in sorted(feats) for tgt in READINGS for C in c_grid]
     for layer, tgt, C in tqdm(grid, desc=f"cv candidates ({reader})", disable=not progress):
         X = np.stack([feats[layer][t] for t in pool]).astype(np.float64)
@@ -144,6 +182,7 @@ def fit_hidden_heads_cv(blind: BlindSets, feats: dict[int, dict[str, np.ndarray]
             # target under tgt (its labellers split there) that has one under the head's reading
             for t, p in zip(np.array(pool)[te], clf.predict_proba((X[te] - mean) / scale)[:, 1]):
                 oof[str(t)] = float(p)
+        oofs[(layer, tgt, C)] = oof
         for head in HEADS:
             scored = {m: [t for t in pool if blind.turns[t].model == m and truth[head][t] is not None and t in oof]
                       for m in models}
@@ -180,9 +219,18 @@ def fit_hidden_heads_cv(blind: BlindSets, feats: dict[int, dict[str, np.ndarray]
             mean, scale = _standardise(np.stack([feats[layer][t] for t in pool]).astype(np.float64))
         clf = LogisticRegression(C=b["C"], class_weight="balanced", max_iter=5000).fit(
             (X - mean) / scale, [bool(target[b["target"]][t]) for t in rows])
+        oof = oofs[(int(b["layer"]), b["target"], b["C"])]
+        scored = {m: [(bool(truth[h][t]), oof[t]) for t in pool
+                      if blind.turns[t].model == m and truth[h][t] is not None and t in oof] for m in models}
+        per, per_kappa = per_subject_thresholds(scored, thresholds, float(b["threshold"]))
+        gain = float(np.mean(list(per_kappa.values()))) - b["cv_mean_kappa"] if per_kappa else 0.0
         heads[h] = {"coef": [float(c) for c in clf.coef_[0]], "intercept": float(clf.intercept_[0]),
                     "threshold": b["threshold"],
                     "chosen": {k: b[k] for k in ("layer", "target", "C", "cv_mean_kappa", "cv_min_kappa", "cv_kappa")}}
+        heads[h]["chosen"]["per_subject"] = {"thresholds": per, "cv_kappa": per_kappa, "gain": gain,
+                                             "kept": gain >= PER_SUBJECT_MARGIN}
+        if gain >= PER_SUBJECT_MARGIN:
+            heads[h]["thresholds"] = per
     assert mean is not None and scale is not None
     w: dict[str, Any] = {"format": WEIGHTS_FORMAT, "version": VERSION, "reader": reader, "layer": layer,
                          "mean": [float(x) for x in mean], "scale": [float(x) for x in scale], "heads": heads,
@@ -190,7 +238,8 @@ def fit_hidden_heads_cv(blind: BlindSets, feats: dict[int, dict[str, np.ndarray]
                                  "layers_tried": sorted(feats), "held_out_sources": sorted(held_out),
                                  "rule": "every labelled item outside the held-out sources; item-grouped "
                                          f"{folds}-fold CV chooses (mean out-of-fold kappa over subject models); "
-                                         "the winner refit on the whole pool",
+                                         "the winner refit on the whole pool; per-subject-model thresholds kept "
+                                         f"if they beat one threshold by >= {PER_SUBJECT_MARGIN} out of fold",
                                  "hard_negative_arms": sorted(hard_negative_arms)}}
     w["weights_sha256"] = weights_digest(w)
     return w, selection

@@ -23,9 +23,9 @@ import numpy as np
 from mechprobe.audit.blind_sets import BlindSets
 from mechprobe.audit.judge_table import hidden_judge_name, hidden_verdicts_file, read_verdicts
 from mechprobe.judges.base import JudgeInput
-from mechprobe.judges.hidden import hidden_head_proba
+from mechprobe.judges.hidden import head_threshold, hidden_head_proba
 from mechprobe.judges.hidden import load_weights as hidden_load_weights
-from mechprobe.judges.hidden_cv import pool_turns
+from mechprobe.judges.hidden_cv import held_out_sources, pool_turns
 from mechprobe.judges.hidden_fit import cached_hidden_features
 
 __all__ = ["archived_hidden_weights", "turns_to_score", "verdict_rows", "write_hidden_verdicts"]
@@ -44,32 +44,42 @@ def archived_hidden_weights(archive: Path, reader: str, current: dict[str, Any])
     return [w for w in ws if w["reader"] == reader and w["weights_sha256"] != current["weights_sha256"]]
 
 
-def turns_to_score(hw: dict[str, Any], blind: BlindSets, tids: Iterable[str]) -> list[str]:
+def turns_to_score(hw: dict[str, Any], blind: BlindSets, tids: Iterable[str],
+                   held_now: frozenset[str] | None = None) -> list[str]:
     """The turns weights ``hw`` give verdicts on: all of ``tids`` for a split fit, those outside its pool for a pool
-    fit (a pool fit's verdicts on its own training turns would be in-sample, not a test)."""
+    fit (a pool fit's verdicts on its own training turns would be in-sample, not a test).
+
+    A pool fit's pool is every turn outside its own held-out sources and outside the sources held out now
+    (``held_now``, default :func:`~mechprobe.judges.hidden_cv.held_out_sources`): a test set added after the fit,
+    marked ``fit=False``, was never read by any fit, so an earlier fit scores it too.
+    """
     tids = sorted(tids)
     if (hw.get("fit") or {}).get("protocol") == "pool":
-        pool = set(pool_turns(blind, frozenset(hw["fit"]["held_out_sources"])))
+        held = frozenset(hw["fit"]["held_out_sources"]) | (held_out_sources() if held_now is None else held_now)
+        pool = set(pool_turns(blind, held))
         tids = [t for t in tids if t not in pool]
     return tids
 
 
-def verdict_rows(hw: dict[str, Any], X: dict[str, np.ndarray], tids: list[str]) -> list[dict[str, Any]]:
+def verdict_rows(hw: dict[str, Any], X: dict[str, np.ndarray], tids: list[str],
+                 subjects: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """One verdict row per turn and head of weights ``hw`` from the reader's features ``X`` (turn id -> row at
-    ``hw['layer']``), in the verdicts file's format.
+    ``hw['layer']``), in the verdicts file's format; ``subjects`` (turn id -> the model that wrote it) picks a
+    head's per-subject threshold where the fit has one (:func:`~mechprobe.judges.hidden.head_threshold`).
 
     Example:
         >>> verdict_rows({"reader": "r", "version": "hidden-v1", "heads": {}}, {}, [])
         []
     """
+    subjects = subjects or {}
     spec = hidden_judge_name(hw["reader"], hw["version"])
     rows: list[dict[str, Any]] = []
     if not tids:
         return rows
     for head in hw["heads"]:
         probs = hidden_head_proba(hw, head, np.stack([X[t] for t in tids]))
-        thr = float(hw["heads"][head]["threshold"])
-        rows += [{"turn_id": t, "judge": spec, "reading": head, "genuine": bool(p >= thr)} for t, p in zip(tids, probs)]
+        rows += [{"turn_id": t, "judge": spec, "reading": head,
+                  "genuine": bool(p >= head_threshold(hw, head, subjects.get(t, "")))} for t, p in zip(tids, probs)]
     return rows
 
 
@@ -103,6 +113,7 @@ def write_hidden_verdicts(lm: Any, current: dict[str, Any], archived: list[dict[
         the verdict files written, current first.
     """
     plan: list[tuple[dict[str, Any], Path, list[dict[str, Any]], list[str]]] = []
+    subjects = {t: x.model for t, x in blind.turns.items()}
     for i, hw in enumerate([current, *archived]):
         path = root / hidden_verdicts_file(lm.name, hw["version"])
         keep = [] if (i == 0 and refit) else _read_rows(path)
@@ -118,7 +129,7 @@ def write_hidden_verdicts(lm: Any, current: dict[str, Any], archived: list[dict[
         X = cached_hidden_features(lm, {t: inputs[t] for t in need}, [layer], cache)[layer]
         for k, (hw, path, keep, todo) in enumerate(plan):
             if int(hw["layer"]) == layer:
-                plan[k] = (hw, path, keep + verdict_rows(hw, X, todo), [])
+                plan[k] = (hw, path, keep + verdict_rows(hw, X, todo, subjects), [])
     written = []
     for _hw, path, rows, _ in plan:
         if rows or path.is_file():

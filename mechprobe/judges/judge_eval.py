@@ -136,7 +136,7 @@ class JudgeEvalResult:
 def judge_inputs(blind: BlindSets) -> dict[str, JudgeInput]:
     """What a judge sees of each blind turn (what the labellers saw: query, answer, the turn as written)."""
     return {tid: JudgeInput(record_id=tid, prompt=t.query, response=t.answer, raw_text=t.turn, dataset=t.dataset,
-                            item_id=t.item) for tid, t in blind.turns.items()}
+                            item_id=t.item, subject=t.model) for tid, t in blind.turns.items()}
 
 
 def cached_features(inputs: dict[str, JudgeInput], cache: Path, embed: bool = True,

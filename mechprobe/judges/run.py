@@ -41,8 +41,8 @@ from mechprobe.io import (
     write_text_atomic,
     writer_lock,
 )
-from mechprobe.judges.base import Judge, JudgeInput, JudgeMismatch, inputs_from_run
-from mechprobe.judges.factory import labelled_by, make_judge, resolve_judge_spec, run_model_name
+from mechprobe.judges.base import Judge, JudgeInput, JudgeMismatch, inputs_from_run, run_model_name
+from mechprobe.judges.factory import labelled_by, make_judge, resolve_judge_spec
 from mechprobe.judges.registry import AUTO, OFFLINE_JUDGE
 from mechprobe.records import truncated_item_ids, truncation_note
 from mechprobe.stats import wilson

@@ -28,13 +28,15 @@ from mechprobe.steering.evaluate import (
 from mechprobe.steering.vector import SteeringVector
 
 
-def judge_turns(judge, turns: list[SteeredTurn], by_item: dict[str, AssistantRecord], key: str) -> dict[str, str]:
+def judge_turns(judge, turns: list[SteeredTurn], by_item: dict[str, AssistantRecord], key: str,
+                subject: str = "") -> dict[str, str]:
     """Labels of steered turns by ``judge``, keyed ``<key>|<item>``: judged as greedy turns after the item's own
-    prompt and answer, exactly as the run's turns were, so steered and unsteered verdicts are comparable."""
+    prompt and answer, exactly as the run's turns were, so steered and unsteered verdicts are comparable
+    (``subject``: the steered model, for a judge calibrated per subject model)."""
     inputs = [JudgeInput(record_id=f"{key}|{t.item_id}", prompt=by_item[t.item_id].prompt,
                          response=by_item[t.item_id].response, raw_text=t.raw_text, text=t.text,
                          stop_reason=t.stop_reason, dataset=by_item[t.item_id].dataset, decoding="greedy",
-                         item_id=t.item_id) for t in turns]
+                         item_id=t.item_id, subject=subject) for t in turns]
     bar = tqdm(judge.label_many(inputs), total=len(inputs), desc=f"judge {key}", unit="turn", leave=False)
     return {r.record_id: r.label for r in bar}
 
@@ -74,7 +76,7 @@ def run_condition(lm, judge, vec, alpha, a, items, by_item, path: Path, system=N
                                    system=system, engine=engine, nll=scorer)
         turns = with_base_nll(lm, turns, todo, vec if steered else None, alpha, a.positions, system, base, scorer)
         t1 = time.perf_counter()
-        labels = judge_turns(judge, turns, by_item, key)
+        labels = judge_turns(judge, turns, by_item, key, getattr(lm, "name", ""))
         print(f"{path.parent.name}/{path.name}: {len(todo)} turns generated + NLLs in {t1 - t0:.0f} s, "
               f"judged in {time.perf_counter() - t1:.0f} s", flush=True)
         for t in turns:
@@ -89,7 +91,7 @@ def run_condition(lm, judge, vec, alpha, a, items, by_item, path: Path, system=N
                                                      scorer or NllScorer(lm))}
         turns = [fixed.get(t.item_id, t) for t in turns]
     labels = {f"{key}|{r['item_id']}": r["label"] for r in rows if r.get("judge") == judge.name}
-    labels.update(other_judge_labels(judge, turns, rows, by_item, key, path))
+    labels.update(other_judge_labels(judge, turns, rows, by_item, key, path, getattr(lm, "name", "")))
     cut = set() if getattr(a, "include_truncated", False) else truncated_item_ids(by_item[t.item_id] for t in turns)
     res = summarize(turns, labels, key, cut)
     nb = [t.nll_base_text for t in turns if t.nll_base_text is not None]
@@ -98,7 +100,7 @@ def run_condition(lm, judge, vec, alpha, a, items, by_item, path: Path, system=N
 
 
 def other_judge_labels(judge, turns: list[SteeredTurn], rows: list[dict], by_item: dict[str, AssistantRecord],
-                       key: str, path: Path) -> dict[str, str]:
+                       key: str, path: Path, subject: str = "") -> dict[str, str]:
     """Labels by ``judge`` for rows another judge labelled (or older rows that do not say which judge did).
 
     Why: a steering directory outlives its judge (docs/results.md: the 1.5B sweep was re-judged with ``hybrid-voice:``).
@@ -114,7 +116,7 @@ def other_judge_labels(judge, turns: list[SteeredTurn], rows: list[dict], by_ite
     other_ids = {r["item_id"] for r in other}
     need = [t for t in turns if t.item_id in other_ids and f"{judge.name}|{t.item_id}" not in side]
     if need:
-        got = judge_turns(judge, need, by_item, key)
+        got = judge_turns(judge, need, by_item, key, subject)
         store = JsonlStore(side_p, key="key")
         for t in need:
             lab = got.get(f"{key}|{t.item_id}")

@@ -278,7 +278,7 @@ def _layer_sweep(s: _Steer, alphas: list[float], n_layers: int) -> tuple[int, li
         turns = steered_user_turns(s.lm, s.items.train, v, alpha_sel, a.positions, a.max_user_tokens,
                                    system=s.cfg.system, engine=s.engine, nll=s.scorer)
         key = f"sweep|L{cand}"
-        r = summarize(turns, judge_turns(s.judge, turns, by_item, key), key,
+        r = summarize(turns, judge_turns(s.judge, turns, by_item, key, getattr(s.lm, "name", "")), key,
                       set() if a.include_truncated else truncated_item_ids(by_item[t.item_id] for t in turns))
         sweep.append({"layer": cand, "alpha": alpha_sel, **r})
         print(f"  train sweep layer {cand} alpha {alpha_sel:g}: follow-up {r['followup_rate']:.3f} "

@@ -8,6 +8,7 @@ averaged over the turn's tokens; batched (left-padded) must equal it.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -137,6 +138,11 @@ def test_edited_or_bad_weights_are_refused():
         check_weights(_weights(4, coef=[0.0] * 3), "w.json")
     with pytest.raises(UsageError, match="threshold"):
         check_weights(_weights(4, threshold=2.0), "w.json")
+    bad = _weights(4)
+    bad["heads"]["strict"]["thresholds"] = {"qwen2.5-coder-0.5b-instruct": 1.5}
+    bad["weights_sha256"] = weights_digest(bad)
+    with pytest.raises(UsageError, match="'thresholds' must map subject model names"):
+        check_weights(bad, "w.json")
 
 
 def test_judge_decides_by_its_head_and_refuses_another_reader(smol, tmp_path):
@@ -155,6 +161,16 @@ def test_judge_decides_by_its_head_and_refuses_another_reader(smol, tmp_path):
     ra, rb = list(judge.label_many(INPUTS[:2]))
     assert ra.label == GENUINE and rb.label != GENUINE and not rb.genuine
     assert spec_of_judge_name(ra.judge) == "hidden:smollm2-135m-instruct"
+    # a per-subject threshold of 0.0 (everything passes) decides that subject's turns only
+    w = _weights(X.shape[1], coef=coef.tolist(), intercept=-mid, layer=layer)
+    w["heads"]["strict"]["thresholds"] = {"lax-model": 0.0}
+    w["weights_sha256"] = weights_digest(w)
+    p.write_text(json.dumps(w))
+    judge = make_judge("hidden:smollm2-135m-instruct", weights=str(p), loaded=smol)
+    lax = replace(INPUTS[1], subject="lax-model")
+    rb, rl, ro = list(judge.label_many([INPUTS[1], lax, replace(INPUTS[1], subject="other-model")]))
+    assert not rb.genuine and rl.genuine and not ro.genuine
+    assert "lax-model's threshold 0.000" in rl.rationale and "(threshold 0.500)" in ro.rationale
     other = tmp_path / "o.json"
     other.write_text(json.dumps(_weights(X.shape[1], reader="qwen2.5-coder-0.5b-instruct")))
     with pytest.raises(UsageError, match="fit with reader"):

@@ -9,8 +9,15 @@ import pytest
 
 from mechprobe.audit.blind_sets import SOURCES, BlindLabel, BlindSets, BlindTurn, query_item_key
 from mechprobe.errors import UsageError
-from mechprobe.judges.hidden import check_weights, hidden_head_proba
-from mechprobe.judges.hidden_cv import FOLDS, fit_hidden_heads_cv, fold_of_item, held_out_sources, pool_turns
+from mechprobe.judges.hidden import check_weights, head_threshold, hidden_head_proba
+from mechprobe.judges.hidden_cv import (
+    FOLDS,
+    PER_SUBJECT_MARGIN,
+    fit_hidden_heads_cv,
+    fold_of_item,
+    held_out_sources,
+    pool_turns,
+)
 from mechprobe.taxonomy import GENUINE
 
 
@@ -38,9 +45,10 @@ def _blind(n_items: int = 90, d: int = 6, held_items: int = 15):
     return BlindSets(turns, labels, []), {5: f5, 9: f9}
 
 
-def test_the_fresh_v2_set_is_the_one_held_out_source():
-    assert held_out_sources() == {"judge_fresh_test_v2"}
-    assert all(s.fit for s in SOURCES if s.name != "judge_fresh_test_v2")
+def test_the_fresh_v3_set_is_the_one_held_out_source():
+    # studies/judge/hidden_v3_fit.json: fresh v2 is pooled, fresh v3 tests the fit
+    assert held_out_sources() == {"judge_fresh_test_v3"}
+    assert all(s.fit for s in SOURCES if s.name != "judge_fresh_test_v3")
 
 
 def test_pool_leaves_out_held_out_sources_and_their_items():
@@ -61,7 +69,7 @@ def test_cv_chooses_the_informative_layer_and_ignores_held_out_turns():
     blind, feats = _blind()
     w, selection = fit_hidden_heads_cv(blind, feats, "toy-reader", held_out=frozenset({"fresh"}), progress=False)
     check_weights(w, "fit")
-    assert w["version"] == "hidden-v2" and w["layer"] == 5 and w["fit"]["protocol"] == "pool"
+    assert w["version"] == "hidden-v3" and w["layer"] == 5 and w["fit"]["protocol"] == "pool"
     assert w["fit"]["pool_turns"] == 150 and w["fit"]["held_out_sources"] == ["fresh"]
     assert {r["layer"] for r in selection} == {5, 9}
     best = max((r for r in selection if r["head"] == "strict"), key=lambda r: r["cv_mean_kappa"])
@@ -77,6 +85,39 @@ def test_cv_chooses_the_informative_layer_and_ignores_held_out_turns():
                                       if x.source == "fresh" else x for x in blind.labels], [])
     w2, _ = fit_hidden_heads_cv(flipped, scrambled, "toy-reader", held_out=frozenset({"fresh"}), progress=False)
     assert w2["weights_sha256"] == w["weights_sha256"]
+    # one threshold already separates both models: per-model thresholds gain nothing and are not kept
+    per = w["heads"]["strict"]["chosen"]["per_subject"]
+    assert per["kept"] is False and per["gain"] < PER_SUBJECT_MARGIN and "thresholds" not in w["heads"]["strict"]
+
+
+def test_per_subject_thresholds_are_kept_where_one_threshold_cannot_serve_both_models():
+    """m-a's turns sit high on the signal (genuine 4, other 2), m-b's low (genuine 1, other -1): no single
+    threshold separates both, one per model does; held-out turns are then judged right at their model's."""
+    rng = np.random.default_rng(1)
+    turns, labels, f5 = {}, [], {}
+    for i in range(120):
+        for model, (pos, neg) in (("m-a", (4.0, 2.0)), ("m-b", (1.0, -1.0))):
+            q, tid = f"query {i}", f"t{i}{model}"
+            src = "fresh" if i >= 100 else "pool"
+            genuine = i % 3 == 0
+            turns[tid] = BlindTurn(tid, src, model, "gsm8k", query_item_key(q), "greedy", q, "answer", "turn")
+            for who in ("labeller-a", "labeller-b"):
+                labels.append(BlindLabel(tid, src, "v2", who, GENUINE if genuine else "new_query",
+                                         "yes" if genuine else None, False))
+            f5[tid] = np.r_[(pos if genuine else neg) + rng.normal(scale=0.1), rng.normal(size=3)]
+    blind = BlindSets(turns, labels, [])
+    w, _ = fit_hidden_heads_cv(blind, {5: f5}, "toy-reader", held_out=frozenset({"fresh"}), progress=False)
+    check_weights(w, "fit")
+    per = w["heads"]["strict"]["chosen"]["per_subject"]
+    assert per["kept"] is True and per["gain"] >= PER_SUBJECT_MARGIN
+    thr = w["heads"]["strict"]["thresholds"]
+    assert set(thr) == {"m-a", "m-b"} and thr["m-a"] != thr["m-b"]
+    held = [t for t, x in turns.items() if x.source == "fresh"]
+    p = hidden_head_proba(w, "strict", np.stack([f5[t] for t in held]))
+    got = [bool(x >= head_threshold(w, "strict", turns[t].model)) for t, x in zip(held, p)]
+    assert got == [int(turns[t].query.split()[1]) % 3 == 0 for t in held]
+    one = [bool(x >= head_threshold(w, "strict")) for x in p]  # the global threshold alone errs on one model
+    assert one != got
 
 
 def test_a_pool_turn_without_features_is_named():

@@ -133,3 +133,26 @@ def test_split_fit_scores_every_turn_and_archived_weights_are_found_by_reader(tm
     (arch / "textfit-v1.json").write_text("{}", encoding="utf-8")  # another judge's archive: not read
     assert [w["version"] for w in hv.archived_hidden_weights(arch, READER, v2)] == ["hidden-v1"]
     assert hv.archived_hidden_weights(arch, "other-reader", v2) == []
+
+
+def test_a_test_set_added_after_a_pool_fit_is_scored_by_it_at_each_subjects_threshold(tmp_path):
+    """A pool fit held out ``fresh``; a set held out later (``newer``) was never in its pool, so it scores it too.
+    A head's per-subject threshold decides the turns of that subject model."""
+    blind, inputs, feats = _blind()
+    turns = dict(blind.turns)
+    for i in range(12, 14):
+        q, tid = f"query {i}", f"t{i:02d}"
+        turns[tid] = BlindTurn(tid, "newer", "m2", "gsm8k", query_item_key(q), "greedy", q, "answer", "turn")
+        inputs[tid] = JudgeInput(tid, q, "answer", "turn", subject="m2")
+        feats[tid] = np.array([1.0, 0.0, 0.0, 0.0])
+    blind = BlindSets(turns, blind.labels, [])
+    v2 = _weights("hidden-v2", 1.0, pool=True)
+    assert hv.turns_to_score(v2, blind, inputs, held_now=frozenset()) == [f"t{i:02d}" for i in range(8, 12)]
+    assert hv.turns_to_score(v2, blind, inputs, held_now=frozenset({"newer"})) == \
+        [f"t{i:02d}" for i in range(8, 14)]
+    w = _weights("hidden-v3", 1.0, pool=True)
+    w["heads"]["strict"]["thresholds"] = {"m2": 0.99999}  # P = sigmoid(10) < this: m2's turns are not genuine
+    rows = hv.verdict_rows(w, feats, ["t09", "t12"], {"t09": "m", "t12": "m2"})
+    got = {(r["turn_id"], r["reading"]): r["genuine"] for r in rows}
+    assert got == {("t09", "lenient"): True, ("t12", "lenient"): True, ("t09", "strict"): True,
+                   ("t12", "strict"): False}

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from mechprobe.cli.judge import main as main_judge
+from mechprobe.errors import UserError
 from mechprobe.io import read_jsonl
 from mechprobe.judges.base import JudgeMismatch, inputs_from_run
 from mechprobe.judges.run import judge_run, summarize_labels
@@ -184,3 +185,15 @@ def test_default_judge_follows_the_environment(monkeypatch):
     assert resolve_judge_spec(None) == resolve_judge_spec("auto") == "openai:qwen-judge"
     assert resolve_judge_spec("offline") == "offline"
     assert resolve_judge_spec("hybrid2:m") == "hybrid-voice:m"
+
+
+def test_a_runs_inputs_name_the_model_that_wrote_its_turns(tmp_path):
+    """The subject model (a per-subject-calibrated judge's key) comes from the run's manifest; a run without one
+    says nothing, and an unreadable manifest is one line naming the fix."""
+    run = make_run(tmp_path)
+    assert {i.subject for i in inputs_from_run(run)} == {""}
+    (run / "manifest.json").write_text(json.dumps({"config": {"model": "qwen2.5-coder-0.5b-instruct"}}))
+    assert {i.subject for i in inputs_from_run(run)} == {"qwen2.5-coder-0.5b-instruct"}
+    (run / "manifest.json").write_text("{not json")
+    with pytest.raises(UserError, match="manifest.json"):
+        inputs_from_run(run)

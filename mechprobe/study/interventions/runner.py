@@ -513,7 +513,7 @@ class Study(PostTrainingSteps):
                 t = turns[meta["turn_id"]]
                 inputs.append(JudgeInput(record_id=row, prompt=t["query"], response=t["answer"], raw_text=t["raw_turn"],
                                          text=t["turn"], stop_reason=t["stop_reason"], dataset=t["dataset"],
-                                         item_id=t["item_id"]))
+                                         item_id=t["item_id"], subject=self.plan.model))
             out = d / f"verdicts_{spec.replace(':', '_')}.jsonl"
             store = JsonlStore(out, key="record_id")
             todo = [i for i in inputs if not store.has(i.record_id)]
