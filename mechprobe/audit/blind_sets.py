@@ -115,7 +115,8 @@ SOURCES: tuple[Source, ...] = (
            "qwen2.5-coder-0.5b-instruct"),
     Source("judge_fresh_test_v1", "fresh", "reports/judge_sets/fresh_test_v1", "v2"),
     Source("judge_fresh_test_v2", "fresh", "reports/judge_sets/fresh_test_v2", "v2"),
-    Source("judge_fresh_test_v3", "fresh", "reports/judge_sets/fresh_test_v3", "v2", fit=False),
+    Source("judge_fresh_test_v3", "fresh", "reports/judge_sets/fresh_test_v3", "v2"),
+    Source("judge_fresh_test_v4", "fresh", "reports/judge_sets/fresh_test_v4", "v2", fit=False),
 )
 
 

@@ -1,5 +1,5 @@
 """Fit the hidden-state judge's heads by item-grouped cross-validation over every blind-labelled item outside the
-test sets (the ``pool`` protocol: ``hidden-v2``, and ``hidden-v3`` with a threshold per subject model).
+test sets (the ``pool`` protocol: ``hidden-v2``; from ``hidden-v3`` on with a threshold per subject model).
 
 Why a second protocol: the ``split`` protocol (:mod:`mechprobe.judges.hidden_fit`) fits on the train items and
 chooses on the dev items, and on the Qwen models those hold few strict positives (the 1.5B model's train items:
@@ -11,7 +11,7 @@ every other labelled turn is the pool: it is cut into ``folds`` folds by item (a
 candidate (layer, training target, C) gets out-of-fold probabilities for every pool turn, each threshold is
 scored by the mean over subject models of the out-of-fold kappa, and the winner is refit on the whole pool.
 
-Threshold per subject model (``hidden-v3``): for each head's chosen (layer, target, C), each subject model gets the
+Threshold per subject model (from ``hidden-v3`` on): for each head's chosen (layer, target, C), each subject model gets the
 threshold with its best out-of-fold kappa (:func:`per_subject_thresholds`); they are kept only if their mean beats
 the single threshold's by :data:`PER_SUBJECT_MARGIN` (the maximum over thresholds per model is more optimistic than
 one shared maximum). Why: the rate of genuine turns differs by subject model (2% of one model's turns, 12% of
@@ -43,7 +43,7 @@ from mechprobe.judges.hidden_fit import C_GRID, THRESHOLDS
 
 __all__ = ["VERSION", "FOLDS", "PER_SUBJECT_MARGIN", "per_subject_thresholds", "fold_of_item", "pool_turns", "held_out_sources", "fit_hidden_heads_cv"]
 
-VERSION = "hidden-v3"
+VERSION = "hidden-v4"  # the next fit's name: each pool fit has its plan, studies/judge/hidden_v<N>_fit.json
 FOLDS = 5
 PER_SUBJECT_MARGIN = 0.05  # per-model thresholds are kept only if they beat one threshold by this much out of fold
 

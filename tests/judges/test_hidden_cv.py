@@ -45,10 +45,10 @@ def _blind(n_items: int = 90, d: int = 6, held_items: int = 15):
     return BlindSets(turns, labels, []), {5: f5, 9: f9}
 
 
-def test_the_fresh_v3_set_is_the_one_held_out_source():
-    # studies/judge/hidden_v3_fit.json: fresh v2 is pooled, fresh v3 tests the fit
-    assert held_out_sources() == {"judge_fresh_test_v3"}
-    assert all(s.fit for s in SOURCES if s.name != "judge_fresh_test_v3")
+def test_the_fresh_v4_set_is_the_one_held_out_source():
+    # studies/judge/hidden_v4_fit.json: fresh v3 is pooled, fresh v4 tests the fit
+    assert held_out_sources() == {"judge_fresh_test_v4"}
+    assert all(s.fit for s in SOURCES if s.name != "judge_fresh_test_v4")
 
 
 def test_pool_leaves_out_held_out_sources_and_their_items():
@@ -69,7 +69,7 @@ def test_cv_chooses_the_informative_layer_and_ignores_held_out_turns():
     blind, feats = _blind()
     w, selection = fit_hidden_heads_cv(blind, feats, "toy-reader", held_out=frozenset({"fresh"}), progress=False)
     check_weights(w, "fit")
-    assert w["version"] == "hidden-v3" and w["layer"] == 5 and w["fit"]["protocol"] == "pool"
+    assert w["version"] == "hidden-v4" and w["layer"] == 5 and w["fit"]["protocol"] == "pool"
     assert w["fit"]["pool_turns"] == 150 and w["fit"]["held_out_sources"] == ["fresh"]
     assert {r["layer"] for r in selection} == {5, 9}
     best = max((r for r in selection if r["head"] == "strict"), key=lambda r: r["cv_mean_kappa"])
