@@ -103,7 +103,7 @@ class JudgeEvalConfig:
         hidden_layers: the residual indices a fit tries; empty = every fourth layer from the middle to the last.
         hidden_protocol: how a hidden fit chooses: ``split`` (train items fit, dev items choose; ``hidden-v1``) or
             ``pool`` (item-grouped cross-validation over every labelled item outside the held-out test sets;
-            ``hidden-v2``, :mod:`mechprobe.judges.hidden_cv`).
+            ``hidden-v2`` on, :mod:`mechprobe.judges.hidden_cv`).
     """
 
     root: str = "."
