@@ -65,11 +65,19 @@ def _config(plan: dict, model: str, dataset: str, dtype: str) -> ProbeConfig:
                        dtype=dtype)
 
 
-def generate(plan_path: Path, models: list[str], dtype: str) -> None:
+def _part(items: dict[str, list[str]], datasets: list[str]) -> dict[str, list[str]]:
+    """The plan's items of ``datasets`` only (all when empty): a set labelled in parts, each part its own sheet."""
+    unknown = sorted(set(datasets) - set(items))
+    if unknown:
+        raise SystemExit(f"--datasets {' '.join(unknown)}: not in the plan; its datasets: {', '.join(items)}")
+    return {ds: ids for ds, ids in items.items() if not datasets or ds in datasets}
+
+
+def generate(plan_path: Path, models: list[str], dtype: str, datasets: list[str] | None = None) -> None:
     plan = json.loads(plan_path.read_text(encoding="utf-8"))
     for model in models or plan["models"]:
         lm = load_model(model, dtype=dtype)
-        for ds, ids in plan_items(plan, model).items():
+        for ds, ids in _part(plan_items(plan, model), datasets or []).items():
             rows = {it.item_id: it for it in load_dataset(ds).items}
             out = _runs(plan_path) / f"{model}-{ds}"
             run_probe(_config(plan, model, ds, dtype), out, lm=lm, items=[rows[i] for i in ids])
@@ -87,11 +95,11 @@ def _one_row_per_turn(rows: list[dict]) -> list[dict]:
     return list(by.values())
 
 
-def sheet(plan_path: Path, out: Path, seed: int = 0) -> None:
+def sheet(plan_path: Path, out: Path, seed: int = 0, datasets: list[str] | None = None) -> None:
     plan = json.loads(plan_path.read_text(encoding="utf-8"))
     rows = []
     for model in plan["models"]:
-        for ds, ids in plan_items(plan, model).items():
+        for ds, ids in _part(plan_items(plan, model), datasets or []).items():
             run = _runs(plan_path) / f"{model}-{ds}"
             answers = {r["item_id"]: r for r in read_jsonl(run / "assistant.jsonl")}
             turns = list(read_jsonl(run / "user_turns.jsonl"))
@@ -111,7 +119,7 @@ def sheet(plan_path: Path, out: Path, seed: int = 0) -> None:
     out.mkdir(parents=True, exist_ok=True)
     key = {"format": "mechprobe-judge-fresh-sheet-v1", "plan": plan_path.name,
            "plan_sha256": hashlib.sha256(plan_path.read_bytes()).hexdigest(), "codebook": CODEBOOK_VERSION,
-           "seed": seed, "rows": {}}
+           "seed": seed, "datasets": sorted(datasets) if datasets else "all", "rows": {}}
     with open(out / "sheet.csv", "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(["row", "query", "answer", "user_turn"])
@@ -219,9 +227,11 @@ def main() -> int:
     g.add_argument("--plan", required=True, type=Path)
     g.add_argument("--model", nargs="*", default=[])
     g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    g.add_argument("--datasets", nargs="*", default=[], help="only these datasets of the plan (a set labelled in parts)")
     s = sub.add_parser("sheet")
     s.add_argument("--plan", required=True, type=Path)
     s.add_argument("--out", required=True, type=Path)
+    s.add_argument("--datasets", nargs="*", default=[], help="one part of the plan: a sheet of these datasets only")
     v = sub.add_parser("verdicts")
     v.add_argument("--out", required=True, type=Path)
     v.add_argument("--judge", required=True, help="a judge spec, e.g. hybrid-voice:qwen2.5-coder-1.5b-instruct")
@@ -245,9 +255,9 @@ def main() -> int:
         return 0
     plan = a.plan.resolve()
     if a.cmd == "generate":
-        generate(plan, a.model, a.dtype)
+        generate(plan, a.model, a.dtype, a.datasets)
     else:
-        sheet(plan, a.out.resolve())
+        sheet(plan, a.out.resolve(), datasets=a.datasets)
     return 0
 
 

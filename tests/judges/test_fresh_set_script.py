@@ -97,3 +97,18 @@ def test_batches_hold_the_sheet_and_merge_checks_every_row_once(tmp_path):
     assert [r["row"] for r in rows] == ["r0", "r1", "r2", "r3", "r4"]  # the sheet's order
     with pytest.raises(SystemExit, match="labelled twice"):
         mod.merge(out, "labeller-a", [tmp_path / "a1.csv", tmp_path / "a1.csv"])
+
+
+def test_a_part_of_the_plan_is_its_datasets_and_an_unknown_one_is_named():
+    """A set labelled in parts (the fresh test v4: GSM8K and Topical-Chat first, MATH500 later): each part is the
+    plan's items of its datasets, and a dataset the plan lacks is refused naming the plan's."""
+    mod = _script()
+    items = {"gsm8k": ["g1"], "math500": ["m1", "m2"], "topical_chat": ["c1"]}
+    assert mod._part(items, []) == items
+    assert mod._part(items, ["topical_chat", "gsm8k"]) == {"gsm8k": ["g1"], "topical_chat": ["c1"]}
+    try:
+        mod._part(items, ["ifeval"])
+    except SystemExit as e:
+        assert "ifeval" in str(e) and "gsm8k, math500, topical_chat" in str(e)
+    else:
+        raise AssertionError("an unknown dataset was accepted")
