@@ -11,8 +11,8 @@ every other labelled turn is the pool: it is cut into ``folds`` folds by item (a
 candidate (layer, training target, C) gets out-of-fold probabilities for every pool turn, each threshold is
 scored by the mean over subject models of the out-of-fold kappa, and the winner is refit on the whole pool.
 
-Threshold per subject model (from ``hidden-v3`` on): for each head's chosen (layer, target, C), each subject model gets the
-threshold with its best out-of-fold kappa (:func:`per_subject_thresholds`); they are kept only if their mean beats
+Threshold per subject model (from ``hidden-v3`` on): for each head's chosen (layer, target, C), each subject model
+gets the threshold with its best out-of-fold kappa (:func:`per_subject_thresholds`); they are kept only if their mean beats
 the single threshold's by :data:`PER_SUBJECT_MARGIN` (the maximum over thresholds per model is more optimistic than
 one shared maximum). Why: the rate of genuine turns differs by subject model (2% of one model's turns, 12% of
 another's) and so does the probability at which a head's verdicts best match the labels.
@@ -103,6 +103,13 @@ def per_subject_thresholds(scored: dict[str, list[tuple[bool, float]]], threshol
     return out, kap
 
 
+def _scored_by_model(pool: list[str], blind: BlindSets, truth: dict[str, bool | None], oof: dict[str, float],
+                     models: list[str]) -> dict[str, list[str]]:
+    """Per subject model, the pool turns a head is scored on: a consensus under its reading and an out-of-fold
+    probability (one rule for choosing the shared threshold and the per-model ones)."""
+    return {m: [t for t in pool if blind.turns[t].model == m and truth[t] is not None and t in oof] for m in models}
+
+
 def _kappa(y: np.ndarray, p: np.ndarray) -> float:
     if len(y) == 0 or (y.all() and p.all()) or (not y.any() and not p.any()):
         return math.nan
@@ -184,8 +191,7 @@ def fit_hidden_heads_cv(blind: BlindSets, feats: dict[int, dict[str, np.ndarray]
                 oof[str(t)] = float(p)
         oofs[(layer, tgt, C)] = oof
         for head in HEADS:
-            scored = {m: [t for t in pool if blind.turns[t].model == m and truth[head][t] is not None and t in oof]
-                      for m in models}
+            scored = _scored_by_model(pool, blind, truth[head], oof, models)
             for thr in thresholds:
                 per: dict[str, float] = {}
                 for m, ts in scored.items():
@@ -220,9 +226,9 @@ def fit_hidden_heads_cv(blind: BlindSets, feats: dict[int, dict[str, np.ndarray]
         clf = LogisticRegression(C=b["C"], class_weight="balanced", max_iter=5000).fit(
             (X - mean) / scale, [bool(target[b["target"]][t]) for t in rows])
         oof = oofs[(int(b["layer"]), b["target"], b["C"])]
-        scored = {m: [(bool(truth[h][t]), oof[t]) for t in pool
-                      if blind.turns[t].model == m and truth[h][t] is not None and t in oof] for m in models}
-        per, per_kappa = per_subject_thresholds(scored, thresholds, float(b["threshold"]))
+        scored_ids = _scored_by_model(pool, blind, truth[h], oof, models)
+        per, per_kappa = per_subject_thresholds({m: [(bool(truth[h][t]), oof[t]) for t in ts]
+                                                 for m, ts in scored_ids.items()}, thresholds, float(b["threshold"]))
         gain = float(np.mean(list(per_kappa.values()))) - b["cv_mean_kappa"] if per_kappa else 0.0
         heads[h] = {"coef": [float(c) for c in clf.coef_[0]], "intercept": float(clf.intercept_[0]),
                     "threshold": b["threshold"],
