@@ -116,9 +116,11 @@ SOURCES: tuple[Source, ...] = (
     Source("judge_fresh_test_v1", "fresh", "reports/judge_sets/fresh_test_v1", "v2"),
     Source("judge_fresh_test_v2", "fresh", "reports/judge_sets/fresh_test_v2", "v2"),
     Source("judge_fresh_test_v3", "fresh", "reports/judge_sets/fresh_test_v3", "v2"),
-    Source("judge_fresh_test_v4", "fresh", "reports/judge_sets/fresh_test_v4", "v2", fit=False),
+    Source("judge_fresh_test_v4", "fresh", "reports/judge_sets/fresh_test_v4", "v2"),
     # part 2 of the fresh test v4 (studies/judge/fresh_test_v4_parts.json): its MATH500 items, one sheet of their own
-    Source("judge_fresh_test_v4_math500", "fresh", "reports/judge_sets/fresh_test_v4_math500", "v2", fit=False),
+    Source("judge_fresh_test_v4_math500", "fresh", "reports/judge_sets/fresh_test_v4_math500", "v2"),
+    # studies/judge/fresh_test_v5.json: greedy + 3 samples per item, Topical-Chat and hh_rlhf; tests hidden-v5
+    Source("judge_fresh_test_v5", "fresh", "reports/judge_sets/fresh_test_v5", "v2", fit=False),
 )
 
 
