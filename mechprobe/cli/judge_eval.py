@@ -45,6 +45,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="time --speed-judges on N test turns and append to speed.jsonl (0 = do not time)")
     p.add_argument("--speed-judges", nargs="+", default=list(d["speed_judges"]), metavar="SPEC",
                    help="judge specs timed by --speed")
+    p.add_argument("--speed-source", default=d["speed_source"], metavar="SOURCE",
+                   help="time turns of this labelled set (a blind_sets.SOURCES name) instead of the test split's")
+    p.add_argument("--speed-whole-answers", action="store_true",
+                   help="time every turn of each answer together, as a run holds them (default: one turn per "
+                        "answer, the worst case for a reader judge, which reads each answer once)")
     p.add_argument("--hidden", default=d["hidden"], metavar="MODEL",
                    help="also score the hidden-state judge read by MODEL (its verdicts in their own committed file)")
     p.add_argument("--fit-hidden", action="store_true",
@@ -64,7 +69,8 @@ def run(a: argparse.Namespace) -> int:
         raise UsageError("--fit-hidden needs --hidden MODEL (the reader whose hidden states the heads read)")
     cfg = JudgeEvalConfig(root=a.root, out=a.out, fit=a.fit, weights=a.weights, cache=a.cache,
                           splits=tuple(a.splits), n_boot=a.n_boot, speed_turns=a.speed,
-                          speed_judges=tuple(a.speed_judges), hidden=a.hidden, fit_hidden=a.fit_hidden,
+                          speed_judges=tuple(a.speed_judges), speed_source=a.speed_source,
+                          speed_whole_answers=a.speed_whole_answers, hidden=a.hidden, fit_hidden=a.fit_hidden,
                           hidden_layers=tuple(a.hidden_layers), hidden_protocol=a.hidden_protocol)
     res = run_judge_eval(cfg)
     print(res.markdown)

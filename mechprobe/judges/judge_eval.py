@@ -52,7 +52,7 @@ from mechprobe.judges.hidden_cv import fit_hidden_heads_cv
 from mechprobe.judges.hidden_fit import cached_hidden_features, fit_hidden_heads
 from mechprobe.judges.hidden_verdicts import archived_hidden_weights, write_hidden_verdicts
 from mechprobe.judges.offline import Embedder, OfflineJudge
-from mechprobe.judges.speed import cpu_description, measure_speed
+from mechprobe.judges.speed import answers_in, cpu_description, measure_speed, speed_sample
 from mechprobe.judges.textfit import (
     DEFAULT_WEIGHTS,
     HEADS,
@@ -97,6 +97,10 @@ class JudgeEvalConfig:
         speed_turns: when > 0, time each of ``speed_judges`` on this many test turns (the same turns, one judge
             after another, after one warm-up turn each) and append the rows to ``speed.jsonl``.
         speed_judges: the judge specs timed.
+        speed_source: time turns of this labelled set (a ``SOURCES`` name) instead of the test split's turns.
+        speed_whole_answers: time every turn of each answer together (as a run holds them: a reader judge reads the
+            shared conversation once per answer) instead of one turn per answer, the worst case
+            (:func:`~mechprobe.judges.speed.speed_sample`).
         hidden: a reader model: score the hidden-state judge fit with it (:mod:`mechprobe.judges.hidden`), its
             verdicts committed in their own file (``verdicts_hidden_<reader>.jsonl``) that later runs read.
         fit_hidden: (re)fit that judge's heads (train items fit, dev items choose) and write its weights.
@@ -115,6 +119,8 @@ class JudgeEvalConfig:
     n_boot: int = 500
     speed_turns: int = 0
     speed_judges: tuple[str, ...] = (TEXTFIT, "hybrid-voice:qwen2.5-coder-1.5b-instruct")
+    speed_source: str = ""
+    speed_whole_answers: bool = False
     hidden: str | None = None
     fit_hidden: bool = False
     hidden_layers: tuple[int, ...] = ()
@@ -390,10 +396,17 @@ def run_judge_eval(cfg: JudgeEvalConfig, progress: Callable[[str], None] | None 
     write_json(out / "split.json", split_file)
     speed_path = out / "speed.jsonl"
     if cfg.speed_turns > 0:
-        sample = [inputs[t] for t in tids if split_of_item(blind.turns[t].item) == "test"][:cfg.speed_turns + 1]
+        if cfg.speed_source and cfg.speed_source not in {t.source for t in blind.turns.values()}:
+            raise UsageError(f"--speed-source {cfg.speed_source!r} holds no labelled turn; name a source of "
+                             "mechprobe.audit.blind_sets.SOURCES whose folder exists")
+        pool = [inputs[t] for t in tids if (blind.turns[t].source == cfg.speed_source if cfg.speed_source
+                                            else split_of_item(blind.turns[t].item) == "test")]
+        sample = speed_sample(pool, cfg.speed_turns, cfg.speed_whole_answers)
+        where = f"turns of {cfg.speed_source}" if cfg.speed_source else "test turns"
         rows_s = measure_speed(cfg.speed_judges, sample, cpu=cpu_description(),
-                               note=f"{len(sample) - 1} test turns after 1 warm-up; load average "
-                                    f"{os.getloadavg()[0]:.1f} at start")
+                               note=f"{len(sample) - 1} {where} ({answers_in(sample[1:])} answers"
+                                    f"{', every turn of each' if cfg.speed_whole_answers else ', one turn each'}) "
+                                    f"after 1 warm-up; load average {os.getloadavg()[0]:.1f} at start")
         with speed_path.open("a", encoding="utf-8") as fh:
             fh.writelines(json.dumps(r) + "\n" for r in rows_s)
     speed = [json.loads(x) for x in speed_path.read_text(encoding="utf-8").splitlines() if x.strip()] \

@@ -17,7 +17,7 @@ from typing import Any
 from mechprobe.judges.base import JudgeInput
 from mechprobe.judges.factory import make_judge
 
-__all__ = ["cpu_description", "uncached_judge", "measure_speed"]
+__all__ = ["cpu_description", "uncached_judge", "measure_speed", "speed_sample", "answers_in"]
 
 
 def cpu_description() -> str:
@@ -66,3 +66,43 @@ def measure_speed(specs: Sequence[str], inputs: Sequence[JudgeInput],
                      "cpu": cpu, "note": note})
     return rows
 
+
+
+def speed_sample(candidates: Sequence[JudgeInput], n: int, whole_answers: bool = False) -> list[JudgeInput]:
+    """The turns a timing reads: one warm-up turn, then ``n`` timed turns.
+
+    Why two shapes: a reader judge computes the shared conversation (question, query, answer) once per answer and
+    only the turn itself per turn, so its cost per turn depends on how many turns share an answer. ``whole_answers``
+    False times the worst case, one turn per answer (the first turn of each answer, in order); True times turns as
+    a run holds them, every turn of an answer together (greedy, samples, a study's arms), whole answers until ``n``
+    timed turns are reached. The warm-up turn comes from an answer the timed turns do not hold.
+
+    Args:
+        candidates: the turns to draw from, in a fixed order.
+        n: timed turns wanted (whole answers may give a few more).
+        whole_answers: see above.
+    Returns:
+        ``[warm-up, *timed]`` (fewer when the candidates run out).
+
+    Example:
+        >>> ts = [JudgeInput(f"r{i}", "q", f"a{i // 2}", "t") for i in range(8)]
+        >>> [t.record_id for t in speed_sample(ts, 2)], [t.record_id for t in speed_sample(ts, 3, True)]
+        (['r0', 'r2', 'r4'], ['r0', 'r2', 'r3', 'r4', 'r5'])
+    """
+    groups: dict[tuple[str, str], list[JudgeInput]] = {}
+    for c in candidates:
+        groups.setdefault((c.prompt, c.response), []).append(c)
+    answers = list(groups.values())
+    if not answers:
+        return []
+    out = [answers[0][0]]
+    for g in answers[1:]:
+        if len(out) > n:
+            break
+        out += g[:len(g) if whole_answers else 1]
+    return out
+
+
+def answers_in(turns: Sequence[JudgeInput]) -> int:
+    """How many distinct answers (query, answer pairs) ``turns`` hold (a timing's note says it)."""
+    return len({(t.prompt, t.response) for t in turns})

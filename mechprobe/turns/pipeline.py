@@ -316,6 +316,7 @@ def _assistant_stage(cfg: ProbeConfig, lm: LoadedModel, jobs: list[tuple[Item, l
                                   reference_next_user=it.reference_next_user)
             store.append(rec.to_dict())
             bar.update(1)
+        bar.refresh()  # tqdm throttles redraws: without this the bar shows the batch's first item until the next one
         if after_batch is not None:
             after_batch({todo[i][0].item_id for i in batch})
     bar.close()

@@ -32,3 +32,26 @@ def test_judges_are_timed_without_their_verdict_cache(monkeypatch):
     monkeypatch.setattr(speed, "make_judge", lambda spec, **kw: built.append((spec, kw)) or _Counting())
     speed.measure_speed(["hybrid-voice:m"], [JudgeInput("r0", "q", "a", "t"), JudgeInput("r1", "q", "a", "t")])
     assert built == [("hybrid-voice:m", {"cache_dir": False})]
+
+
+def _answers(n_answers, per_answer):
+    return [JudgeInput(f"a{a}t{t}", f"q{a}", f"answer {a}", f"turn {t}") for a in range(n_answers)
+            for t in range(per_answer)]
+
+
+def test_one_turn_per_answer_times_distinct_answers_after_a_warm_up_of_its_own():
+    got = speed.speed_sample(_answers(10, 4), 5)
+    assert len(got) == 6 and speed.answers_in(got) == 6
+    assert (got[0].prompt, got[0].response) not in {(t.prompt, t.response) for t in got[1:]}
+
+
+def test_whole_answers_keep_every_turn_of_an_answer_together():
+    got = speed.speed_sample(_answers(10, 4), 6, whole_answers=True)
+    timed = got[1:]
+    assert len(timed) == 8 and speed.answers_in(timed) == 2  # two whole answers reach 6 timed turns
+    assert (got[0].prompt, got[0].response) not in {(t.prompt, t.response) for t in timed}
+
+
+def test_a_short_pool_gives_what_it_has():
+    assert speed.speed_sample([], 5) == []
+    assert len(speed.speed_sample(_answers(3, 1), 10)) == 3
