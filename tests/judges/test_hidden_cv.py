@@ -45,9 +45,9 @@ def _blind(n_items: int = 90, d: int = 6, held_items: int = 15):
     return BlindSets(turns, labels, []), {5: f5, 9: f9}
 
 
-def test_the_fresh_v5_set_is_the_held_out_test():
-    # studies/judge/hidden_v5_fit.json: fresh v4 (both parts) is pooled, fresh v5 tests the fit
-    held = {"judge_fresh_test_v5"}
+def test_the_fresh_v6_set_is_the_held_out_test():
+    # studies/judge/hidden_v6_fit.json: fresh v5 is pooled, fresh v6 tests the fit
+    held = {"judge_fresh_test_v6"}
     assert held_out_sources() == held
     assert all(s.fit for s in SOURCES if s.name not in held)
 
@@ -70,7 +70,7 @@ def test_cv_chooses_the_informative_layer_and_ignores_held_out_turns():
     blind, feats = _blind()
     w, selection = fit_hidden_heads_cv(blind, feats, "toy-reader", held_out=frozenset({"fresh"}), progress=False)
     check_weights(w, "fit")
-    assert w["version"] == "hidden-v5" and w["layer"] == 5 and w["fit"]["protocol"] == "pool"
+    assert w["version"] == "hidden-v6" and w["layer"] == 5 and w["fit"]["protocol"] == "pool"
     assert w["fit"]["pool_turns"] == 150 and w["fit"]["held_out_sources"] == ["fresh"]
     assert {r["layer"] for r in selection} == {5, 9}
     best = max((r for r in selection if r["head"] == "strict"), key=lambda r: r["cv_mean_kappa"])
