@@ -397,7 +397,7 @@ def run_judge_eval(cfg: JudgeEvalConfig, progress: Callable[[str], None] | None 
     speed_path = out / "speed.jsonl"
     if cfg.speed_turns > 0:
         if cfg.speed_source and cfg.speed_source not in {t.source for t in blind.turns.values()}:
-            raise UsageError(f"--speed-source {cfg.speed_source!r} holds no labelled turn; name a source of "
+            raise UsageError(f"speed_source={cfg.speed_source!r} holds no labelled turn; name a source of "
                              "mechprobe.audit.blind_sets.SOURCES whose folder exists")
         pool = [inputs[t] for t in tids if (blind.turns[t].source == cfg.speed_source if cfg.speed_source
                                             else split_of_item(blind.turns[t].item) == "test")]
