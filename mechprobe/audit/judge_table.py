@@ -27,6 +27,7 @@ from .blind_sets import BlindSets, JudgeVerdict, consensus, split_of_item
 from .readings import READINGS
 
 __all__ = ["VERDICTS_FILE", "ROUNDS_FILE", "read_verdicts", "read_all_verdicts", "hidden_verdicts_file", "hidden_judge_name", "judge_table", "cell_key", "model_short", "round_group",
+           "since_group", "groups_of_rounds",
            "round_groups"]
 
 VERDICTS_FILE = "reports/judge/verdicts.jsonl"
@@ -51,15 +52,42 @@ def round_group(r: dict[str, Any]) -> str:
     return f"test_{r['weights']}"
 
 
+def since_group(r: dict[str, Any]) -> str:
+    """The table's split name for every test item first scored at or after a fit's round: ``since_<version>``."""
+    return f"since_{r['weights']}"
+
+
+def groups_of_rounds(rounds: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """The table's extra splits from the fits' rounds (oldest first): each round's once-scored items
+    (:func:`round_group`) and, for each hidden-state fit that later rounds follow, every test item of its round and
+    of the later ones (:func:`since_group`).
+
+    Why the second: a later round's items were drawn after that fit was committed, and no fit gives verdicts on its
+    own pool, so they are items it never saw, labelled after its verdicts existed; pooled they read its agreement
+    on two or three times the positives one round holds (11-24 per model), where one round reads kappa to about a
+    tenth. Only hidden-state fits get one: they are the research default's lineage, and every group multiplies the
+    table's cells.
+
+    Example:
+        >>> rs = [{"weights": "hidden:r@v1", "fresh_items": ["a"]}, {"weights": "hidden:r@v2", "fresh_items": ["b"]}]
+        >>> sorted((k, sorted(v)) for k, v in groups_of_rounds(rs).items())
+        [('since_hidden:r@v1', ['a', 'b']), ('test_hidden:r@v1', ['a']), ('test_hidden:r@v2', ['b'])]
+    """
+    out = {round_group(r): set(r["fresh_items"]) for r in rounds}
+    for i, r in enumerate(rounds[:-1]):
+        if str(r["weights"]).startswith("hidden:"):
+            out[since_group(r)] = set().union(*(set(x["fresh_items"]) for x in rounds[i:]))
+    return out
+
+
 def round_groups(path: str | Path) -> dict[str, set[str]]:
-    """Each fit's once-scored test items by group name (:func:`round_group`), from the committed rounds file;
-    empty when there is none."""
+    """The table's extra splits (:func:`groups_of_rounds`) from the committed rounds file; empty when there is
+    none."""
     path = Path(path)
     if not path.is_file():
         return {}
     try:
-        rounds = json.loads(path.read_text(encoding="utf-8"))["rounds"]
-        return {round_group(r): set(r["fresh_items"]) for r in rounds}
+        return groups_of_rounds(json.loads(path.read_text(encoding="utf-8"))["rounds"])
     except (ValueError, KeyError, TypeError):
         raise UsageError(f"{path}: not a rounds file (rounds: weights, fresh_items); rerun the judges evaluate "
                          "command with fit=True or restore it from git") from None

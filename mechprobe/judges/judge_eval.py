@@ -37,10 +37,10 @@ from mechprobe.audit.judge_table import (
     FIRST_HIDDEN_VERSION,
     ROUNDS_FILE,
     VERDICTS_FILE,
+    groups_of_rounds,
     hidden_judge_name,
     judge_table,
     read_all_verdicts,
-    round_group,
 )
 from mechprobe.audit.readings import READINGS
 from mechprobe.errors import UsageError
@@ -389,7 +389,7 @@ def run_judge_eval(cfg: JudgeEvalConfig, progress: Callable[[str], None] | None 
         written_hidden.append(hfile)
         selection += hsel
     rows = judge_table(blind, read_all_verdicts(root) + blind.verdicts, splits=cfg.splits, n_boot=cfg.n_boot,
-                       groups={round_group(r): set(r["fresh_items"]) for r in rounds})
+                       groups=groups_of_rounds(rounds))
     split_file = {"format": "mechprobe-judge-split-v1",
                   "rule": "mechprobe.audit.blind_sets.split_of_item (query hash; the labelled set's test rule)",
                   "items": {t.item: split_of_item(t.item) for t in sorted(blind.turns.values(), key=lambda t: t.item)}}

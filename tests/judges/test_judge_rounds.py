@@ -89,3 +89,15 @@ def test_replaced_weights_are_archived_and_scored_under_their_version(tmp_path):
     # the hidden-state judge's archived fits share the folder and are not text-fit weights: skipped, not refused
     (tmp_path / "weights" / "hidden_some-reader_hidden-v1.json").write_text(json.dumps({"format": "other"}))
     assert [w["version"] for w in archived_weights(tmp_path, new)] == ["textfit-v1"]
+
+
+def test_a_hidden_fit_followed_by_later_rounds_gets_every_item_it_never_saw(tmp_path):
+    rounds = [{"weights": "textfit-v2", "fresh_items": ["a"]}, {"weights": "hidden:r@v4", "fresh_items": ["b"]},
+              {"weights": "hidden:r@v5", "fresh_items": ["c", "d"]}, {"weights": "hidden:r@v6", "fresh_items": ["e"]}]
+    f = tmp_path / "rounds.json"
+    f.write_text(json.dumps({"rounds": rounds}))
+    groups = round_groups(f)
+    assert groups["since_hidden:r@v4"] == {"b", "c", "d", "e"} and groups["since_hidden:r@v5"] == {"c", "d", "e"}
+    assert "since_hidden:r@v6" not in groups  # no later round: the same items as its own round
+    assert "since_textfit-v2" not in groups  # only the hidden-state lineage
+    assert groups["test_hidden:r@v5"] == {"c", "d"}
