@@ -350,6 +350,10 @@ def run_judge_eval(cfg: JudgeEvalConfig, progress: Callable[[str], None] | None 
         raise UsageError(f"no blind-labelled turns under {root}/reports; run from the repository root or pass "
                          "root=REPO")
     inputs = judge_inputs(blind)
+    if cfg.speed_turns > 0 and cfg.speed_source and cfg.speed_source not in {t.source for t in blind.turns.values()}:
+        # checked before any fit or table is computed: a mistyped name costs nothing
+        raise UsageError(f"speed_source={cfg.speed_source!r} holds no labelled turn; name a source of "
+                         "mechprobe.audit.blind_sets.SOURCES whose folder exists")
     feats = cached_features(inputs, root / cfg.cache, embed=True, progress=progress)
     selection: list[dict[str, Any]] = []
     weights_path = Path(cfg.weights) if cfg.weights else root / "mechprobe" / "data" / DEFAULT_WEIGHTS
@@ -396,9 +400,6 @@ def run_judge_eval(cfg: JudgeEvalConfig, progress: Callable[[str], None] | None 
     write_json(out / "split.json", split_file)
     speed_path = out / "speed.jsonl"
     if cfg.speed_turns > 0:
-        if cfg.speed_source and cfg.speed_source not in {t.source for t in blind.turns.values()}:
-            raise UsageError(f"speed_source={cfg.speed_source!r} holds no labelled turn; name a source of "
-                             "mechprobe.audit.blind_sets.SOURCES whose folder exists")
         pool = [inputs[t] for t in tids if (blind.turns[t].source == cfg.speed_source if cfg.speed_source
                                             else split_of_item(blind.turns[t].item) == "test")]
         sample = speed_sample(pool, cfg.speed_turns, cfg.speed_whole_answers)

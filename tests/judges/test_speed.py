@@ -3,6 +3,8 @@ verdict cache (a cached verdict costs nothing, so a timing with the cache on mea
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from mechprobe.judges import speed
 from mechprobe.judges.base import JudgeInput
 from mechprobe.records import LabelRecord
@@ -55,3 +57,20 @@ def test_whole_answers_keep_every_turn_of_an_answer_together():
 def test_a_short_pool_gives_what_it_has():
     assert speed.speed_sample([], 5) == []
     assert len(speed.speed_sample(_answers(3, 1), 10)) == 3
+
+
+def test_a_mistyped_speed_source_is_refused_before_any_work(tmp_path, monkeypatch):
+    import pytest
+
+    from mechprobe.errors import UsageError
+    from mechprobe.judges import judge_eval
+
+    def no_features(*a, **kw):
+        raise AssertionError("features computed before the speed source was checked")
+    monkeypatch.setattr(judge_eval, "cached_features", no_features)
+    root = Path(__file__).resolve().parents[2]
+    cfg = judge_eval.JudgeEvalConfig(root=str(root), out=str(tmp_path / "out"), speed_turns=5,
+                                     speed_source="judge_fresh_test_v99")
+    with pytest.raises(UsageError, match="speed_source='judge_fresh_test_v99' holds no labelled turn"):
+        judge_eval.run_judge_eval(cfg)
+    assert not (tmp_path / "out").exists()
