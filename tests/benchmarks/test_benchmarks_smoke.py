@@ -145,3 +145,20 @@ def test_bench_cache_from_judge_reads_the_judges_conversations(tmp_path, smol):
     res = json.loads(out.read_text())
     assert res["prefix_hits"] >= 1 and res["forward_tokens_from_judge"] < res["forward_tokens_from_nothing"]
     assert res["max_rel_l2_diff"] < 1e-2
+
+
+@pytest.mark.slow
+@requires_smollm2
+def test_bench_reader_times_each_reader_on_the_same_turns(tmp_path):
+    out = tmp_path / "reader.json"
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_reader.py"), "--source", "judge_fresh_test_v5",
+                        "--turns", "3", "--repeats", "1", "--readers", "smollm2-135m-instruct:6",
+                        "smollm2-135m-instruct:3", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(x["layer"], x["shape"]) for x in rows] == [(6, "one_per_answer"), (6, "whole_answers"),
+                                                       (3, "one_per_answer"), (3, "whole_answers")]
+    one = [x for x in rows if x["shape"] == "one_per_answer"]
+    assert all(x["answers"] == x["turns"] == 3 for x in one) and one[0]["ratio_to_baseline"] == 1.0
+    assert all(x["seconds"] > 0 for x in rows)
