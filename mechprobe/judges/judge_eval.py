@@ -97,7 +97,8 @@ class JudgeEvalConfig:
         speed_turns: when > 0, time each of ``speed_judges`` on this many test turns (the same turns, one judge
             after another, after one warm-up turn each) and append the rows to ``speed.jsonl``.
         speed_judges: the judge specs timed.
-        speed_source: time turns of this labelled set (a ``SOURCES`` name) instead of the test split's turns.
+        speed_source: time turns of this labelled set (a ``SOURCES`` name) instead of the test split's turns; a
+            name that holds no labelled turn is refused before any work.
         speed_whole_answers: time every turn of each answer together (as a run holds them: a reader judge reads the
             shared conversation once per answer) instead of one turn per answer, the worst case
             (:func:`~mechprobe.judges.speed.speed_sample`).
@@ -351,7 +352,6 @@ def run_judge_eval(cfg: JudgeEvalConfig, progress: Callable[[str], None] | None 
                          "root=REPO")
     inputs = judge_inputs(blind)
     if cfg.speed_turns > 0 and cfg.speed_source and cfg.speed_source not in {t.source for t in blind.turns.values()}:
-        # checked before any fit or table is computed: a mistyped name costs nothing
         raise UsageError(f"speed_source={cfg.speed_source!r} holds no labelled turn; name a source of "
                          "mechprobe.audit.blind_sets.SOURCES whose folder exists")
     feats = cached_features(inputs, root / cfg.cache, embed=True, progress=progress)
