@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +51,7 @@ from mechprobe.judges.hidden_cv import fit_hidden_heads_cv
 from mechprobe.judges.hidden_fit import cached_hidden_features, fit_hidden_heads
 from mechprobe.judges.hidden_verdicts import archived_hidden_weights, write_hidden_verdicts
 from mechprobe.judges.offline import Embedder, OfflineJudge
-from mechprobe.judges.speed import answers_in, cpu_description, measure_speed, speed_sample
+from mechprobe.judges.speed import time_turns
 from mechprobe.judges.textfit import (
     DEFAULT_WEIGHTS,
     HEADS,
@@ -402,12 +401,8 @@ def run_judge_eval(cfg: JudgeEvalConfig, progress: Callable[[str], None] | None 
     if cfg.speed_turns > 0:
         pool = [inputs[t] for t in tids if (blind.turns[t].source == cfg.speed_source if cfg.speed_source
                                             else split_of_item(blind.turns[t].item) == "test")]
-        sample = speed_sample(pool, cfg.speed_turns, cfg.speed_whole_answers)
-        where = f"turns of {cfg.speed_source}" if cfg.speed_source else "test turns"
-        rows_s = measure_speed(cfg.speed_judges, sample, cpu=cpu_description(),
-                               note=f"{len(sample) - 1} {where} ({answers_in(sample[1:])} answers"
-                                    f"{', every turn of each' if cfg.speed_whole_answers else ', one turn each'}) "
-                                    f"after 1 warm-up; load average {os.getloadavg()[0]:.1f} at start")
+        rows_s = time_turns(cfg.speed_judges, pool, cfg.speed_turns, cfg.speed_whole_answers,
+                            f"turns of {cfg.speed_source}" if cfg.speed_source else "test turns")
         with speed_path.open("a", encoding="utf-8") as fh:
             fh.writelines(json.dumps(r) + "\n" for r in rows_s)
     speed = [json.loads(x) for x in speed_path.read_text(encoding="utf-8").splitlines() if x.strip()] \

@@ -17,7 +17,7 @@ from typing import Any
 from mechprobe.judges.base import JudgeInput
 from mechprobe.judges.factory import make_judge
 
-__all__ = ["cpu_description", "uncached_judge", "measure_speed", "speed_sample", "answers_in"]
+__all__ = ["cpu_description", "uncached_judge", "measure_speed", "speed_sample", "answers_in", "time_turns"]
 
 
 def cpu_description() -> str:
@@ -106,3 +106,17 @@ def speed_sample(candidates: Sequence[JudgeInput], n: int, whole_answers: bool =
 def answers_in(turns: Sequence[JudgeInput]) -> int:
     """How many distinct answers (query, answer pairs) ``turns`` hold (a timing's note says it)."""
     return len({(t.prompt, t.response) for t in turns})
+
+
+def time_turns(specs: Sequence[str], candidates: Sequence[JudgeInput], n: int, whole_answers: bool = False,
+               where: str = "turns") -> list[dict[str, Any]]:
+    """:func:`measure_speed` of ``specs`` on :func:`speed_sample` of ``candidates``, each row's note saying what was
+    timed (``where``, turns, answers and their shape) and the load at the start.
+
+    Example:
+        >>> rows = time_turns(["textfit"], turns, 40, whole_answers=True, where="turns of judge_fresh_test_v5")  # doctest: +SKIP
+    """
+    sample = speed_sample(candidates, n, whole_answers)
+    shape = "every turn of each" if whole_answers else "one turn each"
+    return measure_speed(specs, sample, note=f"{len(sample) - 1} {where} ({answers_in(sample[1:])} answers, {shape}) "
+                                             f"after 1 warm-up; load average {os.getloadavg()[0]:.1f} at start")

@@ -74,3 +74,11 @@ def test_a_mistyped_speed_source_is_refused_before_any_work(tmp_path, monkeypatc
     with pytest.raises(UsageError, match="speed_source='judge_fresh_test_v99' holds no labelled turn"):
         judge_eval.run_judge_eval(cfg)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_timing_note_says_what_was_timed(monkeypatch):
+    monkeypatch.setattr(speed, "make_judge", lambda spec, **kw: _Counting())
+    rows = speed.time_turns(["j"], _answers(10, 4), 6, whole_answers=True, where="turns of set-x")
+    assert rows[0]["turns"] == 8 and rows[0]["note"].startswith("8 turns of set-x (2 answers, every turn of each)")
+    one = speed.time_turns(["j"], _answers(10, 4), 6)[0]["note"]
+    assert one.startswith("6 turns (6 answers, one turn each) after 1 warm-up")
