@@ -122,7 +122,9 @@ SOURCES: tuple[Source, ...] = (
     # studies/judge/fresh_test_v5.json: greedy + 3 samples per item, Topical-Chat and hh_rlhf; tests hidden-v5
     Source("judge_fresh_test_v5", "fresh", "reports/judge_sets/fresh_test_v5", "v2"),
     # studies/judge/fresh_test_v6.json: hh_rlhf, greedy + 3 samples per item; tests hidden-v6
-    Source("judge_fresh_test_v6", "fresh", "reports/judge_sets/fresh_test_v6", "v2", fit=False),
+    Source("judge_fresh_test_v6", "fresh", "reports/judge_sets/fresh_test_v6", "v2"),
+    # studies/judge/fresh_test_v7.json: hh_rlhf, greedy + 3 samples per item; tests hidden-v7
+    Source("judge_fresh_test_v7", "fresh", "reports/judge_sets/fresh_test_v7", "v2", fit=False),
 )
 
 

@@ -45,9 +45,9 @@ def _blind(n_items: int = 90, d: int = 6, held_items: int = 15):
     return BlindSets(turns, labels, []), {5: f5, 9: f9}
 
 
-def test_the_fresh_v6_set_is_the_held_out_test():
-    # studies/judge/hidden_v6_fit.json: fresh v5 is pooled, fresh v6 tests the fit
-    held = {"judge_fresh_test_v6"}
+def test_the_fresh_v7_set_is_the_held_out_test():
+    # studies/judge/hidden_v7_fit.json: fresh v6 is pooled, fresh v7 tests the fit
+    held = {"judge_fresh_test_v7"}
     assert held_out_sources() == held
     assert all(s.fit for s in SOURCES if s.name not in held)
 
