@@ -23,6 +23,7 @@ import argparse
 
 from mechprobe.cli import common
 from mechprobe.errors import UsageError
+from mechprobe.judges.hidden import FEATURE_KINDS
 from mechprobe.judges.judge_eval import JudgeEvalConfig, run_judge_eval
 
 HELP = "judges vs every committed blind-labelled set: per-model kappa table (reports/judge/)"
@@ -59,6 +60,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden-protocol", default=d["hidden_protocol"], choices=["split", "pool"],
                    help="how --fit-hidden chooses: split (train items fit, dev items choose) or pool (item-grouped "
                         "cross-validation over every labelled item outside the held-out fresh test sets)")
+    p.add_argument("--hidden-features", default=d["hidden_features"], choices=list(FEATURE_KINDS),
+                   help="the rows --fit-hidden reads: turn ([last token, turn mean] of the reader prompt) or "
+                        "answer-contrast (those and their difference from the prompt read with the answer hidden)")
 
 
 def run(a: argparse.Namespace) -> int:
@@ -71,7 +75,8 @@ def run(a: argparse.Namespace) -> int:
                           splits=tuple(a.splits), n_boot=a.n_boot, speed_turns=a.speed,
                           speed_judges=tuple(a.speed_judges), speed_source=a.speed_source,
                           speed_whole_answers=a.speed_whole_answers, hidden=a.hidden, fit_hidden=a.fit_hidden,
-                          hidden_layers=tuple(a.hidden_layers), hidden_protocol=a.hidden_protocol)
+                          hidden_layers=tuple(a.hidden_layers), hidden_protocol=a.hidden_protocol,
+                          hidden_features=a.hidden_features)
     res = run_judge_eval(cfg)
     print(res.markdown)
     print("wrote " + ", ".join(str(p) for p in res.written))

@@ -12,7 +12,9 @@ per turn and no generation.
 
 What is read, per layer: the residual at the prompt's last token (after the chat template's assistant header,
 where the reader would answer) and the mean residual over the turn's own tokens, concatenated. Why both: the last
-token has attended to everything, the turn mean keeps what the turn itself says.
+token has attended to everything, the turn mean keeps what the turn itself says. From ``hidden-v7`` on (weights with
+``"features": "answer-contrast"``) the rows also hold their difference from the same prompt read with the answer
+hidden (:func:`judge_features`): a second, shorter prefill per turn.
 
 Labels: P(genuine) of the head >= its threshold (the subject model's own where the fit calibrated one,
 :func:`head_threshold`, read from :attr:`JudgeInput.subject`) -> ``genuine_followup``; otherwise the offline rules' label, an
@@ -21,6 +23,7 @@ offline ``genuine_followup`` becoming ``generic_followup`` (as the text-fit judg
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -42,8 +45,10 @@ from mechprobe.lm.kv import KV, assemble, continuation_inputs, reuse_problem, ta
 from mechprobe.records import LabelRecord
 from mechprobe.taxonomy import GENUINE, is_genuine
 
-__all__ = ["HiddenStateJudge", "ReaderPrompt", "reader_prompt", "hidden_features", "hidden_head_proba", "check_weights",
-           "load_weights", "weights_digest", "head_threshold", "WEIGHTS_FORMAT", "HEADS", "QUESTION", "MAX_ANSWER_TOKENS"]
+__all__ = ["HiddenStateJudge", "ReaderPrompt", "reader_prompt", "hidden_features", "judge_features", "answer_hidden",
+           "feature_kind", "with_feature_kind", "hidden_head_proba", "check_weights", "load_weights", "weights_digest",
+           "head_threshold", "WEIGHTS_FORMAT", "HEADS", "QUESTION", "MAX_ANSWER_TOKENS", "HIDDEN_ANSWER",
+           "FEATURE_KINDS"]
 
 WEIGHTS_FORMAT = "mechprobe-hidden-judge-v1"
 HEADS = ("lenient", "strict")
@@ -53,6 +58,8 @@ QUESTION = ("Read the conversation below. Then say whether the NEXT USER TURN is
             "new unrelated request, not the question asked again, not the assistant continuing, not a plan or an "
             "empty or garbled text).")
 EMPTY_TURN = "(empty)"
+HIDDEN_ANSWER = "(the answer is not shown)"  # the answer-hidden prompt's answer (answer-contrast features)
+FEATURE_KINDS = ("turn", "answer-contrast")  # what a weights file's rows are (its "features"; absent = "turn")
 
 
 @dataclass(frozen=True)
@@ -142,6 +149,63 @@ def hidden_features(lm: Any, inputs: Sequence[JudgeInput], layers: Sequence[int]
     bar.close()
     return {r: np.stack([x for x in v if x is not None]) if inputs else np.zeros((0, 0), np.float32)
             for r, v in out.items()}
+
+
+def answer_hidden(inp: JudgeInput) -> JudgeInput:
+    """``inp`` with its answer replaced by :data:`HIDDEN_ANSWER`: the reader prompt a turn gets when no answer is shown.
+
+    Example:
+        >>> answer_hidden(JudgeInput("r", "q", "the answer", "Why?")).response
+        '(the answer is not shown)'
+    """
+    return dataclasses.replace(inp, response=HIDDEN_ANSWER)
+
+
+def feature_kind(w: dict[str, Any]) -> str:
+    """What the rows of weights ``w`` are: ``"turn"`` (hidden-v1..v6, no ``features`` key) or ``"answer-contrast"``."""
+    return str(w.get("features", "turn"))
+
+
+def with_feature_kind(w: dict[str, Any], kind: str) -> dict[str, Any]:
+    """Weights ``w`` fit on rows of ``kind``, saying so: a ``"turn"`` fit stays as it is (no ``features`` key, as
+    hidden-v1..v6), any other kind is written into the weights and their digest (a judge then reads those rows).
+
+    Example:
+        >>> with_feature_kind({"layer": 1}, "turn")
+        {'layer': 1}
+    """
+    if kind == "turn":
+        return w
+    out = {**w, "features": kind}
+    return {**out, "weights_sha256": weights_digest(out)}
+
+
+def judge_features(lm: Any, inputs: Sequence[JudgeInput], layers: Sequence[int], kind: str = "turn",
+                   **kw: Any) -> dict[int, np.ndarray]:
+    """The rows a head of feature kind ``kind`` reads, per residual index in ``layers``.
+
+    ``"turn"``: :func:`hidden_features` (``2 x d_model`` columns). ``"answer-contrast"``: those rows and those rows
+    minus the rows of the same turns read with the answer hidden (:func:`answer_hidden`), ``4 x d_model`` columns.
+    Why the difference: a turn that reacts to the answer is read differently once the answer is gone, while a turn
+    that fits any answer (a new request, a generic thanks) reads the same; the labellers' strict reading asks
+    exactly that. The answer-hidden prompt is shorter (no answer), so it adds less than a second full read.
+
+    Args:
+        lm, inputs, layers: as :func:`hidden_features`.
+        kind: one of :data:`FEATURE_KINDS`.
+        **kw: passed to :func:`hidden_features` (batch_size, token_budget, progress, share_prefix).
+    Returns:
+        ``{layer: array [len(inputs), columns]}``.
+    Raises:
+        UsageError: an unknown kind.
+    """
+    if kind not in FEATURE_KINDS:
+        raise UsageError(f"hidden-judge features {kind!r}: use one of {', '.join(FEATURE_KINDS)}")
+    a = hidden_features(lm, inputs, layers, **kw)
+    if kind == "turn":
+        return a
+    n = hidden_features(lm, [answer_hidden(i) for i in inputs], layers, **kw)
+    return {r: np.concatenate([a[r], a[r] - n[r]], axis=1) for r in layers}
 
 
 def _prefix_batches(model: Any, prompts: Sequence[ReaderPrompt], deepest: int, batch_size: int, token_budget: int
@@ -283,6 +347,8 @@ def _residuals(model: Any, ids: list[list[int]], spans: list[tuple[int, int]], l
 def weights_digest(w: dict[str, Any]) -> str:
     """SHA-256 of the numbers that decide a label; a file edited after the fit no longer matches it."""
     core = {k: w.get(k) for k in ("reader", "layer", "mean", "scale", "heads")}
+    if "features" in w:  # hidden-v1..v6 have no such key: their digests stay what they were
+        core["features"] = w["features"]
     return hashlib.sha256(json.dumps(core, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -297,6 +363,8 @@ def check_weights(w: Any, where: str) -> dict[str, Any]:
         raise UsageError(f"{where}: not a {WEIGHTS_FORMAT} file; {fix}")
     if not isinstance(w.get("reader"), str) or not isinstance(w.get("layer"), int):
         raise UsageError(f"{where}: 'reader' (a model name) and 'layer' (an int) are required; {fix}")
+    if feature_kind(w) not in FEATURE_KINDS:
+        raise UsageError(f"{where}: 'features' must be one of {', '.join(FEATURE_KINDS)}; {fix}")
     n = len(w.get("mean") or [])
     if not n or not _finite_list(w["mean"], n) or not _finite_list(w.get("scale"), n) or min(w["scale"]) <= 0:
         raise UsageError(f"{where}: 'mean' and 'scale' must hold the same number of finite values (scale > 0); {fix}")
@@ -359,7 +427,7 @@ def head_threshold(w: dict[str, Any], head: str, subject: str = "") -> float:
 
 
 def hidden_head_proba(w: dict[str, Any], head: str, X: np.ndarray) -> np.ndarray:
-    """P(genuine) of ``head`` for feature rows ``X`` (the fitted layer's [last, turn mean] columns)."""
+    """P(genuine) of ``head`` for feature rows ``X`` (the fitted layer's rows of the weights' kind, :func:`judge_features`)."""
     h = w["heads"][head]
     z = (np.asarray(X, dtype=np.float64) - np.asarray(w["mean"])) / np.asarray(w["scale"])
     s = z @ np.asarray(h["coef"], dtype=np.float64) + float(h["intercept"])
@@ -406,13 +474,14 @@ class HiddenStateJudge:
 
     def public_config(self) -> dict[str, Any]:
         return {"reader": self.model_name, "weight_hash": self.lm.weight_hash, "reading": self.reading,
-                "layer": self.weights["layer"], "threshold": self.threshold, "thresholds": self.per_subject,
+                "layer": self.weights["layer"], "features": feature_kind(self.weights), "threshold": self.threshold,
+                "thresholds": self.per_subject,
                 "version": self.weights["version"],
                 "weights_sha256": self.weights["weights_sha256"]}
 
     def probabilities(self, inputs: Sequence[JudgeInput]) -> list[float]:
         layer = int(self.weights["layer"])
-        X = hidden_features(self.lm, inputs, [layer], batch_size=self.batch_size)[layer]
+        X = judge_features(self.lm, inputs, [layer], feature_kind(self.weights), batch_size=self.batch_size)[layer]
         return [float(p) for p in hidden_head_proba(self.weights, self.reading, X)]
 
     def label_many(self, inputs: Sequence[JudgeInput]) -> Iterator[LabelRecord]:

@@ -25,7 +25,14 @@ from mechprobe.audit.blind_sets import BlindSets, consensus, split_of_item
 from mechprobe.audit.readings import READINGS
 from mechprobe.errors import UsageError
 from mechprobe.judges.base import JudgeInput
-from mechprobe.judges.hidden import HEADS, WEIGHTS_FORMAT, hidden_features, weights_digest
+from mechprobe.judges.hidden import (
+    FEATURE_KINDS,
+    HEADS,
+    WEIGHTS_FORMAT,
+    answer_hidden,
+    hidden_features,
+    weights_digest,
+)
 
 __all__ = ["cached_hidden_features", "fit_hidden_heads", "C_GRID", "THRESHOLDS", "VERSION"]
 
@@ -46,7 +53,8 @@ def _load_cache(d: Path, layers: Sequence[int]) -> dict[str, dict[int, np.ndarra
 
 
 def cached_hidden_features(lm: Any, inputs: dict[str, JudgeInput], layers: Sequence[int], cache: Path,
-                           batch_size: int = 8, progress: bool = True) -> dict[int, dict[str, np.ndarray]]:
+                           batch_size: int = 8, progress: bool = True, kind: str = "turn"
+                           ) -> dict[int, dict[str, np.ndarray]]:
     """``{layer: {turn id: row}}`` for every input, computed where ``cache/hidden-<reader>/`` lacks them.
 
     Args:
@@ -56,8 +64,26 @@ def cached_hidden_features(lm: Any, inputs: dict[str, JudgeInput], layers: Seque
         cache: the features folder (``runs/judge_eval``).
         batch_size: turns per forward.
         progress: a progress bar over the turns still to compute.
+        kind: the rows' kind (:data:`~mechprobe.judges.hidden.FEATURE_KINDS`). ``"answer-contrast"`` also reads
+            every turn with its answer hidden, cached in ``cache/hidden-<reader>-answer-hidden/``, and returns
+            [rows, rows minus answer-hidden rows] (:func:`~mechprobe.judges.hidden.judge_features`).
+    Raises:
+        UsageError: an unknown kind.
     """
-    d = Path(cache) / f"hidden-{lm.name}"
+    if kind not in FEATURE_KINDS:
+        raise UsageError(f"hidden-judge features {kind!r}: use one of {', '.join(FEATURE_KINDS)}")
+    a = _cached(lm, inputs, layers, Path(cache) / f"hidden-{lm.name}", batch_size, progress)
+    if kind == "turn":
+        return a
+    n = _cached(lm, {t: answer_hidden(x) for t, x in inputs.items()}, layers,
+                Path(cache) / f"hidden-{lm.name}-answer-hidden", batch_size, progress)
+    return {r: {t: np.concatenate([a[r][t], a[r][t] - n[r][t]]) for t in inputs} for r in layers}
+
+
+def _cached(lm: Any, inputs: dict[str, JudgeInput], layers: Sequence[int], d: Path, batch_size: int,
+            progress: bool) -> dict[int, dict[str, np.ndarray]]:
+    """The reader's rows of ``inputs`` kept in folder ``d`` (written batch by batch: an interruption loses at most
+    one batch), computing the missing ones."""
     have = _load_cache(d, layers)
     todo = [inputs[t] for t in sorted(inputs) if t not in have]
     if todo:

@@ -23,7 +23,7 @@ import numpy as np
 from mechprobe.audit.blind_sets import BlindSets
 from mechprobe.audit.judge_table import hidden_judge_name, hidden_verdicts_file, read_verdicts
 from mechprobe.judges.base import JudgeInput
-from mechprobe.judges.hidden import head_threshold, hidden_head_proba
+from mechprobe.judges.hidden import feature_kind, head_threshold, hidden_head_proba
 from mechprobe.judges.hidden import load_weights as hidden_load_weights
 from mechprobe.judges.hidden_cv import held_out_sources, pool_turns
 from mechprobe.judges.hidden_fit import cached_hidden_features
@@ -124,12 +124,13 @@ def write_hidden_verdicts(lm: Any, current: dict[str, Any], archived: list[dict[
         have = {t for t, rd in by_turn.items() if heads <= rd}  # a turn missing a head is scored again
         keep = [r for r in keep if r["turn_id"] in have]
         plan.append((hw, path, keep, [t for t in turns_to_score(hw, blind, inputs) if t not in have]))
-    for layer in sorted({int(hw["layer"]) for hw, _, _, todo in plan if todo}):
-        need = sorted({t for hw, _, _, todo in plan if int(hw["layer"]) == layer for t in todo})
-        X = cached_hidden_features(lm, {t: inputs[t] for t in need}, [layer], cache)[layer]
-        for k, (hw, path, keep, todo) in enumerate(plan):
-            if int(hw["layer"]) == layer:
-                plan[k] = (hw, path, keep + verdict_rows(hw, X, todo, subjects), [])
+    for layer, kind in sorted({(int(hw["layer"]), feature_kind(hw)) for hw, _, _, todo in plan if todo}):
+        same = [k for k, (hw, *_) in enumerate(plan) if (int(hw["layer"]), feature_kind(hw)) == (layer, kind)]
+        need = sorted({t for k in same for t in plan[k][3]})
+        X = cached_hidden_features(lm, {t: inputs[t] for t in need}, [layer], cache, kind=kind)[layer]
+        for k in same:
+            hw, path, keep, todo = plan[k]
+            plan[k] = (hw, path, keep + verdict_rows(hw, X, todo, subjects), [])
     written = []
     for _hw, path, rows, _ in plan:
         if rows or path.is_file():

@@ -47,6 +47,7 @@ from mechprobe.io import write_json
 from mechprobe.judges.base import JudgeInput, load_judge_model
 from mechprobe.judges.hidden import load_weights as hidden_load_weights
 from mechprobe.judges.hidden import weights_path as hidden_weights_path
+from mechprobe.judges.hidden import with_feature_kind
 from mechprobe.judges.hidden_cv import fit_hidden_heads_cv
 from mechprobe.judges.hidden_fit import cached_hidden_features, fit_hidden_heads
 from mechprobe.judges.hidden_verdicts import archived_hidden_weights, write_hidden_verdicts
@@ -108,6 +109,7 @@ class JudgeEvalConfig:
         hidden_protocol: how a hidden fit chooses: ``split`` (train items fit, dev items choose; ``hidden-v1``) or
             ``pool`` (item-grouped cross-validation over every labelled item outside the held-out test sets;
             ``hidden-v2`` on, :mod:`mechprobe.judges.hidden_cv`).
+        hidden_features: the rows a hidden fit reads (:data:`~mechprobe.judges.hidden.FEATURE_KINDS`).
     """
 
     root: str = "."
@@ -125,6 +127,7 @@ class JudgeEvalConfig:
     fit_hidden: bool = False
     hidden_layers: tuple[int, ...] = ()
     hidden_protocol: str = "split"
+    hidden_features: str = "turn"
 
 
 @dataclass
@@ -429,7 +432,7 @@ def _hidden_judge(cfg: JudgeEvalConfig, root: Path, blind: BlindSets, inputs: di
     if cfg.fit_hidden:
         n = len(get_blocks(lm.model))
         layers = list(cfg.hidden_layers) or list(range(n // 2, n + 1, 4))
-        feats = cached_hidden_features(lm, inputs, layers, root / cfg.cache)
+        feats = cached_hidden_features(lm, inputs, layers, root / cfg.cache, kind=cfg.hidden_features)
         if wpath.is_file():
             old = hidden_load_weights(wpath)
             write_json(root / cfg.out / WEIGHTS_ARCHIVE / f"hidden_{lm.name}_{old['version']}.json", old)
@@ -437,7 +440,7 @@ def _hidden_judge(cfg: JudgeEvalConfig, root: Path, blind: BlindSets, inputs: di
             hw, selection = fit_hidden_heads_cv(blind, feats, lm.name)
         else:
             hw, selection = fit_hidden_heads(blind, feats, lm.name)
-        write_json(wpath, hw)
+        write_json(wpath, with_feature_kind(hw, cfg.hidden_features))
         tail = "" if hw["version"] == FIRST_HIDDEN_VERSION else f"@{hw['version']}"
         write_json(root / cfg.out / f"selection_hidden_{lm.name}{tail}.json", {"candidates": selection})
     hw = hidden_load_weights(wpath)

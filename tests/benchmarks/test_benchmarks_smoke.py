@@ -153,7 +153,7 @@ def test_bench_reader_times_each_reader_on_the_same_turns(tmp_path):
     out = tmp_path / "reader.json"
     r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_reader.py"), "--source", "judge_fresh_test_v5",
                         "--turns", "3", "--repeats", "1", "--readers", "smollm2-135m-instruct:6",
-                        "smollm2-135m-instruct:3", "--out", str(out)],
+                        "smollm2-135m-instruct:3:answer-contrast", "--out", str(out)],
                        capture_output=True, text=True, timeout=600, cwd=REPO)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
@@ -162,3 +162,4 @@ def test_bench_reader_times_each_reader_on_the_same_turns(tmp_path):
     one = [x for x in rows if x["shape"] == "one_per_answer"]
     assert all(x["answers"] == x["turns"] == 3 for x in one) and one[0]["ratio_to_baseline"] == 1.0
     assert all(x["seconds"] > 0 for x in rows)
+    assert [x["features"] for x in rows] == ["turn", "turn", "answer-contrast", "answer-contrast"]

@@ -156,3 +156,34 @@ def test_a_test_set_added_after_a_pool_fit_is_scored_by_it_at_each_subjects_thre
     got = {(r["turn_id"], r["reading"]): r["genuine"] for r in rows}
     assert got == {("t09", "lenient"): True, ("t12", "lenient"): True, ("t09", "strict"): True,
                    ("t12", "strict"): False}
+
+
+def test_fits_of_two_feature_kinds_on_one_layer_each_read_their_own_rows(tmp_path, monkeypatch):
+    """An answer-contrast fit (hidden-v7 on) and a turn fit at the same layer: the reader is asked once per kind, and
+    each fit's head reads rows of its own width (a turn fit given contrast rows would fail on the shapes)."""
+    blind, inputs, _ = _blind()
+    asked: list[tuple[str, list[str]]] = []
+
+    def cached(lm, inputs, layers, cache, kind="turn", **_):
+        asked.append((kind, sorted(inputs)))
+        rows = {t: FEATS[t] if kind == "turn" else np.r_[FEATS[t], -FEATS[t]] for t in inputs}
+        return {r: rows for r in layers}
+
+    monkeypatch.setattr(hv, "cached_hidden_features", cached)
+    turn_fit = _weights("hidden-v1", +1.0)
+    d = 8
+    contrast = {"format": WEIGHTS_FORMAT, "version": "hidden-v7", "reader": READER, "layer": 3, "mean": [0.0] * d,
+                "scale": [1.0] * d, "features": "answer-contrast",
+                "heads": {h: {"coef": [0.0] * 4 + [10.0, 0.0, 0.0, 0.0], "intercept": 0.0, "threshold": 0.5}
+                          for h in ("lenient", "strict")}}
+    contrast["weights_sha256"] = weights_digest(contrast)
+    (tmp_path / hidden_verdicts_file(READER, "hidden-v7")).parent.mkdir(parents=True)
+    hv.write_hidden_verdicts(_LM(), contrast, [turn_fit], blind, inputs, tmp_path, tmp_path / "cache")
+    assert sorted(k for k, _ in asked) == ["answer-contrast", "turn"]
+    v7 = _rows(tmp_path / hidden_verdicts_file(READER, "hidden-v7"))
+    v1 = _rows(tmp_path / hidden_verdicts_file(READER, "hidden-v1"))
+    # the contrast head reads the second half (-x): the opposite verdicts of the turn head, which reads x
+    assert {r["turn_id"]: r["genuine"] for r in v7 if r["reading"] == "strict"} == \
+        {f"t{i:02d}": not bool(i % 2) for i in range(12)}
+    assert {r["turn_id"]: r["genuine"] for r in v1 if r["reading"] == "strict"} == \
+        {f"t{i:02d}": bool(i % 2) for i in range(12)}
