@@ -51,7 +51,8 @@ def measure_speed(specs: Sequence[str], inputs: Sequence[JudgeInput],
         cpu: the CPU the rows name (default: :func:`cpu_description`).
         note: a free-text note copied into every row (the load, what ran beside).
     Returns:
-        One row per spec: judge, turns, seconds, turns_per_s, cpu, note.
+        One row per spec: judge, name (the judge's own name: a hidden judge's names its weights version), turns,
+        seconds, turns_per_s, cpu, note.
     """
     cpu = cpu or cpu_description()
     rows = []
@@ -62,7 +63,7 @@ def measure_speed(specs: Sequence[str], inputs: Sequence[JudgeInput],
         t0 = time.perf_counter()
         n = sum(1 for _ in judge.label_many(timed))
         dt = time.perf_counter() - t0
-        rows.append({"judge": spec, "turns": n, "seconds": round(dt, 2), "turns_per_s": round(n / dt, 3),
+        rows.append({"judge": spec, "name": getattr(judge, "name", spec), "turns": n, "seconds": round(dt, 2), "turns_per_s": round(n / dt, 3),
                      "cpu": cpu, "note": note})
     return rows
 
