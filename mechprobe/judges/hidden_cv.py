@@ -43,8 +43,8 @@ from mechprobe.judges.hidden_fit import C_GRID, THRESHOLDS
 
 __all__ = ["VERSION", "FOLDS", "PER_SUBJECT_MARGIN", "per_subject_thresholds", "fold_of_item", "pool_turns", "held_out_sources", "fit_hidden_heads_cv"]
 
-VERSION = "hidden-v7"  # the next fit's name: each pool fit has its plan, studies/judge/hidden_v<N>_fit.json
-# (hidden-v6 was fit and archived, and hidden-v5 restored as the package's weights by its plan's rule: a name is never reused)
+VERSION = "hidden-v8"  # the next fit's name: each pool fit has its plan, studies/judge/hidden_v<N>_fit.json
+# (a name is never reused: hidden-v6 was fit and archived, hidden-v5 stayed; hidden-v7 replaced hidden-v5)
 FOLDS = 5
 PER_SUBJECT_MARGIN = 0.05  # per-model thresholds are kept only if they beat one threshold by this much out of fold
 

@@ -13,6 +13,7 @@ from mechprobe.judges.hidden import check_weights, head_threshold, hidden_head_p
 from mechprobe.judges.hidden_cv import (
     FOLDS,
     PER_SUBJECT_MARGIN,
+    VERSION,
     fit_hidden_heads_cv,
     fold_of_item,
     held_out_sources,
@@ -70,7 +71,7 @@ def test_cv_chooses_the_informative_layer_and_ignores_held_out_turns():
     blind, feats = _blind()
     w, selection = fit_hidden_heads_cv(blind, feats, "toy-reader", held_out=frozenset({"fresh"}), progress=False)
     check_weights(w, "fit")
-    assert w["version"] == "hidden-v7" and w["layer"] == 5 and w["fit"]["protocol"] == "pool"
+    assert w["version"] == VERSION and w["layer"] == 5 and w["fit"]["protocol"] == "pool"
     assert w["fit"]["pool_turns"] == 150 and w["fit"]["held_out_sources"] == ["fresh"]
     assert {r["layer"] for r in selection} == {5, 9}
     best = max((r for r in selection if r["head"] == "strict"), key=lambda r: r["cv_mean_kappa"])
