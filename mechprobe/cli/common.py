@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.metadata
+import json
 import re
 import sys
 import tomllib
@@ -213,10 +214,22 @@ def batch_size_arg(v: str) -> int | None:
 
 # ------------------------------------------------------------------ flags shared by several commands, defined once
 
+def best_judge_weights() -> str:
+    """The version of the weights the package ships for :data:`BEST_JUDGE` (``hidden-v7``), read from the file the
+    judge loads, so ``--help`` names the fit ``auto`` runs and never goes stale when a refit replaces it. The file is
+    read as JSON only (no torch import at CLI start-up); a missing or unreadable file gives a phrase, not an error."""
+    path = Path(__file__).resolve().parents[1] / "data" / f"hidden_judge_{BEST_JUDGE.split(':', 1)[1]}.json"
+    try:
+        return str(json.loads(path.read_text(encoding="utf-8"))["version"])
+    except (OSError, KeyError, ValueError, TypeError):
+        return "its packaged weights"
+
+
 JUDGE_HELP = (f"{judge_help()} | auto (default). "
               "auto: openai:$MECHPROBE_JUDGE_MODEL when set; else the judge that already labelled the run; else "
               "offline for the embedded default model; else the best-validated judge this machine can run "
-              f"({BEST_JUDGE}, the hidden-state judge, when its reader is fetched, else offline)")
+              f"({BEST_JUDGE} at weights {best_judge_weights()}, the hidden-state judge, when its reader is fetched, "
+              "else offline)")
 """``--judge``'s help: every registered judge kind (:mod:`mechprobe.judges.kinds`), then what ``auto`` means."""
 DTYPES = ("float32", "bfloat16", "float16")
 

@@ -66,3 +66,13 @@ def test_recorded_judge_names_are_unchanged():
     assert spec_of_judge_name("hybrid:m@hybrid-v2+offline-v3+minilm") == "hybrid:m"
     assert spec_of_judge_name("trained:m@trained-v1+offline-v3+minilm") == "trained:m"
     assert spec_of_judge_name("offline-v3+minilm") == "offline"
+
+
+def test_judge_help_names_the_packaged_weights_of_the_research_default():
+    """``--help`` names the fit ``auto`` runs, read from the weights file the judge loads (never a typed version)."""
+    import json
+
+    from mechprobe.judges.hidden import weights_path
+
+    version = json.loads(weights_path(registry.BEST_JUDGE.split(":", 1)[1]).read_text(encoding="utf-8"))["version"]
+    assert f"{registry.BEST_JUDGE} at weights {version}," in JUDGE_HELP
