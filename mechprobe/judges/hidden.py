@@ -23,7 +23,6 @@ offline ``genuine_followup`` becoming ``generic_followup`` (as the text-fit judg
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -38,6 +37,7 @@ from tqdm.auto import tqdm
 
 from mechprobe.errors import UsageError
 from mechprobe.judges.base import JudgeInput, load_judge_model
+from mechprobe.judges.hidden_kinds import FEATURE_KINDS, HIDDEN_ANSWER, answer_hidden, feature_kind
 from mechprobe.judges.offline import OfflineJudge
 from mechprobe.lm.forward import get_blocks, kv_kw
 from mechprobe.lm.generation import batches_by_length, input_device, left_pad
@@ -58,8 +58,6 @@ QUESTION = ("Read the conversation below. Then say whether the NEXT USER TURN is
             "new unrelated request, not the question asked again, not the assistant continuing, not a plan or an "
             "empty or garbled text).")
 EMPTY_TURN = "(empty)"
-HIDDEN_ANSWER = "(the answer is not shown)"  # the answer-hidden prompt's answer (answer-contrast features)
-FEATURE_KINDS = ("turn", "answer-contrast")  # what a weights file's rows are (its "features"; absent = "turn")
 
 
 @dataclass(frozen=True)
@@ -149,21 +147,6 @@ def hidden_features(lm: Any, inputs: Sequence[JudgeInput], layers: Sequence[int]
     bar.close()
     return {r: np.stack([x for x in v if x is not None]) if inputs else np.zeros((0, 0), np.float32)
             for r, v in out.items()}
-
-
-def answer_hidden(inp: JudgeInput) -> JudgeInput:
-    """``inp`` with its answer replaced by :data:`HIDDEN_ANSWER`: the reader prompt a turn gets when no answer is shown.
-
-    Example:
-        >>> answer_hidden(JudgeInput("r", "q", "the answer", "Why?")).response
-        '(the answer is not shown)'
-    """
-    return dataclasses.replace(inp, response=HIDDEN_ANSWER)
-
-
-def feature_kind(w: dict[str, Any]) -> str:
-    """What the rows of weights ``w`` are: ``"turn"`` (hidden-v1..v6, no ``features`` key) or ``"answer-contrast"``."""
-    return str(w.get("features", "turn"))
 
 
 def with_feature_kind(w: dict[str, Any], kind: str) -> dict[str, Any]:
